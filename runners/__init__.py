@@ -1,0 +1,1 @@
+"""Placeholder: built by a later capability (see DESIGN.md)."""
