@@ -1,0 +1,9 @@
+"""The journal's exceptions."""
+
+
+class JournalError(Exception):
+    """Base of every error the journal raises."""
+
+
+class JournalUnavailable(JournalError):
+    """The journal cannot take writes: closed, disk full, I/O error or a failed fsync."""
