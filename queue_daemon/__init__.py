@@ -1,0 +1,1 @@
+"""The queue daemon: HTTP API, ingestion and the loops that wire journal, store and runners."""

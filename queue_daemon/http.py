@@ -1,0 +1,354 @@
+"""The tenant HTTP API of API.md, on aiohttp.
+
+Every error leaves through ``error_middleware`` as the JSON error shape; no
+handler builds an error reply itself.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from journal import Journal, JournalError
+from queue_daemon import errors
+from queue_daemon.auth import TokenCache
+from queue_daemon.errors import ApiError
+from queue_daemon.ids import IdGenerator
+from queue_daemon.ingester import Ingester
+from queue_daemon.names import valid_client, valid_type
+from queue_daemon.queuelog import QueueLog
+from queue_daemon.settings import Settings
+from store.errors import BadCursor, Conflict, NotFound, StoreError, StoreUnavailable
+from store.models import Job, JobState, TypeStats
+from store.protocol import Store
+
+logger = logging.getLogger(__name__)
+
+MAX_DELAY_S = 10 * 365 * 24 * 3600  # ten years ahead is the furthest a job can be scheduled
+
+
+@dataclass(slots=True, kw_only=True)
+class Services:
+    """What the handlers reach: built and owned by ``queue_daemon.app``."""
+
+    settings: Settings
+    store: Store
+    journal: Journal
+    ids: IdGenerator
+    tokens: TokenCache
+    ingester: Ingester
+    queuelog: QueueLog
+    sysid: str
+
+
+SERVICES = web.AppKey("services", Services)
+
+
+def json_response(
+    body: Any, status: int = 200, headers: dict[str, str] | None = None
+) -> web.Response:
+    return web.Response(
+        body=orjson.dumps(body), status=status, content_type="application/json", headers=headers
+    )
+
+
+def error_response(exc: ApiError) -> web.Response:
+    return json_response(
+        {"error": exc.kind, "message": exc.message}, status=exc.status, headers=exc.headers
+    )
+
+
+_HTTP_KINDS = {
+    404: "not_found",
+    405: "method_not_allowed",
+    413: "too_large",
+}
+
+
+@web.middleware
+async def error_middleware(request: web.Request, handler: Any) -> web.StreamResponse:
+    try:
+        response: web.StreamResponse = await handler(request)
+        return response
+    except ApiError as exc:
+        return error_response(exc)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        kind = _HTTP_KINDS.get(exc.status, "bad_request" if exc.status < 500 else "internal")
+        message = exc.reason if exc.status != 413 else "request body over the body limit"
+        return error_response(ApiError(exc.status, kind, message))
+    except StoreUnavailable:
+        return error_response(errors.unavailable("the store cannot be reached; try again"))
+    except StoreError as exc:
+        logger.exception("store error", extra={"action": "store_error"})
+        return error_response(ApiError(500, "internal", f"store error: {type(exc).__name__}"))
+    except Exception:
+        logger.exception("unhandled error", extra={"action": "internal_error"})
+        return error_response(ApiError(500, "internal", "internal error"))
+
+
+async def authorize(request: web.Request, services: Services) -> str:
+    """Return the path's client after checking the bearer token owns it."""
+    client = request.match_info["client"]
+    if not valid_client(client):
+        raise errors.bad_name("client must match [a-z0-9_]{1,40}")
+    if services.settings.no_auth:
+        return client
+    header = request.headers.get("Authorization", "")
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() != "bearer" or not token:
+        raise ApiError(
+            401, "unauthorized", "missing bearer token", headers={"WWW-Authenticate": "Bearer"}
+        )
+    owner = await services.tokens.client_for(token.strip())
+    if owner is None:
+        raise ApiError(401, "unauthorized", "invalid token", headers={"WWW-Authenticate": "Bearer"})
+    if owner != client:
+        raise ApiError(403, "forbidden", "this token does not belong to this client")
+    return client
+
+
+def _jobtype(request: web.Request) -> str:
+    name = request.match_info["type"]
+    if not valid_type(name):
+        raise errors.bad_name("type must match [A-Za-z0-9_.:-]{1,100}")
+    return name
+
+
+def parse_when(query: Any, now_ms: int) -> int:
+    """Eligibility time in epoch ms from ``delay`` or ``dt`` (API.md), default now."""
+    delay = query.get("delay")
+    dt = query.get("dt")
+    if delay is not None and dt is not None:
+        raise errors.bad_request("give delay or dt, not both")
+    if delay is not None:
+        try:
+            seconds = float(delay)
+        except ValueError:
+            raise errors.bad_request("delay must be a number of seconds") from None
+        if not math.isfinite(seconds) or seconds < 0 or seconds > MAX_DELAY_S:
+            raise errors.bad_request("delay must be between 0 and 10 years in seconds")
+        return now_ms + int(seconds * 1000)
+    if dt is not None:
+        when = _parse_dt(dt)
+        if when > now_ms + MAX_DELAY_S * 1000:
+            raise errors.bad_request("dt is more than 10 years ahead")
+        return max(when, 0)
+    return now_ms
+
+
+def _parse_dt(value: str) -> int:
+    if value.isdigit() and len(value) <= 16:
+        return int(value)
+    try:
+        parsed = datetime.fromisoformat(value.replace("Z", "+00:00").replace(" ", "+"))
+    except ValueError:
+        raise errors.bad_request("dt must be ISO-8601 or epoch milliseconds") from None
+    if parsed.tzinfo is None:
+        parsed = parsed.replace(tzinfo=UTC)
+    return int(parsed.timestamp() * 1000)
+
+
+def split_payloads(body: bytes, content_type: str, payload_limit: int) -> list[str]:
+    """The request body as payload lines, or an ApiError; all or nothing."""
+    if content_type == "application/json":
+        try:
+            items = orjson.loads(body)
+        except orjson.JSONDecodeError as exc:
+            raise errors.bad_payload(f"body is not valid JSON: {exc}") from None
+        if not isinstance(items, list):
+            raise errors.bad_payload("a JSON body must be an array, one element per job")
+        if not items:
+            raise errors.bad_payload("the array is empty")
+        lines = [orjson.dumps(item).decode() for item in items]
+    else:
+        try:
+            text = body.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise errors.bad_payload(f"body is not valid UTF-8 at byte {exc.start}") from None
+        if "\r" in text:
+            text = text.replace("\r\n", "\n")
+        if text.endswith("\n"):
+            text = text[:-1]
+        lines = text.split("\n")
+        if "" in lines:
+            raise errors.bad_payload(f"line {lines.index('') + 1} is empty")
+        if "\x00" in text:
+            raise errors.bad_payload("payloads cannot contain NUL characters")
+    if len(body) > payload_limit:
+        for number, line in enumerate(lines, 1):
+            if len(line) * 4 > payload_limit and len(line.encode()) > payload_limit:
+                raise errors.too_large(f"payload on line {number} is over {payload_limit} bytes")
+    return lines
+
+
+async def add_jobs(request: web.Request) -> web.Response:
+    services = request.app[SERVICES]
+    client = await authorize(request, services)
+    jobtype = _jobtype(request)
+    now_ms = time.time_ns() // 1_000_000
+    dt_ms = parse_when(request.query, now_ms)
+    body = await request.read()
+    lines = split_payloads(body, request.content_type, services.settings.payload_limit)
+    ids = services.ids.next_ids(len(lines))
+    stored_type = f"{client}-{jobtype}"
+    try:
+        await services.journal.write(stored_type, ids, lines, create_ms=now_ms, dt_ms=dt_ms)
+    except JournalError as exc:
+        logger.error("journal write failed: %s", exc, extra={"action": "journal_write_failed"})
+        raise errors.unavailable("the journal cannot be written; nothing was accepted") from None
+    services.queuelog.added(stored_type, ids, now_ms)
+    return json_response({"ids": ids})
+
+
+def _iso(value: datetime | None) -> str | None:
+    return None if value is None else value.isoformat().replace("+00:00", "Z")
+
+
+def job_body(job: Job) -> dict[str, Any]:
+    return {
+        "id": job.id,
+        "type": job.type,
+        "state": job.state.value,
+        "dt": _iso(job.dt),
+        "create_dt": _iso(job.create_dt),
+        "done_dt": _iso(job.done_dt),
+        "attempts": job.attempts,
+        "code": job.code,
+        "exitcode": job.exitcode,
+        "result": job.result,
+        "payload": job.data,
+    }
+
+
+def _job_id(request: web.Request) -> str:
+    job_id = request.match_info["id"]
+    if len(job_id) > 200:
+        raise errors.not_found("no such job")
+    return job_id
+
+
+async def get_job(request: web.Request) -> web.Response:
+    services = request.app[SERVICES]
+    client = await authorize(request, services)
+    try:
+        job = await services.store.get_job(client, _job_id(request))
+    except NotFound:
+        raise errors.not_found("no such job (or not yet in the store)") from None
+    return json_response(job_body(job))
+
+
+async def cancel_job(request: web.Request) -> web.Response:
+    services = request.app[SERVICES]
+    client = await authorize(request, services)
+    try:
+        job = await services.store.cancel_job(client, _job_id(request))
+    except NotFound:
+        raise errors.not_found("no such job (or not yet in the store)") from None
+    except Conflict:
+        raise ApiError(409, "conflict", "only a waiting job can be cancelled") from None
+    return json_response(job_body(job))
+
+
+async def list_jobs(request: web.Request) -> web.Response:
+    services = request.app[SERVICES]
+    client = await authorize(request, services)
+    query = request.query
+    jobtype = query.get("type") or None
+    if jobtype is not None and not valid_type(jobtype):
+        raise errors.bad_name("type must match [A-Za-z0-9_.:-]{1,100}")
+    state_text = query.get("state") or None
+    state = None
+    if state_text is not None:
+        try:
+            state = JobState(state_text)
+        except ValueError:
+            raise errors.bad_request("state must be waiting, running or done") from None
+    limit_text = query.get("limit", "100")
+    if not limit_text.isdigit() or not 1 <= int(limit_text) <= 1000:
+        raise errors.bad_request("limit must be an integer from 1 to 1000")
+    try:
+        page = await services.store.list_jobs(
+            client,
+            type=jobtype,
+            state=state,
+            limit=int(limit_text),
+            after=query.get("after") or None,
+        )
+    except BadCursor:
+        raise errors.bad_request("after is not a cursor this daemon gave out") from None
+    return json_response({"jobs": [job_body(job) for job in page.jobs], "next": page.next})
+
+
+def _stats_body(stats: TypeStats) -> dict[str, int]:
+    return {
+        "waiting": stats.waiting,
+        "scheduled": stats.scheduled,
+        "running": stats.running,
+        "done_ok": stats.done_ok,
+        "done_failed": stats.done_failed,
+        "done_error": stats.done_error,
+    }
+
+
+async def stats(request: web.Request) -> web.Response:
+    services = request.app[SERVICES]
+    client = await authorize(request, services)
+    by_type = await services.store.stats(client)
+    return json_response({"types": {name: _stats_body(s) for name, s in sorted(by_type.items())}})
+
+
+async def healthz(request: web.Request) -> web.Response:
+    services = request.app[SERVICES]
+    problems = []
+    try:
+        await services.store.ping()
+        store_state = "ok"
+    except StoreError:
+        store_state = "unreachable"
+        problems.append("the store cannot be reached")
+    journal_state = "ok" if services.journal.writable else "failed"
+    if journal_state != "ok":
+        problems.append("the journal cannot be written")
+    lag = services.journal.lag
+    body: dict[str, Any] = {
+        "sysid": services.sysid,
+        "store": store_state,
+        "journal": journal_state,
+        "ingest_lag": {
+            "lines": lag.unread_lines,
+            "bytes": lag.unread_bytes,
+            "oldest_ms": None
+            if lag.oldest_unread_ms is None
+            else max(0, time.time_ns() // 1_000_000 - lag.oldest_unread_ms),
+        },
+        "ingested": services.ingester.ingested,
+    }
+    if problems:
+        body["error"] = "unavailable"
+        body["message"] = "; ".join(problems)
+        return json_response(body, status=503)
+    body["status"] = "ok"
+    return json_response(body)
+
+
+def build_app(services: Services) -> web.Application:
+    app = web.Application(
+        middlewares=[error_middleware], client_max_size=services.settings.body_limit
+    )
+    app[SERVICES] = services
+    app.router.add_post("/{client}/job/{type}/add", add_jobs)
+    app.router.add_get("/{client}/job/{id}", get_job)
+    app.router.add_post("/{client}/job/{id}/cancel", cancel_job)
+    app.router.add_get("/{client}/jobs", list_jobs)
+    app.router.add_get("/{client}/stats", stats)
+    app.router.add_get("/healthz", healthz)
+    return app

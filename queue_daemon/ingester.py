@@ -1,0 +1,103 @@
+"""Moves acknowledged jobs from the journal into the store.
+
+Each worker loops reserve → read → ``store.add_jobs`` → rsync. The insert is
+idempotent by id, so a crash between insert and rsync re-ingests the batch
+without duplicating it. While the store is unreachable a worker keeps its
+batch and retries with capped exponential backoff; adds keep landing in the
+journal meanwhile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from datetime import UTC, datetime, timedelta
+
+from journal import Entry, Journal
+from store.errors import StoreError, StoreUnavailable
+from store.models import NewJob
+from store.protocol import Store
+
+logger = logging.getLogger(__name__)
+
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+RESERVE_TIMEOUT = 60.0  # seconds before an un-synced reservation is handed out again
+
+
+def to_new_jobs(entries: list[Entry]) -> list[NewJob]:
+    jobs = []
+    delta = timedelta
+    for e in entries:
+        jobs.append(
+            NewJob(
+                id=e.id,
+                type=e.type,
+                dt=EPOCH + delta(milliseconds=e.dt_ms),
+                data=e.payload,
+                create_dt=EPOCH + delta(milliseconds=e.create_ms),
+            )
+        )
+    return jobs
+
+
+class Ingester:
+    """Runs ``workers`` concurrent ingestion pipelines until stopped."""
+
+    def __init__(self, journal: Journal, store: Store, *, batch: int, workers: int) -> None:
+        self._journal = journal
+        self._store = store
+        self._batch = batch
+        self._workers = workers
+        self._stopping = asyncio.Event()
+        self.ingested = 0  # rows newly inserted by this daemon
+        self.last_error: str | None = None
+
+    async def run(self) -> None:
+        async with asyncio.TaskGroup() as group:
+            for _ in range(self._workers):
+                group.create_task(self._worker())
+
+    def stop(self) -> None:
+        """Workers finish the batch in hand and return."""
+        self._stopping.set()
+
+    async def drain(self, within: float) -> bool:
+        """Wait until everything durable in the journal is ingested; True if so."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + within
+        while self._journal.lag.unread_lines > 0:
+            if loop.time() >= deadline:
+                return False
+            await asyncio.sleep(0.01)
+        return True
+
+    async def _worker(self) -> None:
+        journal = self._journal
+        while not self._stopping.is_set():
+            reservation = journal.read_reserve(self._batch, RESERVE_TIMEOUT)
+            if reservation is None:
+                await journal.wait_readable(timeout=0.5)
+                continue
+            entries = await journal.read(reservation)
+            await self._insert(to_new_jobs(entries))
+            await journal.rsync(reservation)
+
+    async def _insert(self, jobs: list[NewJob]) -> None:
+        delay = 0.05
+        while True:
+            try:
+                self.ingested += await self._store.add_jobs(jobs)
+                if self.last_error is not None:
+                    logger.info("store reachable again", extra={"action": "ingest_resumed"})
+                    self.last_error = None
+                return
+            except StoreUnavailable as exc:
+                reason = f"store unavailable: {exc}"
+            except StoreError as exc:
+                reason = f"store error: {type(exc).__name__}: {exc}"
+            if self.last_error is None:
+                logger.warning("ingestion paused: %s", reason, extra={"action": "ingest_paused"})
+            self.last_error = reason
+            await asyncio.sleep(delay * (0.5 + random.random()))
+            delay = min(delay * 2, 5.0)

@@ -1,0 +1,35 @@
+"""One frozen settings object for a daemon, built by the CLI from flags and environment."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+MIB = 1 << 20
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Settings:
+    data_dir: Path = Path("./queue-data")
+    store: str | None = None  # DSN; None = embedded PostgreSQL in data_dir/pg
+    journal: Path | None = None  # default data_dir/journal-<sysid>
+    logfile: Path | None = None  # default data_dir/queue-<sysid>.log
+    host: str = "127.0.0.1"
+    port: int = 8080
+    sysid: str | None = None  # None = reserved automatically in the store
+    lease: float = 60.0  # seconds a claimed job (and a sysid) stays leased without renewal
+    no_auth: bool = False
+    payload_limit: int = MIB
+    body_limit: int = 64 * MIB
+    segment_bytes: int = 64 * MIB
+    ingest_batch: int = 5000  # journal lines per store insert
+    ingest_workers: int = 2  # concurrent reserve→insert→rsync pipelines
+    drain_timeout: float = 10.0  # seconds SIGTERM waits for ingestion to catch up
+    token_refresh: float = 2.0  # seconds between reloads of the tenant token cache
+    store_connect_timeout: float = 30.0  # seconds start-up waits for PostgreSQL
+
+    def journal_dir(self, sysid: str) -> Path:
+        return self.journal if self.journal is not None else self.data_dir / f"journal-{sysid}"
+
+    def logfile_path(self, sysid: str) -> Path:
+        return self.logfile if self.logfile is not None else self.data_dir / f"queue-{sysid}.log"
