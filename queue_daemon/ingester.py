@@ -26,18 +26,17 @@ RESERVE_TIMEOUT = 60.0  # seconds before an un-synced reservation is handed out 
 
 
 def to_new_jobs(entries: list[Entry]) -> list[NewJob]:
+    # A batch's lines share a handful of timestamps: convert each distinct one once.
+    stamps: dict[int, datetime] = {}
     jobs = []
-    delta = timedelta
     for e in entries:
-        jobs.append(
-            NewJob(
-                id=e.id,
-                type=e.type,
-                dt=EPOCH + delta(milliseconds=e.dt_ms),
-                data=e.payload,
-                create_dt=EPOCH + delta(milliseconds=e.create_ms),
-            )
-        )
+        dt = stamps.get(e.dt_ms)
+        if dt is None:
+            dt = stamps[e.dt_ms] = EPOCH + timedelta(milliseconds=e.dt_ms)
+        created = stamps.get(e.create_ms)
+        if created is None:
+            created = stamps[e.create_ms] = EPOCH + timedelta(milliseconds=e.create_ms)
+        jobs.append(NewJob(id=e.id, type=e.type, dt=dt, data=e.payload, create_dt=created))
     return jobs
 
 

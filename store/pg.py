@@ -153,7 +153,7 @@ class PgStore:
         """
         if not jobs:
             return 0
-        records = [(j.id, j.type, j.dt, j.data, j.create_dt) for j in jobs]
+        records = list(jobs)  # NewJob is a tuple in COPY column order
         parts = max(1, min(self.COPY_PARTS, len(records) // self.MIN_PART_ROWS))
         if parts == 1:
             return await self._add_records(records)
@@ -169,7 +169,7 @@ class PgStore:
             added += result
         return added
 
-    async def _add_records(self, records: list[tuple[Any, ...]]) -> int:
+    async def _add_records(self, records: Sequence[tuple[Any, ...]]) -> int:
         async with self._conn() as conn:
             # Fast path: COPY straight into jobs. A duplicate id (a batch that is
             # ingested again after a crash) aborts it; then go through the temp
