@@ -1,0 +1,468 @@
+"""``python -m bench``: durable adds and ingestion, each against a ceiling measured in the same run.
+
+Sections (``--only`` picks some, comma-separated):
+
+  fsync    (1) fdatasyncs/s of the disk under the temp dir
+  copy     (2) COPY rows/s into PostgreSQL, batches of 1,000 / 5,000 / 10,000
+  bare     (3) 1-line POSTs/s against bare aiohttp doing the same group-commit fsync
+  add1     (4a) 1-line POSTs through the real daemon, jobs/s acknowledged; ratio vs (3)
+  add1000  (4b) 1000-line POSTs through the real daemon, jobs/s; ratio vs the 100k/s target
+  ingest   (5) journal → store rows/s with the daemon's Ingester; ratio vs (2)
+
+Everything it starts (PostgreSQL unless ``--store``, daemons, the bare server,
+load generators, py-spy) is stopped before it exits, on error and Ctrl-C too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+
+from bench import ceilings, daemon
+from bench.http_load import Load, LoadResult, generator_name, run_load
+from bench.pg import Databases, PrivatePostgres
+from bench.procs import BenchError, Child, python
+from bench.profile import Profiler
+from bench.report import Row, render
+
+SECTIONS = ("fsync", "copy", "bare", "add1", "add1000", "ingest")
+COPY_BATCHES = [1000, 5000, 10000]
+INGEST_BATCHES = [1000, 5000, 10000]
+ADD_TARGET = 100_000.0  # jobs/s with 1000-line POSTs
+INGEST_TARGET = 60_000.0  # rows/s journal → store
+PGQUEUER_REFERENCE = 42_000.0  # jobs/s pgqueuer enqueues in batches (their published figure)
+ONE_LINE = b'{"bench": 1, "pad": "0123456789abcdef"}\n'
+
+
+def _bulk_body(lines: int) -> bytes:
+    return b"".join(b'{"bench": %d, "pad": "0123456789abcdef"}\n' % i for i in range(lines))
+
+
+@dataclass
+class Options:
+    sections: list[str]
+    store: str | None
+    quick: bool
+    warmup: float
+    duration: float
+    generator: str
+    conns: int
+    bulk_conns: int
+    gen_procs: int
+    ingest_rows: int
+    ingest_workers: int
+    copy_rows: int
+    fsync_seconds: float
+    repeat: int
+    profile: Path | None
+    tmp: Path | None
+    keep: bool
+
+
+def parse_args(argv: list[str] | None) -> Options:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--only", action="append", default=[], help="sections, comma-separated")
+    parser.add_argument("--store", default=None, help="PostgreSQL DSN (default: a private server)")
+    parser.add_argument("--quick", action="store_true", help="short runs: a smoke test (< 60 s)")
+    parser.add_argument("--duration", type=float, default=None, help="seconds measured per load")
+    parser.add_argument("--warmup", type=float, default=None, help="seconds before measuring")
+    parser.add_argument(
+        "--generator", choices=("auto", "wrk", "python"), default="auto", help="load generator"
+    )
+    parser.add_argument("--conns", type=int, default=64, help="connections for 1-line POSTs")
+    parser.add_argument("--bulk-conns", type=int, default=16, help="connections, 1000-line POSTs")
+    parser.add_argument(
+        "--gen-procs", type=int, default=1, help="generator processes (wrk: threads)"
+    )
+    parser.add_argument(
+        "--repeat", type=int, default=None, help="loads per server, best kept (default 3, quick 1)"
+    )
+    parser.add_argument("--ingest-rows", type=int, default=None, help="rows per ingest run")
+    parser.add_argument("--ingest-workers", type=int, default=None, help="default: the daemon's")
+    parser.add_argument("--profile", type=Path, default=None, help="py-spy the daemon into DIR")
+    parser.add_argument("--tmp", type=Path, default=None, help="parent of the bench's temp dir")
+    parser.add_argument("--keep", action="store_true", help="keep the temp dir (logs, journals)")
+    args = parser.parse_args(argv)
+    sections = [s.strip() for group in args.only for s in group.split(",") if s.strip()]
+    unknown = [s for s in sections if s not in SECTIONS]
+    if unknown:
+        parser.error(f"unknown section(s) {', '.join(unknown)}; choose from {', '.join(SECTIONS)}")
+    from queue_daemon.settings import Settings
+
+    quick = args.quick
+    return Options(
+        sections=sections or list(SECTIONS),
+        store=args.store or None,
+        quick=quick,
+        warmup=args.warmup if args.warmup is not None else (0.5 if quick else 1.0),
+        duration=args.duration if args.duration is not None else (2.0 if quick else 5.0),
+        generator=args.generator,
+        conns=args.conns,
+        bulk_conns=args.bulk_conns,
+        gen_procs=args.gen_procs,
+        ingest_rows=args.ingest_rows or (30_000 if quick else 300_000),
+        ingest_workers=args.ingest_workers or Settings().ingest_workers,
+        copy_rows=20_000 if quick else 200_000,
+        fsync_seconds=0.5 if quick else 2.0,
+        repeat=max(1, args.repeat or (1 if quick else 3)),
+        profile=args.profile,
+        tmp=args.tmp,
+        keep=args.keep,
+    )
+
+
+@dataclass
+class Run:
+    """State shared by the sections of one bench run."""
+
+    opts: Options
+    work: Path
+    generator: str
+    rows: list[Row] = field(default_factory=list)
+    fsync_rate: float | None = None
+    copy_rates: dict[int, float] = field(default_factory=dict)
+    copy_indexed: dict[int, float] = field(default_factory=dict)
+    bare_rate: float | None = None
+    profiles: list[tuple[str, str]] = field(default_factory=list)
+    pg: PrivatePostgres | None = None
+    databases: Databases | None = None
+    daemon_dsn: str | None = None  # one database and tenant for every daemon section
+    daemon_token: str | None = None
+    add1_done: bool = False
+
+    def admin_dsn(self) -> str:
+        if self.databases is None:
+            if self.opts.store is not None:
+                dsn = self.opts.store
+            else:
+                print("  starting a private PostgreSQL ...", flush=True)
+                self.pg = PrivatePostgres(self.work)
+                dsn = self.pg.start()
+            self.databases = Databases(dsn)
+        return self.databases.admin_dsn
+
+    def fresh_database(self, name: str) -> str:
+        self.admin_dsn()
+        assert self.databases is not None
+        return asyncio.run(self.databases.fresh(name))
+
+    def close(self) -> None:
+        try:
+            if self.databases is not None:
+                asyncio.run(self.databases.drop_all())
+        finally:
+            if self.pg is not None:
+                self.pg.stop()
+
+    def profiler(self, name: str) -> Profiler | None:
+        if self.opts.profile is None:
+            return None
+        self.opts.profile.mkdir(parents=True, exist_ok=True)
+        return Profiler(self.opts.profile, name)
+
+    def load(self, url: str, body: bytes, headers: dict[str, str], conns: int) -> Load:
+        return Load(
+            url=url,
+            body=body,
+            headers={"Content-Type": "text/plain", **headers},
+            conns=conns,
+            warmup=self.opts.warmup,
+            duration=self.opts.duration,
+            procs=self.opts.gen_procs,
+        )
+
+
+def section_fsync(run: Run) -> None:
+    rate, mean_ms = ceilings.fsync_ceiling(run.work, run.opts.fsync_seconds)
+    run.fsync_rate = rate
+    run.rows.append(
+        Row(
+            "(1) fdatasync, append+sync loop",
+            rate,
+            "syncs/s",
+            "ceiling",
+            notes=f"{mean_ms:.3f} ms each (DESIGN: ~0.2 ms)",
+        )
+    )
+
+
+def section_copy(run: Run) -> None:
+    dsn = run.fresh_database("copy")
+    rates = asyncio.run(ceilings.copy_ceilings(dsn, run.opts.copy_rows, COPY_BATCHES))
+    run.copy_rates = rates
+    design = {1000: " (DESIGN: ~120k)", 10000: " (DESIGN: ~157k)"}
+    for batch, rate in rates.items():
+        run.rows.append(
+            Row(
+                f"(2) COPY, batches of {batch:,}",
+                rate,
+                "rows/s",
+                "ceiling",
+                notes=f"{run.opts.copy_rows:,} rows, temp table, no index{design.get(batch, '')}",
+            )
+        )
+    indexed = asyncio.run(ceilings.copy_into_jobs_like(dsn, run.opts.copy_rows, COPY_BATCHES))
+    run.copy_indexed = indexed
+    for batch, rate in indexed.items():
+        run.rows.append(
+            Row(
+                f"(2i) COPY into a jobs-like table, {batch:,}",
+                rate,
+                "rows/s",
+                f"(2) COPY@{batch:,}",
+                rate / rates[batch],
+                "logged, with the jobs indexes, a commit per batch: PostgreSQL's share",
+            )
+        )
+
+
+def _measure(run: Run, targets: list[tuple[str, Child, Load]]) -> list[tuple[LoadResult, str]]:
+    """``--repeat`` rounds over the targets, alternating (the machine is shared, so
+    servers compared by a ratio see the same background load); the best of each
+    target's loads, with notes. py-spy, if asked, records each target's first load."""
+    profilers = [run.profiler(name) for name, _, _ in targets]
+    results: list[list[LoadResult]] = [[] for _ in targets]
+    for round_ in range(run.opts.repeat):
+        for i, (_, server, load) in enumerate(targets):
+            profiler = profilers[i] if round_ == 0 else None
+            results[i].append(run_load(run.generator, load, server, run.work, profiler=profiler))
+            load.warmup = min(load.warmup, 0.5)
+    out = []
+    for (name, _, load), profiler, tries in zip(targets, profilers, results, strict=True):
+        if profiler is not None:
+            run.profiles.append((name, profiler.summary))
+        best = max(tries, key=lambda r: r.jobs_per_s)
+        notes = f"{load.conns} conns, {best.describe()}"
+        if len(tries) > 1:
+            figures = ", ".join(f"{r.requests_per_s:,.0f}" for r in tries)
+            notes = f"best of {len(tries)} ({figures} POSTs/s); {notes}"
+        failures = sum(r.failures for r in tries)
+        if failures and not best.failures:
+            notes += f"; {failures} NON-200/errors in the other runs"
+        out.append((best, notes))
+    return out
+
+
+@contextmanager
+def _bare_server(run: Run) -> Iterator[tuple[Child, Load]]:
+    argv = python("-m", "bench.bare_server", "--file", str(run.work / "bare.log"))
+    server = Child("bare_server", argv, log_dir=run.work)
+    try:
+        url = server.wait_line("listening on ", timeout=30).split("listening on ", 1)[1]
+        yield server, run.load(url + "/bench/job/bench_add/add", ONE_LINE, {}, run.opts.conns)
+    finally:
+        server.stop(grace=5)
+
+
+@contextmanager
+def _daemon(run: Run, name: str) -> Iterator[tuple[Child, str, str]]:
+    """A fresh daemon (own data dir) on the bench database; yields (child, url, token)."""
+    data_dir = run.work / name
+    data_dir.mkdir()
+    if run.daemon_dsn is None or run.daemon_token is None:
+        run.daemon_dsn = run.fresh_database("daemon")
+        run.daemon_token = daemon.add_tenant(run.daemon_dsn, data_dir)
+    dsn, token = run.daemon_dsn, run.daemon_token
+    child, url = daemon.start_daemon(name, dsn, data_dir, run.work)
+    try:
+        yield child, url, token
+    finally:
+        child.stop(grace=20)
+
+
+def _add_url(url: str) -> str:
+    return f"{url}/{daemon.TENANT}/job/{daemon.JOBTYPE}/add"
+
+
+def _bare_row(run: Run, result: LoadResult, notes: str) -> None:
+    run.bare_rate = result.requests_per_s
+    run.rows.append(
+        Row(
+            "(3) bare aiohttp + group fsync, 1-line",
+            result.requests_per_s,
+            "POSTs/s",
+            "ceiling",
+            notes=notes + " (DESIGN: ~8-10k)",
+        )
+    )
+
+
+def _add1_row(run: Run, result: LoadResult, notes: str) -> None:
+    ratio = None if run.bare_rate is None else result.jobs_per_s / run.bare_rate
+    run.rows.append(
+        Row(
+            "(4a) daemon, 1-line POSTs",
+            result.jobs_per_s,
+            "jobs/s",
+            "(3) bare aiohttp",
+            ratio,
+            notes,
+        )
+    )
+
+
+def section_bare(run: Run) -> None:
+    """(3), and (4a) too when it is asked for: both servers up, loads alternating."""
+    with _bare_server(run) as (bare, bare_load):
+        if "add1" not in run.opts.sections:
+            ((result, notes),) = _measure(run, [("bare", bare, bare_load)])
+            _bare_row(run, result, notes)
+            return
+        with _daemon(run, "daemon_add1") as (child, url, token):
+            headers = {"Authorization": f"Bearer {token}"}
+            load = run.load(_add_url(url), ONE_LINE, headers, run.opts.conns)
+            (bare_result, bare_notes), (result, notes) = _measure(
+                run, [("bare", bare, bare_load), ("add1", child, load)]
+            )
+    _bare_row(run, bare_result, bare_notes)
+    _add1_row(run, result, notes)
+    run.add1_done = True
+
+
+def section_add1(run: Run) -> None:
+    if run.add1_done:  # measured with (3), alternating
+        return
+    with _daemon(run, "daemon_add1") as (child, url, token):
+        headers = {"Authorization": f"Bearer {token}"}
+        load = run.load(_add_url(url), ONE_LINE, headers, run.opts.conns)
+        ((result, notes),) = _measure(run, [("add1", child, load)])
+    _add1_row(run, result, notes)
+
+
+def section_add1000(run: Run) -> None:
+    body = _bulk_body(1000)
+    with _daemon(run, "daemon_add1000") as (child, url, token):
+        headers = {"Authorization": f"Bearer {token}"}
+        load = run.load(_add_url(url), body, headers, run.opts.bulk_conns)
+        ((result, notes),) = _measure(run, [("add1000", child, load)])
+        assert run.daemon_dsn is not None
+        drained = daemon.drain_report(url, run.daemon_dsn, 10.0 if run.opts.quick else 60.0)
+    run.rows.append(
+        Row(
+            "(4b) daemon, 1000-line POSTs",
+            result.jobs_per_s,
+            "jobs/s",
+            "target 100k/s",
+            result.jobs_per_s / ADD_TARGET,
+            f"{notes}; pgqueuer reference 42,000/s: "
+            f"{result.jobs_per_s / PGQUEUER_REFERENCE:.1f}x; {drained}",
+        )
+    )
+
+
+def section_ingest(run: Run) -> None:
+    from bench.ingest import measure_ingest
+
+    rows = run.opts.ingest_rows
+    workers = run.opts.ingest_workers
+    for batch in INGEST_BATCHES:
+        dsn = run.fresh_database(f"ingest_{batch}")
+        directory = run.work / f"journal-ingest-{batch}"
+        result = asyncio.run(
+            measure_ingest(dsn, directory, rows=rows, batch=batch, workers=workers, limit_s=120.0)
+        )
+        ceiling = run.copy_rates.get(batch)
+        indexed = run.copy_indexed.get(batch)
+        indexed_note = "" if indexed is None else f"vs (2i): {result.rows_per_s / indexed:.2f}; "
+        run.rows.append(
+            Row(
+                f"(5) ingest, batch {batch:,}",
+                result.rows_per_s,
+                "rows/s",
+                f"(2) COPY@{batch:,}",
+                None if ceiling is None else result.rows_per_s / ceiling,
+                f"{rows:,} rows, {workers} workers; target 60k: "
+                f"{result.rows_per_s / INGEST_TARGET:.2f}; "
+                f"{indexed_note}journal filled at "
+                f"{rows / result.write_seconds:,.0f} lines/s",
+            )
+        )
+
+
+SECTION_RUNNERS: dict[str, Callable[[Run], None]] = {
+    "fsync": section_fsync,
+    "copy": section_copy,
+    "bare": section_bare,
+    "add1": section_add1,
+    "add1000": section_add1000,
+    "ingest": section_ingest,
+}
+
+
+def _on_sigterm(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt
+
+
+def _machine() -> str:
+    load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    return f"{os.cpu_count()} cores, load average {load}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    opts = parse_args(argv)
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # even if started with it ignored
+    try:
+        generator = generator_name(opts.generator)
+    except BenchError as exc:
+        print(f"bench: {exc}", file=sys.stderr)
+        return 2
+    work = Path(tempfile.mkdtemp(prefix="qd-bench-", dir=opts.tmp))
+    run = Run(opts=opts, work=work, generator=generator)
+    print(f"bench: {_machine()}; temp dir {work}", flush=True)
+    print(
+        f"bench: load generator {generator}"
+        + ("" if generator == "wrk" else " (install wrk for the best figures: apt-get install wrk)")
+        + f"; {opts.warmup:g} s warm-up + {opts.duration:g} s measured per load",
+        flush=True,
+    )
+    failed = False
+    started = time.monotonic()
+    try:
+        for name in SECTIONS:
+            if name not in opts.sections:
+                continue
+            if name == "add1" and run.add1_done:
+                continue
+            both = name == "bare" and "add1" in opts.sections
+            print(f"bench: {'bare + add1, alternating' if both else name} ...", flush=True)
+            t0 = time.monotonic()
+            try:
+                SECTION_RUNNERS[name](run)
+            except BenchError as exc:
+                failed = True
+                print(f"bench: {name} failed: {exc}", file=sys.stderr, flush=True)
+                run.rows.append(Row(f"{name}", None, "", notes=str(exc).splitlines()[0]))
+            print(f"bench: {name} done in {time.monotonic() - t0:.1f} s", flush=True)
+    except KeyboardInterrupt:
+        print("bench: interrupted; stopping what it started", file=sys.stderr, flush=True)
+        failed = True
+    finally:
+        run.close()
+        if opts.keep:
+            print(f"bench: kept {work}")
+        else:
+            shutil.rmtree(work, ignore_errors=True)
+    print()
+    print(render(run.rows))
+    print()
+    print(f"bench: {_machine()} at the end; {time.monotonic() - started:.0f} s in all")
+    for name, summary in run.profiles:
+        print(f"\nprofile of the server under '{name}' (py-spy, {opts.profile}/{name}.txt):")
+        print(summary)
+    return 1 if failed else 0

