@@ -9,14 +9,32 @@ from __future__ import annotations
 
 import time
 
+_LOW_BITS = 12
+_BLOCK = 1 << _LOW_BITS
+
 
 class IdGenerator:
     def __init__(self, sysid: str) -> None:
-        self._suffix = "-" + sysid
         self._last = 0
+        # the last three hex digits and the suffix, precomputed: an id is then
+        # one short prefix per 4096 ids plus a table lookup
+        suffix = self._suffix = "-" + sysid
+        self._tails = [f"{low:03x}{suffix}" for low in range(_BLOCK)]
 
     def next_ids(self, n: int) -> list[str]:
-        base = max(self._last + 1, time.time_ns() // 1000)
-        self._last = base + n - 1
-        suffix = self._suffix
-        return [f"{i:013x}{suffix}" for i in range(base, base + n)]
+        first = max(self._last + 1, time.time_ns() // 1000)
+        end = first + n
+        self._last = end - 1
+        if n < 8:
+            return [f"{i:013x}{self._suffix}" for i in range(first, end)]
+        tails = self._tails
+        ids: list[str] = []
+        start = first
+        while start < end:
+            high = start >> _LOW_BITS
+            stop = min(end, (high + 1) << _LOW_BITS)
+            prefix = f"{high:010x}"
+            low = start & (_BLOCK - 1)
+            ids += [prefix + tail for tail in tails[low : low + stop - start]]
+            start = stop
+        return ids

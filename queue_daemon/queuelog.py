@@ -34,7 +34,7 @@ class QueueLog:
     def added(self, jobtype: str, ids: Sequence[str], at_ms: int) -> None:
         # ids and jobtypes never need JSON escaping (see names.py and ids.py)
         head = f'{{"ev":"added","t":{at_ms},"type":"{jobtype}","id":"'
-        text = "".join([head + i + '"}\n' for i in ids])
+        text = head + ('"}\n' + head).join(ids) + '"}\n'
         self._parts.append(text)
         self._size += len(text)
         if self._size >= FLUSH_BYTES:

@@ -81,6 +81,12 @@ def test_ids_are_unique_and_ordered() -> None:
     assert len(set(ids)) == len(ids)
     assert ids == sorted(ids)
     assert all(i.endswith("-7") and "|" not in i for i in ids)
+    # within one call the counter is consecutive, across the 4096-id blocks too
+    for n in (1, 7, 8, 4097, 9000):
+        batch = gen.next_ids(n)
+        counters = [int(i.split("-")[0], 16) for i in batch]
+        assert counters == list(range(counters[0], counters[0] + n))
+        assert all(len(i.split("-")[0]) == 13 for i in batch)
 
 
 def test_names() -> None:
