@@ -25,6 +25,7 @@ from queue_daemon.http import Services, build_app
 from queue_daemon.ids import IdGenerator
 from queue_daemon.ingester import Ingester
 from queue_daemon.queuelog import QueueLog
+from queue_daemon.server import AppRunner
 from queue_daemon.settings import Settings
 from store.embedded import EmbeddedPostgres
 from store.errors import StoreError, StoreUnavailable
@@ -107,7 +108,7 @@ async def serve(settings: Settings, ready: Callable[[str], None] | None = None) 
     store, embedded = await open_store(settings)
     identity: sysids.Identity | None = None
     supervisor = Supervisor(fail)
-    runner: web.AppRunner | None = None
+    runner: AppRunner | None = None
     queuelog: QueueLog | None = None
     try:
         identity = await sysids.acquire(store, settings)
@@ -133,7 +134,7 @@ async def serve(settings: Settings, ready: Callable[[str], None] | None = None) 
         supervisor.start("token-cache", tokens.run(settings.token_refresh))
         supervisor.start("queue-log", queuelog.run())
 
-        runner = web.AppRunner(build_app(services), access_log=None, handle_signals=False)
+        runner = AppRunner(build_app(services), access_log=None, handle_signals=False)
         await runner.setup()
         site = web.TCPSite(runner, settings.host, settings.port, backlog=1024)
         await site.start()

@@ -67,7 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--no-auth",
         action="store_true",
-        default=_env("no_auth", "") not in ("", "0", "false"),
+        default=str(_env("no_auth", "")).strip().lower() not in ("", "0", "false", "no", "off"),
         help="anonymous access (loopback addresses only)",
     )
     serve.add_argument(

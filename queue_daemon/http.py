@@ -6,8 +6,10 @@ handler builds an error reply itself.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
+import re
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -85,6 +87,10 @@ async def error_middleware(request: web.Request, handler: Any) -> web.StreamResp
         kind = _HTTP_KINDS.get(exc.status, "bad_request" if exc.status < 500 else "internal")
         message = exc.reason if exc.status != 413 else "request body over the body limit"
         return error_response(ApiError(exc.status, kind, message))
+    except ConnectionResetError:
+        # the client hung up (e.g. mid-body): nothing was accepted, nothing to report
+        logger.debug("client went away", extra={"action": "client_reset"})
+        return error_response(ApiError(400, "bad_request", "the connection was reset"))
     except StoreUnavailable:
         return error_response(errors.unavailable("the store cannot be reached; try again"))
     except StoreError as exc:
@@ -157,18 +163,46 @@ def _parse_dt(value: str) -> int:
     return int(parsed.timestamp() * 1000)
 
 
+# Integers of 19 digits or more may not fit orjson's 64-bit integers (it would
+# turn them into floats): such bodies go through the standard library's parser.
+_LONG_DIGITS = re.compile(rb"\d{19}")
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _json_lines(body: bytes) -> list[str]:
+    """Each element of a JSON array body, as compact JSON."""
+    try:
+        if _LONG_DIGITS.search(body) is None:
+            items = orjson.loads(body)
+        else:
+            items = json.loads(body, parse_constant=_reject_constant)
+    except (ValueError, RecursionError) as exc:  # orjson.JSONDecodeError is a ValueError
+        raise errors.bad_payload(f"body is not valid JSON: {exc}") from None
+    if not isinstance(items, list):
+        raise errors.bad_payload("a JSON body must be an array, one element per job")
+    if not items:
+        raise errors.bad_payload("the array is empty")
+    try:
+        lines = [orjson.dumps(item).decode() for item in items]
+    except orjson.JSONEncodeError:
+        # only the standard parser lets these through (huge integers, lone surrogates)
+        try:
+            lines = [
+                json.dumps(item, separators=(",", ":"), ensure_ascii=False).encode().decode()
+                for item in items
+            ]
+        except (ValueError, RecursionError) as exc:
+            raise errors.bad_payload(f"body cannot be stored as JSON: {exc}") from None
+    return lines
+
+
 def split_payloads(body: bytes, content_type: str, payload_limit: int) -> list[str]:
     """The request body as payload lines, or an ApiError; all or nothing."""
     if content_type == "application/json":
-        try:
-            items = orjson.loads(body)
-        except orjson.JSONDecodeError as exc:
-            raise errors.bad_payload(f"body is not valid JSON: {exc}") from None
-        if not isinstance(items, list):
-            raise errors.bad_payload("a JSON body must be an array, one element per job")
-        if not items:
-            raise errors.bad_payload("the array is empty")
-        lines = [orjson.dumps(item).decode() for item in items]
+        lines = _json_lines(body)
     else:
         try:
             text = body.decode("utf-8")

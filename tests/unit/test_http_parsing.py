@@ -94,3 +94,23 @@ def test_names() -> None:
     assert not valid_client("a" * 41) and valid_client("a" * 40)
     assert valid_type("Resize.v2:x-y") and not valid_type("a|b") and not valid_type("a b")
     assert not valid_type("a" * 101) and not valid_type("a/b") and not valid_type("a,b")
+
+
+def test_json_integers_beyond_64_bits_keep_their_value() -> None:
+    body = b'[123456789012345678901234567890, {"n": -99999999999999999999}, 1.5]'
+    lines = split_payloads(body, "application/json", LIMIT)
+    assert lines == ["123456789012345678901234567890", '{"n":-99999999999999999999}', "1.5"]
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'["\\ud800"]',
+        b"[NaN]",
+        b"[1, Infinity]",
+        b"[" * 100_000 + b"]" * 100_000,
+        b'[12345678901234567890, "\\udfff"]',
+    ],
+)
+def test_json_that_cannot_be_stored_is_rejected(body: bytes) -> None:
+    assert kind_of(body, "application/json") == (400, "bad_payload")

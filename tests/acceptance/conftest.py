@@ -1,0 +1,72 @@
+"""Fixtures of the acceptance tests: real daemons, real PostgreSQL, real files."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import aiohttp
+import asyncpg
+import pytest
+
+from tests.acceptance.daemon import DaemonFactory
+
+
+@pytest.fixture
+def daemons(tmp_path: Path) -> Iterator[DaemonFactory]:
+    """Start daemons with ``daemons.start(...)``; every one is stopped at teardown."""
+    log_dir = tmp_path / "logs"
+    log_dir.mkdir()
+    factory = DaemonFactory(log_dir)
+    try:
+        yield factory
+    finally:
+        factory.close()
+
+
+@pytest.fixture
+def data_dir(tmp_path: Path) -> Path:
+    return tmp_path / "data"
+
+
+@pytest.fixture
+async def session() -> AsyncIterator[aiohttp.ClientSession]:
+    timeout = aiohttp.ClientTimeout(total=30)
+    async with aiohttp.ClientSession(timeout=timeout) as s:
+        yield s
+
+
+def _with_database(dsn: str, database: str) -> str:
+    from urllib.parse import urlsplit, urlunsplit
+
+    return urlunsplit(urlsplit(dsn)._replace(path="/" + database))
+
+
+@pytest.fixture(scope="module")
+def module_dsn(pg_admin_dsn: str, pg_template: str) -> Iterator[str]:
+    """A fresh migrated database shared by the tests of one module (one daemon for all)."""
+    name = "m_" + uuid.uuid4().hex[:16]
+
+    async def run(sql: str) -> None:
+        conn = await asyncpg.connect(pg_admin_dsn)
+        try:
+            await conn.execute(sql)
+        finally:
+            await conn.close()
+
+    asyncio.run(run(f"CREATE DATABASE {name} TEMPLATE {pg_template}"))
+    try:
+        yield _with_database(pg_admin_dsn, name)
+    finally:
+        asyncio.run(run(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+
+
+@pytest.fixture(scope="module")
+def module_daemons(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonFactory]:
+    factory = DaemonFactory(tmp_path_factory.mktemp("logs"))
+    try:
+        yield factory
+    finally:
+        factory.close()

@@ -1,0 +1,135 @@
+"""The store can be down (DESIGN.md invariant 6): adds go on, ingestion resumes.
+
+Each test has a PostgreSQL server of its own, which it stops and starts again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from tests.acceptance.client import Api, Reply, assert_error, until
+from tests.acceptance.daemon import DaemonFactory, add_tenant
+from tests.acceptance.storecheck import duplicates, payloads, wait_all_stored
+from tests.pgserver import PgServer
+
+INGEST_WITHIN = 60.0
+
+
+@pytest.fixture
+def own_pg(tmp_path: Path) -> Iterator[PgServer]:
+    server = PgServer(tmp_path / "own-pg")
+    (tmp_path / "own-pg").mkdir()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+async def _wait_unhealthy(api: Api) -> Reply:
+    async def probe() -> Reply | None:
+        reply = await api.healthz()
+        return reply if reply.status == 503 else None
+
+    return await until(probe, 20, "healthz 503 while PostgreSQL is down")
+
+
+async def _add_while_down(api: Api, acked: dict[str, str]) -> None:
+    """Several hundred jobs over a few requests, text and JSON: each must be a 200."""
+    for request in range(4):
+        lines = [f"down-{request}-{k}" for k in range(100)]
+        acked.update(zip(await api.add("down", lines), lines, strict=True))
+    reply = await api.add_raw("down", '["j1", {"j": 2}]', content_type="application/json")
+    assert reply.status == 200, reply
+    acked.update(zip(reply.json["ids"], ['"j1"', '{"j":2}'], strict=True))
+
+
+async def test_adds_succeed_while_postgresql_is_down_and_reach_it_later(
+    own_pg: PgServer,
+    daemons: DaemonFactory,
+    data_dir: Path,
+    tmp_path: Path,
+    session: aiohttp.ClientSession,
+) -> None:
+    dsn = own_pg.start()
+    token = add_tenant("t", store=dsn, data_dir=data_dir, cwd=tmp_path)
+    daemon = daemons.start(data_dir, dsn)
+    api = Api(session, daemon.url, "t", token)
+    acked: dict[str, str] = {}
+    [first] = await api.add("down", ["before"])
+    acked[first] = "before"
+    await api.wait_job(first)
+    assert (await api.healthz()).status == 200
+
+    own_pg.stop()
+    body = assert_error(await _wait_unhealthy(api), 503)
+    assert body["error"] == "unavailable", body
+    await _add_while_down(api, acked)
+    reply = await api.healthz()
+    assert_error(reply, 503, "unavailable")
+    assert reply.json["ingest_lag"]["lines"] >= len(acked) - 1, reply
+    # reads need the store: a clean 503, not a hang or a 500
+    assert_error(await api.get_job(first), 503, "unavailable")
+
+    assert own_pg.start() == dsn, "the restarted server has another address"
+    await wait_all_stored(dsn, acked, INGEST_WITHIN)
+    caught_up = await api.wait_caught_up(INGEST_WITHIN)
+    assert caught_up["ingest_lag"]["lines"] == 0
+    assert await duplicates(dsn) == []
+    assert await payloads(dsn, acked) == acked
+    job = await api.wait_job(list(acked)[-1])
+    assert job["state"] == "waiting"
+    assert daemon.running()
+    assert daemon.terminate() == 0
+
+
+async def test_kill_9_while_postgresql_is_down_then_restart_loses_nothing(
+    own_pg: PgServer,
+    daemons: DaemonFactory,
+    data_dir: Path,
+    tmp_path: Path,
+    session: aiohttp.ClientSession,
+) -> None:
+    """Acked jobs that only the dead daemon's journal holds reach the store via the next one."""
+    dsn = own_pg.start()
+    token = add_tenant("t", store=dsn, data_dir=data_dir, cwd=tmp_path)
+    daemon = daemons.start(data_dir, dsn)
+    api = Api(session, daemon.url, "t", token)
+    own_pg.stop()
+    acked: dict[str, str] = {}
+    await _add_while_down(api, acked)
+    daemon.kill()
+
+    assert own_pg.start() == dsn
+    daemons.start(data_dir, dsn)
+    await wait_all_stored(dsn, acked, INGEST_WITHIN)
+    assert await duplicates(dsn) == []
+    assert await payloads(dsn, acked) == acked
+
+
+async def test_a_daemon_started_while_postgresql_is_down_comes_up_when_it_returns(
+    own_pg: PgServer,
+    daemons: DaemonFactory,
+    data_dir: Path,
+    tmp_path: Path,
+    session: aiohttp.ClientSession,
+) -> None:
+    dsn = own_pg.start()
+    token = add_tenant("t", store=dsn, data_dir=data_dir, cwd=tmp_path)
+    own_pg.stop()
+    daemon = daemons.spawn(data_dir, dsn)
+
+    async def waiting() -> bool | None:
+        assert daemon.running(), daemon.stderr_text()[-3000:]
+        return True if "waiting for the store" in daemon.stderr_text() else None
+
+    await until(waiting, 20, "the daemon to wait for the store")
+    assert own_pg.start() == dsn
+    await asyncio.to_thread(daemon.wait_ready)
+    api = Api(session, daemon.url, "t", token)
+    [job_id] = await api.add("late", ["x"])
+    await api.wait_job(job_id)
