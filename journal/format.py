@@ -43,10 +43,17 @@ def parse_segment_name(name: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
+_last_second: list[tuple[int, str]] = [(-1, "")]  # every batch header formats a date
+
+
 def iso_ms(t: float) -> str:
     """``t`` (epoch seconds) as ISO-8601 UTC with milliseconds, e.g. 2024-05-01T12:00:00.123Z."""
     s, ms = divmod(int(t * 1000), 1000)
-    return f"{time.strftime('%Y-%m-%dT%H:%M:%S', time.gmtime(s))}.{ms:03d}Z"
+    cached_s, text = _last_second[0]
+    if cached_s != s:
+        text = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(s))
+        _last_second[0] = (s, text)
+    return f"{text}.{ms:03d}Z"
 
 
 @dataclass(slots=True)

@@ -1,0 +1,33 @@
+"""The benchmark still runs end to end (figures are printed, not asserted)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.timeout(240)
+def test_bench_quick_runs_every_section() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "bench", "--quick"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=230,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    for figure in (
+        "(1) fdatasync",
+        "(2) COPY",
+        "(3) bare aiohttp",
+        "(4a) daemon, 1-line",
+        "(4b) daemon, 1000-line",
+        "(5) ingest",
+    ):
+        assert figure in done.stdout
+    assert "FAILED" not in done.stdout
