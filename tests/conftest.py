@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import tempfile
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import asyncpg
@@ -50,11 +51,31 @@ def pg_admin_dsn(pg_server: PgServer | None) -> str:
     return pg_server.dsn()
 
 
-def _with_database(dsn: str, database: str) -> str:
+def with_database(dsn: str, database: str) -> str:
+    """``dsn`` pointed at another database of the same server."""
     from urllib.parse import urlsplit, urlunsplit
 
-    parts = urlsplit(dsn)
-    return urlunsplit(parts._replace(path="/" + database))
+    return urlunsplit(urlsplit(dsn)._replace(path="/" + database))
+
+
+async def _admin(admin_dsn: str, sql: str) -> None:
+    conn = await asyncpg.connect(admin_dsn)
+    try:
+        await conn.execute(sql)
+    finally:
+        await conn.close()
+
+
+@contextlib.contextmanager
+def scratch_database(admin_dsn: str, prefix: str, template: str | None = None) -> Iterator[str]:
+    """A new database (a copy of ``template`` if given) for the block; dropped after it."""
+    name = prefix + uuid.uuid4().hex[:16]
+    clone = f" TEMPLATE {template}" if template else ""
+    asyncio.run(_admin(admin_dsn, f"CREATE DATABASE {name}{clone}"))
+    try:
+        yield with_database(admin_dsn, name)
+    finally:
+        asyncio.run(_admin(admin_dsn, f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
 
 
 @pytest.fixture(scope="session")
@@ -69,7 +90,7 @@ def pg_template(pg_admin_dsn: str) -> str:
             await conn.execute(f"CREATE DATABASE {TEMPLATE}")
         finally:
             await conn.close()
-        store = await PgStore.connect(_with_database(pg_admin_dsn, TEMPLATE))
+        store = await PgStore.connect(with_database(pg_admin_dsn, TEMPLATE))
         await store.close()
 
     asyncio.run(build())
@@ -77,34 +98,14 @@ def pg_template(pg_admin_dsn: str) -> str:
 
 
 @pytest.fixture
-async def pg_dsn(pg_admin_dsn: str, pg_template: str) -> AsyncIterator[str]:
+def pg_dsn(pg_admin_dsn: str, pg_template: str) -> Iterator[str]:
     """DSN of a fresh, migrated database for this test alone."""
-    name = "t_" + uuid.uuid4().hex[:16]
-    conn = await asyncpg.connect(pg_admin_dsn)
-    try:
-        await conn.execute(f"CREATE DATABASE {name} TEMPLATE {pg_template}")
-    finally:
-        await conn.close()
-    yield _with_database(pg_admin_dsn, name)
-    conn = await asyncpg.connect(pg_admin_dsn)
-    try:
-        await conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
-    finally:
-        await conn.close()
+    with scratch_database(pg_admin_dsn, "t_", pg_template) as dsn:
+        yield dsn
 
 
 @pytest.fixture
 def pg_empty_dsn(pg_admin_dsn: str) -> Iterator[str]:
     """DSN of an empty (unmigrated) database, for migration and start-up tests."""
-    name = "e_" + uuid.uuid4().hex[:16]
-
-    async def run(sql: str) -> None:
-        conn = await asyncpg.connect(pg_admin_dsn)
-        try:
-            await conn.execute(sql)
-        finally:
-            await conn.close()
-
-    asyncio.run(run(f"CREATE DATABASE {name}"))
-    yield _with_database(pg_admin_dsn, name)
-    asyncio.run(run(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+    with scratch_database(pg_admin_dsn, "e_") as dsn:
+        yield dsn

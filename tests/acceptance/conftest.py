@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import asyncio
-import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import aiohttp
-import asyncpg
 import pytest
 
 from tests.acceptance.daemon import DaemonFactory
+from tests.conftest import scratch_database
 
 
 @pytest.fixture
@@ -38,29 +36,11 @@ async def session() -> AsyncIterator[aiohttp.ClientSession]:
         yield s
 
 
-def _with_database(dsn: str, database: str) -> str:
-    from urllib.parse import urlsplit, urlunsplit
-
-    return urlunsplit(urlsplit(dsn)._replace(path="/" + database))
-
-
 @pytest.fixture(scope="module")
 def module_dsn(pg_admin_dsn: str, pg_template: str) -> Iterator[str]:
     """A fresh migrated database shared by the tests of one module (one daemon for all)."""
-    name = "m_" + uuid.uuid4().hex[:16]
-
-    async def run(sql: str) -> None:
-        conn = await asyncpg.connect(pg_admin_dsn)
-        try:
-            await conn.execute(sql)
-        finally:
-            await conn.close()
-
-    asyncio.run(run(f"CREATE DATABASE {name} TEMPLATE {pg_template}"))
-    try:
-        yield _with_database(pg_admin_dsn, name)
-    finally:
-        asyncio.run(run(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+    with scratch_database(pg_admin_dsn, "m_", pg_template) as dsn:
+        yield dsn
 
 
 @pytest.fixture(scope="module")
