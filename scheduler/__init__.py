@@ -1,1 +1,10 @@
-"""Placeholder: built by a later capability (see DESIGN.md)."""
+"""Which jobtype runs next: fair between tenants, then between a tenant's types.
+
+Pure logic, no I/O: the daemon tells it what is waiting and what started or stopped.
+"""
+
+from scheduler.errors import SchedulerError
+from scheduler.models import Pick, tenant_of
+from scheduler.scheduler import Scheduler
+
+__all__ = ["Pick", "Scheduler", "SchedulerError", "tenant_of"]

@@ -1,0 +1,180 @@
+"""The fair scheduler behind the seed's selectJobtypeToRun / jobsStarted / jobsStopped.
+
+Fairness is measured in slots: a tenant's service is the number of jobs it has
+running now. Each pick goes to the eligible tenant with the fewest running jobs
+(ties: the one picked least recently), then to that tenant's type with the
+fewest running jobs (ties: a type with an idle warm context, then the one
+picked least recently). A deep queue therefore buys a tenant nothing: whoever
+holds fewer slots is served next, so a newcomer with one job is picked as soon
+as a slot frees.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Set
+
+from scheduler.errors import SchedulerError
+from scheduler.models import Pick
+
+_NEVER = -1  # pick sequence of a tenant or type never picked: it sorts first on ties
+
+
+class Scheduler:
+    """Chooses which waiting jobtype to claim next, and how many of it.
+
+    `concurrency` caps the jobs running at once in this daemon, `tenant_cap`
+    (None: no cap) the running jobs of one tenant, `max_batch` the jobs one
+    pick may claim. The caller reports every claim with `jobs_started` and
+    every job that stops running with `jobs_stopped`.
+    """
+
+    __slots__ = (
+        "_concurrency",
+        "_max_batch",
+        "_running",
+        "_seq",
+        "_tenant_cap",
+        "_tenant_picked",
+        "_tenant_running",
+        "_type_picked",
+        "_type_running",
+    )
+
+    def __init__(
+        self, *, concurrency: int, tenant_cap: int | None = None, max_batch: int = 100
+    ) -> None:
+        if concurrency < 0:
+            raise SchedulerError(f"concurrency must be >= 0, got {concurrency}")
+        if tenant_cap is not None and tenant_cap < 1:
+            raise SchedulerError(f"tenant_cap must be >= 1 or None, got {tenant_cap}")
+        if max_batch < 1:
+            raise SchedulerError(f"max_batch must be >= 1, got {max_batch}")
+        self._concurrency = concurrency
+        self._tenant_cap = tenant_cap
+        self._max_batch = max_batch
+        self._running = 0
+        self._type_running: dict[str, int] = {}
+        self._tenant_running: dict[str, int] = {}
+        # Sequence number of each name's latest pick, for round-robin among equals.
+        # Recorded when picked, not when started: a claim that finds nothing must
+        # still move the turn on, or one empty type would be picked forever.
+        self._tenant_picked: dict[str, int] = {}
+        self._type_picked: dict[str, int] = {}
+        self._seq = 0
+
+    @property
+    def running(self) -> int:
+        """Jobs running now in this daemon, as reported."""
+        return self._running
+
+    def running_of(self, jobtype: str) -> int:
+        """Jobs of `jobtype` running now."""
+        return self._type_running.get(jobtype, 0)
+
+    def running_of_tenant(self, tenant: str) -> int:
+        """Jobs of all of `tenant`'s types running now."""
+        return self._tenant_running.get(tenant, 0)
+
+    def free_slots(self) -> int:
+        """How many more jobs may start before `concurrency` is reached."""
+        return max(0, self._concurrency - self._running)
+
+    def select_jobtype(
+        self, waiting: Mapping[str, int], warm: Set[str] = frozenset()
+    ) -> Pick | None:
+        """The next jobtype to claim, or None when no slot is free or nothing is eligible.
+
+        `waiting` maps jobtype to a count of its eligible jobs (exact, estimated
+        or capped); `warm` holds the jobtypes with an idle warm context. Each
+        call records its pick, so the caller should claim what it returns.
+        """
+        free = self.free_slots()
+        if free == 0:
+            return None
+
+        groups: dict[str, list[str]] = {}
+        for jobtype, count in waiting.items():
+            if count > 0:
+                tenant = jobtype.partition("-")[0]
+                group = groups.get(tenant)
+                if group is None:
+                    groups[tenant] = [jobtype]
+                else:
+                    group.append(jobtype)
+
+        cap = self._tenant_cap
+        tenant_running = self._tenant_running
+        tenant_picked = self._tenant_picked
+        best_tenant = ""
+        best_tenant_key = (0, 0)
+        eligible = 0
+        for tenant in groups:
+            running = tenant_running.get(tenant, 0)
+            if cap is not None and running >= cap:
+                continue
+            key = (running, tenant_picked.get(tenant, _NEVER))
+            if eligible == 0 or key < best_tenant_key:
+                best_tenant, best_tenant_key = tenant, key
+            eligible += 1
+        if eligible == 0:
+            return None
+
+        type_running = self._type_running
+        type_picked = self._type_picked
+        best_type = ""
+        best_type_key = (0, False, 0)
+        for jobtype in groups[best_tenant]:
+            # False sorts before True: warm wins only between equally served types.
+            type_key = (
+                type_running.get(jobtype, 0),
+                jobtype not in warm,
+                type_picked.get(jobtype, _NEVER),
+            )
+            if not best_type or type_key < best_type_key:
+                best_type, best_type_key = jobtype, type_key
+
+        # Leave room for the other waiting tenants: they take the next picks.
+        fair_share = max(1, free // eligible)
+        limit = min(self._max_batch, free, fair_share, waiting[best_type])
+        if cap is not None:
+            limit = min(limit, cap - best_tenant_key[0])
+
+        self._seq += 1
+        tenant_picked[best_tenant] = self._seq
+        type_picked[best_type] = self._seq
+        return Pick(jobtype=best_type, limit=limit)
+
+    def jobs_started(self, jobtype: str, count: int) -> None:
+        """A batch of `count` jobs of `jobtype` started running."""
+        if count < 0:
+            raise SchedulerError(f"jobs_started count must be >= 0, got {count}")
+        if count == 0:
+            return
+        tenant = jobtype.partition("-")[0]
+        self._type_running[jobtype] = self._type_running.get(jobtype, 0) + count
+        self._tenant_running[tenant] = self._tenant_running.get(tenant, 0) + count
+        self._running += count
+
+    def jobs_stopped(self, jobtype: str, count: int) -> None:
+        """A batch of `count` jobs of `jobtype` is no longer running (done or to be retried).
+
+        Stopping more than are running stops only those; an unknown type is a no-op.
+        """
+        if count < 0:
+            raise SchedulerError(f"jobs_stopped count must be >= 0, got {count}")
+        have = self._type_running.get(jobtype, 0)
+        count = min(count, have)
+        if count == 0:
+            return
+        tenant = jobtype.partition("-")[0]
+        self._drop(self._type_running, jobtype, count)
+        self._drop(self._tenant_running, tenant, count)
+        self._running -= count
+
+    @staticmethod
+    def _drop(counts: dict[str, int], name: str, count: int) -> None:
+        left = counts[name] - count
+        if left > 0:
+            counts[name] = left
+        else:
+            del counts[name]
