@@ -68,3 +68,43 @@ class Tenant:
     token_hash: bytes
     created_at: datetime
     revoked_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ClaimedJob:
+    """A job this daemon now owns (``lock = sysid``)."""
+
+    id: str
+    type: str  # stored jobtype, "client-type"
+    data: str
+    attempts: int  # including this run
+    create_dt: datetime
+
+
+class ReleaseHow(enum.StrEnum):
+    RETRY = "retry"  # eligible again after ``delay`` seconds
+    UNGET = "unget"  # eligible again at once
+    ARCHIVE = "archive"  # done: lock '__done', dt = done_dt + 1000 years
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Release:
+    """The end of one run of one job, written by ``Store.release``."""
+
+    id: str
+    how: ReleaseHow
+    code: str | None = None  # ok | failed | retry | error (None keeps the previous)
+    exitcode: int | None = None
+    result: str | None = None
+    delay: float = 0.0  # seconds, for RETRY
+    refund_attempt: bool = False  # the run did not count (e.g. no handler, daemon shutdown)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HandlerRecord:
+    """A stored handler version. ``data`` holds the JSON fields of API.md."""
+
+    id: str  # version id, unique
+    type: str  # stored jobtype, "client-type"
+    dt: datetime
+    data: dict[str, object]  # lang, body, before, beforeEach, afterEach, eid, timeout, then, ...

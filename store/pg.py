@@ -3,20 +3,35 @@
 from __future__ import annotations
 
 import asyncio
+import logging
+import secrets
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager, suppress
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 import asyncpg
+import orjson
 
 from store import queries
 from store.cursor import decode_cursor, encode_cursor
 from store.errors import Conflict, NotFound, StoreError, SysidTaken
+from store.listen import listen_forever
 from store.migrate import applied_migrations as _applied_versions
 from store.migrate import migrate as apply_migrations
-from store.models import Job, JobPage, JobState, NewJob, Tenant, TypeStats
+from store.models import (
+    ClaimedJob,
+    HandlerRecord,
+    Job,
+    JobPage,
+    JobState,
+    NewJob,
+    Release,
+    ReleaseHow,
+    Tenant,
+    TypeStats,
+)
 from store.translate import is_unavailable, translate
 
 if TYPE_CHECKING:
@@ -24,7 +39,10 @@ if TYPE_CHECKING:
 
     Connection: TypeAlias = asyncpg.Connection | PoolConnectionProxy[asyncpg.Record]
 
+logger = logging.getLogger(__name__)
+
 MAX_PAGE = 1000
+PURGE_CHUNK = 10_000  # rows deleted per statement, so no purge holds locks for long
 _NEW_SYSID_TRIES = 1000
 _CLOSE_TIMEOUT = 10.0
 
@@ -53,6 +71,11 @@ def _job(row: asyncpg.Record) -> Job:
     )
 
 
+def _handler(row: asyncpg.Record) -> HandlerRecord:
+    data = orjson.loads(row["data"])
+    return HandlerRecord(id=row["id"], type=row["type"], dt=row["dt"], data=data)
+
+
 async def _init_connection(conn: Connection) -> None:
     await conn.execute(queries.CREATE_JOBS_IN)
 
@@ -69,9 +92,14 @@ class PgStore:
     COPY_PARTS = 2  # connections one add_jobs call copies over at once
     MIN_PART_ROWS = 1000  # smaller batches go in one part
 
-    def __init__(self, pool: asyncpg.Pool, *, acquire_timeout: float) -> None:
+    def __init__(
+        self, pool: asyncpg.Pool, *, acquire_timeout: float, dsn: str | None = None
+    ) -> None:
         self._pool = pool
         self._acquire_timeout = acquire_timeout
+        self._dsn = dsn  # for the dedicated LISTEN connection
+        self._closed = asyncio.Event()
+        self._last_handler_ns = 0
 
     @classmethod
     async def connect(
@@ -95,7 +123,7 @@ class PgStore:
                 init=_init_connection,
                 server_settings={"application_name": "queue_daemon"},
             )
-        store = cls(pool, acquire_timeout=connect_timeout + command_timeout)
+        store = cls(pool, acquire_timeout=connect_timeout + command_timeout, dsn=dsn)
         if migrate:
             try:
                 async with store._conn() as conn:
@@ -106,6 +134,7 @@ class PgStore:
         return store
 
     async def close(self) -> None:
+        self._closed.set()  # ends every listen()
         try:
             await asyncio.wait_for(self._pool.close(), _CLOSE_TIMEOUT)
         except (TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError, OSError):
@@ -179,6 +208,8 @@ class PgStore:
                     await conn.copy_records_to_table(
                         queries.JOBS_TABLE, records=records, columns=queries.JOB_COPY_COLUMNS
                     )
+                    # sent at commit, so a woken daemon finds the rows
+                    await conn.execute(queries.NOTIFY_JOBS)
                 return len(records)
             except asyncpg.UniqueViolationError:
                 pass
@@ -187,7 +218,10 @@ class PgStore:
                     queries.JOBS_IN_TABLE, records=records, columns=queries.JOB_COPY_COLUMNS
                 )
                 status = await conn.execute(queries.INSERT_FROM_JOBS_IN)
-        return int(status.rsplit(" ", 1)[1])  # "INSERT 0 <n>"
+                added = int(status.rsplit(" ", 1)[1])  # "INSERT 0 <n>"
+                if added:
+                    await conn.execute(queries.NOTIFY_JOBS)
+        return added
 
     async def copy_ceiling(self, n: int, batch: int) -> float:
         """Rows/s of bare COPY of ``n`` job rows, ``batch`` at a time, into an
@@ -331,3 +365,130 @@ class PgStore:
     async def release_sysid(self, sysid: str, *, holder: str) -> None:
         async with self._conn() as conn:
             await conn.execute(queries.RELEASE_SYSID, sysid, holder)
+
+    # --- running jobs: the claim path ---------------------------------------
+
+    async def waiting_jobtypes(self, limit_per_type: int = 1000) -> dict[str, int]:
+        rows = await self._fetch(queries.WAITING_JOBTYPES, max(1, limit_per_type))
+        return {row["type"]: row["n"] for row in rows}
+
+    async def claim(self, type: str, limit: int, *, sysid: str, lease: float) -> list[ClaimedJob]:
+        if limit < 1:
+            return []
+        rows = await self._fetch(queries.CLAIM, type, limit, sysid, float(lease))
+        jobs = [
+            ClaimedJob(
+                id=row["id"],
+                type=row["type"],
+                data=row["data"],
+                attempts=row["attempts"],
+                create_dt=row["create_dt"],
+            )
+            for row in rows
+        ]
+        # RETURNING follows the primary key, not the claim's dt order; ids of
+        # one daemon are time-ordered, so this is the order they were added in
+        jobs.sort(key=lambda job: (job.create_dt, job.id))
+        return jobs
+
+    async def renew(self, ids: Sequence[str], *, sysid: str, lease: float) -> int:
+        if not ids:
+            return 0
+        # sorted: concurrent updates of the same rows lock them in one order
+        async with self._conn() as conn:
+            status = await conn.execute(queries.RENEW, sorted(ids), sysid, float(lease))
+        return int(status.rsplit(" ", 1)[1])  # "UPDATE <n>"
+
+    async def release(self, releases: Sequence[Release], *, sysid: str) -> int:
+        if not releases:
+            return 0
+        ordered = sorted(releases, key=lambda r: r.id)
+        async with self._conn() as conn:
+            status = await conn.execute(
+                queries.RELEASE,
+                [r.id for r in ordered],
+                [ReleaseHow(r.how).value for r in ordered],
+                [r.code for r in ordered],
+                [r.exitcode for r in ordered],
+                [r.result for r in ordered],
+                [float(r.delay) for r in ordered],
+                [r.refund_attempt for r in ordered],
+                sysid,
+            )
+        return int(status.rsplit(" ", 1)[1])
+
+    async def expire_locks(self) -> int:
+        async with self._conn() as conn:
+            status = await conn.execute(queries.EXPIRE_LOCKS)
+        return int(status.rsplit(" ", 1)[1])
+
+    async def purge(self, older_than: float) -> int:
+        """Delete archived jobs done more than ``older_than`` seconds ago, at
+        most ``PURGE_CHUNK`` rows a statement (each its own short transaction)."""
+        purged = 0
+        while True:
+            async with self._conn() as conn:
+                status = await conn.execute(queries.PURGE_CHUNK, float(older_than), PURGE_CHUNK)
+            deleted = int(status.rsplit(" ", 1)[1])  # "DELETE <n>"
+            purged += deleted
+            if deleted < PURGE_CHUNK:
+                return purged
+
+    async def notify_jobs(self) -> None:
+        async with self._conn() as conn:
+            await conn.execute(queries.NOTIFY_JOBS)
+
+    async def listen(self, on_jobs: Callable[[], None], on_handler: Callable[[str], None]) -> None:
+        """Call ``on_jobs`` when jobs are added (and after each (re)connect) and
+        ``on_handler(type)`` when a handler changes, until ``close`` or cancellation.
+
+        Connection failures are logged and retried with backoff, never raised.
+        """
+        if self._dsn is None:
+            raise StoreError("this store was built without a DSN; it cannot listen")
+        await listen_forever(
+            self._dsn,
+            self._closed,
+            on_jobs,
+            on_handler,
+            connect_timeout=min(self._acquire_timeout, 10.0),
+        )
+
+    async def _bench_fill(self, waiting: int, archived: int, types: int) -> None:
+        """For benchmarks only: insert ``waiting`` eligible and ``archived`` done
+        jobs spread over ``types`` jobtypes ``bench-t0``... in SQL, then ANALYZE."""
+        async with self._conn() as conn:
+            await conn.execute(queries.BENCH_FILL_WAITING, waiting, types, timeout=3600)
+            await conn.execute(queries.BENCH_FILL_ARCHIVED, archived, types, timeout=3600)
+            await conn.execute(queries.ANALYZE_JOBS, timeout=3600)
+
+    # --- handlers -----------------------------------------------------------
+
+    def _handler_id(self) -> str:
+        # "h" + 16 hex digits of ns since the epoch + 8 random: sortable by
+        # time across daemons, strictly increasing within this one
+        now = max(time.time_ns(), self._last_handler_ns + 1)
+        self._last_handler_ns = now
+        return f"h{now:016x}{secrets.token_hex(4)}"
+
+    async def put_handler(self, type: str, data: dict[str, object]) -> HandlerRecord:
+        row = await self._fetchrow(
+            queries.PUT_HANDLER, self._handler_id(), type, orjson.dumps(data).decode()
+        )
+        assert row is not None  # INSERT ... RETURNING
+        return _handler(row)
+
+    async def get_handler(self, type: str) -> HandlerRecord:
+        row = await self._fetchrow(queries.GET_HANDLER, type)
+        if row is None:
+            raise NotFound(f"no handler for {type!r}")
+        return _handler(row)
+
+    async def delete_handler(self, type: str) -> None:
+        if not await self._fetch(queries.DELETE_HANDLER, type):
+            raise NotFound(f"no handler for {type!r}")
+
+    async def count_handlers(self, client: str) -> int:
+        async with self._conn() as conn:
+            count: int = await conn.fetchval(queries.COUNT_HANDLERS, client)
+        return count

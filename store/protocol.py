@@ -2,10 +2,20 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
-from store.models import Job, JobPage, JobState, NewJob, Tenant, TypeStats
+from store.models import (
+    ClaimedJob,
+    HandlerRecord,
+    Job,
+    JobPage,
+    JobState,
+    NewJob,
+    Release,
+    Tenant,
+    TypeStats,
+)
 
 
 class Store(Protocol):
@@ -71,3 +81,45 @@ class Store(Protocol):
         """Extend the lease; SysidTaken if someone else holds it now."""
 
     async def release_sysid(self, sysid: str, *, holder: str) -> None: ...
+
+    # running jobs (the claim path)
+    async def waiting_jobtypes(self, limit_per_type: int = 1000) -> dict[str, int]:
+        """Stored jobtypes with eligible jobs (lock '' and dt <= now), each with
+        its count of eligible jobs capped at ``limit_per_type`` (cheap: never
+        counts past the cap, never touches done jobs)."""
+
+    async def claim(self, type: str, limit: int, *, sysid: str, lease: float) -> list[ClaimedJob]:
+        """Take up to ``limit`` eligible jobs of ``type`` (FOR UPDATE SKIP LOCKED):
+        lock = sysid, dt = now + lease, attempts + 1."""
+
+    async def renew(self, ids: Sequence[str], *, sysid: str, lease: float) -> int:
+        """dt = now + lease for those of ``ids`` locked by ``sysid``; return how many."""
+
+    async def release(self, releases: Sequence[Release], *, sysid: str) -> int:
+        """Apply each release to its job if locked by ``sysid``; return how many applied."""
+
+    async def expire_locks(self) -> int:
+        """Unlock (lock '', eligible now) running jobs whose lease passed, and at
+        once those locked by a sysid whose lease lapsed or that was released."""
+
+    async def purge(self, older_than: float) -> int:
+        """Delete archived jobs done more than ``older_than`` seconds ago."""
+
+    async def notify_jobs(self) -> None:
+        """Wake listening daemons: new eligible jobs may exist."""
+
+    async def listen(self, on_jobs: Callable[[], None], on_handler: Callable[[str], None]) -> None:
+        """Call ``on_jobs`` on new jobs and ``on_handler(type)`` when a handler
+        changes, until the store is closed (a dedicated connection; reconnects)."""
+
+    # handlers
+    async def put_handler(self, type: str, data: dict[str, object]) -> HandlerRecord:
+        """Store a new version of the handler of ``type`` (client-type) and notify."""
+
+    async def get_handler(self, type: str) -> HandlerRecord:
+        """The newest version; NotFound if none (or deleted)."""
+
+    async def delete_handler(self, type: str) -> None:
+        """NotFound if none; notify."""
+
+    async def count_handlers(self, client: str) -> int: ...

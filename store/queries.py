@@ -54,7 +54,7 @@ CREATE TEMP TABLE IF NOT EXISTS jobs_copy_ceiling
 COPY_CEILING_TABLE = "jobs_copy_ceiling"
 COPY_CEILING_DROP = "DROP TABLE IF EXISTS jobs_copy_ceiling"
 
-# The claim path's first step (a later capability adds FOR UPDATE SKIP LOCKED);
+# The eligible-jobs read without locking (CLAIM_IDS below is the claim's own);
 # kept here so a test can check its plan uses jobs_waiting_idx.
 ELIGIBLE_IDS = """
 SELECT id FROM jobs WHERE type = $1 AND lock = '' AND dt <= now() ORDER BY dt LIMIT 100
@@ -189,4 +189,161 @@ RETURNING sysid
 RELEASE_SYSID = """
 UPDATE sysids SET released_at = now(), expires = now()
 WHERE sysid = $1 AND holder = $2 AND released_at IS NULL
+"""
+
+# --- jobs: the claim path -----------------------------------------------------
+
+JOBS_CHANNEL = "qd_jobs"
+HANDLERS_CHANNEL = "qd_handlers"
+
+NOTIFY_JOBS = "SELECT pg_notify('qd_jobs', '')"
+
+# Stored jobtypes with eligible jobs, each counted up to $1. A loose index scan
+# over jobs_waiting_idx: each step of the recursion is one descent of the index
+# to the next distinct type, so the cost grows with the number of waiting
+# types, not of waiting jobs. The count of a type reads at most $1 index
+# entries. A type with only future jobs is stepped over with a count of 0.
+WAITING_JOBTYPES = """
+WITH RECURSIVE types(type) AS (
+    (SELECT type FROM jobs WHERE lock = '' ORDER BY type LIMIT 1)
+    UNION ALL
+    SELECT (SELECT j.type FROM jobs j
+            WHERE j.lock = '' AND j.type > types.type
+            ORDER BY j.type LIMIT 1)
+    FROM types
+    WHERE types.type IS NOT NULL
+)
+SELECT types.type, eligible.n
+FROM types
+CROSS JOIN LATERAL (
+    SELECT count(*) AS n
+    FROM (SELECT 1 FROM jobs j
+          WHERE j.type = types.type AND j.lock = '' AND j.dt <= now()
+          LIMIT $1) capped
+) eligible
+WHERE types.type IS NOT NULL AND eligible.n > 0
+"""
+
+# $1 type, $2 limit. Kept apart so a test can EXPLAIN it: it must read
+# jobs_waiting_idx, oldest dt first.
+CLAIM_IDS = """
+SELECT id FROM jobs
+WHERE type = $1 AND lock = '' AND dt <= now()
+ORDER BY dt
+LIMIT $2
+FOR UPDATE SKIP LOCKED
+"""
+
+# $3 sysid, $4 lease seconds. `= ANY(ARRAY(...))` rather than `IN (...)`: the
+# array is computed first and the update then reads the primary key; with IN
+# the planner sometimes joined against a scan of the whole table (DESIGN.md).
+CLAIM = f"""
+UPDATE jobs
+SET lock = $3, dt = now() + make_interval(secs => $4), attempts = attempts + 1
+WHERE id = ANY(ARRAY({CLAIM_IDS}))
+RETURNING id, type, data, attempts, create_dt
+"""
+
+# $1 ids, $2 sysid, $3 lease seconds
+RENEW = """
+UPDATE jobs SET dt = now() + make_interval(secs => $3)
+WHERE id = ANY($1::text[]) AND lock = $2
+"""
+
+# One row of the unnest per release: $1 id, $2 how, $3 code, $4 exitcode,
+# $5 result, $6 delay seconds, $7 refund_attempt; $8 sysid. The outcome
+# (code, exitcode, result) is written as a whole when code is given and kept
+# as it was when not, so a result never outlives the run that produced it.
+RELEASE = """
+UPDATE jobs j
+SET lock = CASE r.how WHEN 'archive' THEN '__done' ELSE '' END,
+    dt = CASE r.how
+        WHEN 'retry' THEN now() + make_interval(secs => r.delay)
+        WHEN 'unget' THEN now()
+        ELSE now() + interval '1000 years'
+    END,
+    done_dt = CASE r.how WHEN 'archive' THEN now() ELSE j.done_dt END,
+    code = CASE WHEN r.code IS NULL THEN j.code ELSE r.code END,
+    exitcode = CASE WHEN r.code IS NULL THEN j.exitcode ELSE r.exitcode END,
+    result = CASE WHEN r.code IS NULL THEN j.result ELSE r.result END,
+    attempts = CASE WHEN r.refund THEN greatest(j.attempts - 1, 0) ELSE j.attempts END
+FROM unnest($1::text[], $2::text[], $3::text[], $4::int[], $5::text[], $6::float8[],
+            $7::bool[]) AS r(id, how, code, exitcode, result, delay, refund)
+WHERE j.id = r.id AND j.lock = $8
+"""
+
+# Running jobs whose lease passed, or whose owner's sysid lapsed or was
+# released (at once, whatever their dt). Reads only running jobs
+# (jobs_running_idx), never waiting or done ones. SKIP LOCKED: a row that its
+# owner is releasing right now is left to it, and two daemons expiring at once
+# neither wait on nor deadlock with each other.
+EXPIRE_LOCKS = """
+UPDATE jobs SET lock = '', dt = now()
+WHERE id = ANY(ARRAY(
+    SELECT j.id
+    FROM jobs j
+    LEFT JOIN sysids s ON s.sysid = j.lock
+    WHERE j.lock <> '' AND j.lock <> '__done'
+      AND (j.dt < now() OR s.expires < now() OR s.released_at IS NOT NULL)
+    FOR UPDATE OF j SKIP LOCKED
+))
+"""
+
+# $1 retention seconds, $2 chunk size: one bounded chunk per statement.
+PURGE_CHUNK = """
+DELETE FROM jobs
+WHERE id = ANY(ARRAY(
+    SELECT id FROM jobs
+    WHERE lock = '__done' AND done_dt < now() - make_interval(secs => $1)
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED
+))
+"""
+
+# For benchmarks only: $1 waiting jobs over $3 types (bench-t0 ...), eligible
+# now, and $2 archived ones of the same types.
+BENCH_FILL_WAITING = """
+INSERT INTO jobs (id, type, dt, data, create_dt)
+SELECT 'w' || lpad(i::text, 9, '0'), 'bench-t' || (i % $2),
+       now() - interval '1 hour' + i * interval '1 microsecond',
+       '{"n": ' || i || '}', now() - interval '1 hour'
+FROM generate_series(1, $1::int) AS i
+"""
+BENCH_FILL_ARCHIVED = """
+INSERT INTO jobs (id, type, dt, lock, data, create_dt, done_dt, attempts, code, exitcode)
+SELECT 'a' || lpad(i::text, 9, '0'), 'bench-t' || (i % $2),
+       now() + interval '1000 years', '__done', '{"n": ' || i || '}',
+       now() - interval '2 hours', now() - interval '1 hour', 1, 'ok', 200
+FROM generate_series(1, $1::int) AS i
+"""
+ANALYZE_JOBS = "ANALYZE jobs"
+
+# --- handlers -----------------------------------------------------------------
+
+_HANDLER_COLUMNS = "id, type, dt, data::text AS data"
+
+# $1 id, $2 type, $3 data (JSON text). The notification goes out at commit.
+PUT_HANDLER = f"""
+INSERT INTO handlers (id, type, data) VALUES ($1, $2, $3::jsonb)
+RETURNING {_HANDLER_COLUMNS}, pg_notify('qd_handlers', type)
+"""
+
+GET_HANDLER = f"""
+SELECT {_HANDLER_COLUMNS}
+FROM handlers
+WHERE type = $1 AND deleted_at IS NULL
+ORDER BY dt DESC, id DESC
+LIMIT 1
+"""
+
+# PostgreSQL sends identical notifications of one transaction once.
+DELETE_HANDLER = """
+UPDATE handlers SET deleted_at = now()
+WHERE type = $1 AND deleted_at IS NULL
+RETURNING pg_notify('qd_handlers', type)
+"""
+
+COUNT_HANDLERS = """
+SELECT count(DISTINCT type) FROM handlers
+WHERE split_part(type, '-', 1) = $1 AND deleted_at IS NULL
 """

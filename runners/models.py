@@ -1,0 +1,52 @@
+"""What the daemon hands a runner and what it gets back (the runners' contract)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+LANGS = ("python", "node", "shell", "http")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HandlerSpec:
+    """One version of a tenant's handler, as stored."""
+
+    version: str  # the stored handler id; a new version retires contexts of the old one
+    client: str
+    type: str  # the tenant's type name, without the client prefix
+    lang: str  # one of LANGS
+    body: str  # python/node source, shell command, or http URL
+    before: str = ""  # once per context (python/node)
+    before_each: str = ""  # before each batch (python/node)
+    after_each: str = ""  # after each batch (python/node)
+    eid: str = ""  # contexts are shared by the tenant's handlers with the same eid
+    timeout: float = 30.0  # seconds per job
+    then: str = ""  # type of the follow-on job an OK result chains into
+    max_attempts: int = 5
+
+    @property
+    def context_key(self) -> tuple[str, str, str]:
+        """Jobs with equal keys may run in the same context."""
+        return (self.client, self.eid or self.type, self.version)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobInput:
+    id: str
+    payload: str
+    attempt: int  # 1 on the first run
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobResult:
+    """How one job ended. ``exitcode``: 1xx retry, 2xx ok, 4xx failed, 5xx error."""
+
+    id: str
+    exitcode: int
+    result: str | None = None
+    # follow-on jobs: (the tenant's own type name, payload); validated by the runner
+    emits: list[tuple[str, str]] = field(default_factory=list)
+    log: list[str] = field(default_factory=list)  # bounded
+    # False when the job never started (its context died or timed out on an
+    # earlier job of the batch): the daemon puts it back without counting a run
+    ran: bool = True

@@ -1,0 +1,149 @@
+"""LISTEN for the store's notifications on a dedicated connection that reconnects.
+
+One connection of its own (a pooled one would be handed to other callers and
+lose its LISTENs), checked by a trivial query every ``KEEPALIVE`` seconds so a
+connection that died silently is noticed. Whenever a connection is (re)made,
+``on_jobs`` is called once: jobs may have arrived while nobody listened.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from contextlib import suppress
+from typing import Any
+
+import asyncpg
+
+from store import queries
+from store.translate import is_unavailable
+
+logger = logging.getLogger(__name__)
+
+KEEPALIVE = 10.0  # seconds between checks that the connection still answers
+BACKOFF_MIN = 0.1  # seconds before the first reconnect, doubled up to BACKOFF_MAX
+BACKOFF_MAX = 5.0
+_CLOSE_TIMEOUT = 2.0
+
+# what a lost or refused connection raises; anything else is a bug and propagates
+_CONNECTION_ERRORS = (
+    asyncpg.PostgresError,
+    asyncpg.InterfaceError,
+    asyncpg.InternalClientError,
+    OSError,
+    TimeoutError,
+)
+
+
+async def _first_of(events: tuple[asyncio.Event, ...], seconds: float) -> None:
+    """Return when any of ``events`` is set or after ``seconds``."""
+    waiters = [asyncio.ensure_future(event.wait()) for event in events]
+    try:
+        await asyncio.wait(waiters, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for waiter in waiters:
+            waiter.cancel()
+
+
+def _guarded(name: str, call: Callable[[], None]) -> None:
+    # a callback that raises must not end the listening
+    try:
+        call()
+    except Exception:
+        logger.exception("listen callback %s failed", name, extra={"action": "listen_callback"})
+
+
+async def _serve(
+    conn: asyncpg.Connection,
+    closed: asyncio.Event,
+    on_jobs: Callable[[], None],
+    on_handler: Callable[[str], None],
+    *,
+    connect_timeout: float,
+) -> None:
+    """Listen on ``conn`` until ``closed`` is set; raise when the connection is lost."""
+    lost = asyncio.Event()
+
+    def on_lost(_conn: Any, /) -> None:
+        lost.set()
+
+    def jobs_note(_conn: Any, _pid: int, _channel: str, _payload: object, /) -> None:
+        _guarded("on_jobs", on_jobs)
+
+    def handler_note(_conn: Any, _pid: int, _channel: str, payload: object, /) -> None:
+        _guarded("on_handler", lambda: on_handler(str(payload)))
+
+    conn.add_termination_listener(on_lost)
+    await conn.add_listener(queries.JOBS_CHANNEL, jobs_note)
+    await conn.add_listener(queries.HANDLERS_CHANNEL, handler_note)
+    logger.info("listening for notifications", extra={"action": "listen_connected"})
+    _guarded("on_jobs", on_jobs)
+    while not closed.is_set():
+        if lost.is_set():
+            raise asyncpg.InterfaceError("the listening connection was closed")
+        await _first_of((closed, lost), KEEPALIVE)
+        if not closed.is_set() and not lost.is_set():
+            await conn.fetchval(queries.PING, timeout=connect_timeout)
+
+
+async def _close(conn: asyncpg.Connection) -> None:
+    try:
+        await asyncio.wait_for(conn.close(), _CLOSE_TIMEOUT)
+    except BaseException:
+        conn.terminate()
+        raise
+
+
+async def listen_forever(
+    dsn: str,
+    closed: asyncio.Event,
+    on_jobs: Callable[[], None],
+    on_handler: Callable[[str], None],
+    *,
+    connect_timeout: float,
+) -> None:
+    """Deliver notifications until ``closed`` is set or the task is cancelled.
+
+    A lost or refused connection is logged and remade after a delay that grows
+    while reconnecting fails; no connection error leaves this function.
+    """
+    delay = BACKOFF_MIN
+    while not closed.is_set():
+        try:
+            conn = await asyncpg.connect(
+                dsn,
+                timeout=connect_timeout,
+                server_settings={"application_name": "queue_daemon_listen"},
+            )
+        except _CONNECTION_ERRORS as exc:
+            _log_failure("connect", exc, delay)
+        else:
+            delay = BACKOFF_MIN
+            try:
+                await _serve(conn, closed, on_jobs, on_handler, connect_timeout=connect_timeout)
+            except _CONNECTION_ERRORS as exc:
+                _log_failure("listen", exc, delay)
+            finally:
+                with suppress(*_CONNECTION_ERRORS):
+                    await _close(conn)
+        if closed.is_set():
+            return
+        with suppress(TimeoutError):
+            await asyncio.wait_for(closed.wait(), delay)
+        delay = min(delay * 2, BACKOFF_MAX)
+
+
+def _log_failure(step: str, exc: BaseException, delay: float) -> None:
+    # a server that is down is expected; anything else (bad credentials, no
+    # such database) is retried too, as the operator may fix it, but logged as an error
+    level = logging.WARNING if is_unavailable(exc) else logging.ERROR
+    logger.log(
+        level,
+        "listening: %s failed: %s: %s; retrying in %.1f s",
+        step,
+        type(exc).__name__,
+        exc,
+        delay,
+        extra={"action": "listen_lost", "step": step, "retry_in": delay},
+    )

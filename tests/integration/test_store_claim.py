@@ -1,0 +1,450 @@
+"""PgStore's claim path against a real PostgreSQL: claim, renew, release, expiry,
+purge, waiting jobtypes, their plans, LISTEN/NOTIFY and handler versions."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from datetime import UTC, datetime, timedelta
+
+import asyncpg
+import pytest
+
+from store import queries
+from store.errors import NotFound
+from store.migrate import available_migrations
+from store.models import JobState, NewJob, Release, ReleaseHow
+from store.pg import PgStore
+
+LEASE = 60.0
+
+
+def job(job_id: str, stored_type: str = "a-t", *, dt: datetime | None = None) -> NewJob:
+    now = datetime.now(UTC)
+    return NewJob(id=job_id, type=stored_type, dt=dt or now, data=f"p-{job_id}", create_dt=now)
+
+
+@pytest.fixture
+async def store(pg_dsn: str) -> AsyncIterator[PgStore]:
+    s = await PgStore.connect(pg_dsn, min_size=1, max_size=4)
+    try:
+        yield s
+    finally:
+        await s.close()
+
+
+@pytest.fixture
+async def conn(pg_dsn: str) -> AsyncIterator[asyncpg.Connection]:
+    c = await asyncpg.connect(pg_dsn)
+    try:
+        yield c
+    finally:
+        await c.close()
+
+
+async def row(conn: asyncpg.Connection, job_id: str) -> asyncpg.Record:
+    r = await conn.fetchrow("SELECT * FROM jobs WHERE id = $1", job_id)
+    assert r is not None
+    return r
+
+
+async def eventually(check: Callable[[], bool], within: float = 1.0) -> None:
+    deadline = time.monotonic() + within
+    while not check():
+        assert time.monotonic() < deadline, "not within the deadline"
+        await asyncio.sleep(0.01)
+
+
+# --- claim --------------------------------------------------------------------
+
+
+async def test_claim_takes_only_eligible_jobs(store: PgStore, conn: asyncpg.Connection) -> None:
+    future = datetime.now(UTC) + timedelta(hours=1)
+    await store.add_jobs(
+        [
+            job("e1"),
+            job("e2"),
+            job("future", dt=future),
+            job("locked"),
+            job("done"),
+            job("other", "a-u"),
+        ]
+    )
+    await conn.execute("UPDATE jobs SET lock = 'x9' WHERE id = 'locked'")
+    await conn.execute("UPDATE jobs SET lock = '__done' WHERE id = 'done'")
+
+    claimed = await store.claim("a-t", 10, sysid="s1", lease=LEASE)
+    assert sorted(j.id for j in claimed) == ["e1", "e2"]
+    assert {(j.type, j.attempts, j.data) for j in claimed} == {
+        ("a-t", 1, "p-e1"),
+        ("a-t", 1, "p-e2"),
+    }
+    r = await row(conn, "e1")
+    assert r["lock"] == "s1"
+    lease_left = (r["dt"] - datetime.now(UTC)).total_seconds()
+    assert LEASE - 5 < lease_left <= LEASE
+    assert await store.claim("a-t", 10, sysid="s1", lease=LEASE) == []
+    assert await store.claim("a-t", 0, sysid="s1", lease=LEASE) == []
+    assert [j.id for j in await store.claim("a-u", 10, sysid="s2", lease=LEASE)] == ["other"]
+    assert (await row(conn, "future"))["lock"] == ""
+    assert (await row(conn, "locked"))["lock"] == "x9"
+
+
+async def test_claim_takes_oldest_dt_first_up_to_limit(store: PgStore) -> None:
+    base = datetime.now(UTC) - timedelta(minutes=10)
+    await store.add_jobs([job(f"j{i}", dt=base + timedelta(seconds=10 - i)) for i in range(10)])
+    claimed = await store.claim("a-t", 3, sysid="s1", lease=LEASE)
+    assert sorted(j.id for j in claimed) == ["j7", "j8", "j9"]
+
+
+async def test_concurrent_claims_are_disjoint_and_complete(pg_dsn: str) -> None:
+    stores = [await PgStore.connect(pg_dsn, min_size=1, max_size=2) for _ in range(4)]
+    try:
+        total = 600
+        await stores[0].add_jobs([job(f"j{i:04d}") for i in range(total)])
+
+        async def drain(s: PgStore, sysid: str) -> list[str]:
+            got: list[str] = []
+            while batch := await s.claim("a-t", 25, sysid=sysid, lease=LEASE):
+                got += [j.id for j in batch]
+            return got
+
+        results = await asyncio.gather(*(drain(s, f"s{n}") for n, s in enumerate(stores)))
+        everything = [i for r in results for i in r]
+        assert len(everything) == len(set(everything)) == total
+        assert sum(1 for r in results if r) >= 2  # they really competed
+    finally:
+        for s in stores:
+            await s.close()
+
+
+# --- renew and release --------------------------------------------------------
+
+
+async def test_renew_only_own_jobs(store: PgStore, conn: asyncpg.Connection) -> None:
+    await store.add_jobs([job("a"), job("b")])
+    await store.claim("a-t", 1, sysid="s1", lease=LEASE)
+    await store.claim("a-t", 1, sysid="s2", lease=LEASE)
+    mine = await conn.fetchval("SELECT id FROM jobs WHERE lock = 's1'")
+    theirs = await conn.fetchval("SELECT id FROM jobs WHERE lock = 's2'")
+    before = (await row(conn, theirs))["dt"]
+    assert await store.renew([mine, theirs, "missing"], sysid="s1", lease=3600) == 1
+    assert (await row(conn, mine))["dt"] > datetime.now(UTC) + timedelta(minutes=50)
+    assert (await row(conn, theirs))["dt"] == before
+    assert await store.renew([], sysid="s1", lease=3600) == 0
+
+
+async def test_release_each_way(store: PgStore, conn: asyncpg.Connection) -> None:
+    await store.add_jobs([job(n) for n in ("retry", "unget", "ok", "failed", "refund", "foreign")])
+    assert len(await store.claim("a-t", 6, sysid="s1", lease=LEASE)) == 6
+    await conn.execute("UPDATE jobs SET lock = 's2' WHERE id = 'foreign'")
+    releases = [
+        Release(id="retry", how=ReleaseHow.RETRY, code="error", exitcode=500, result="boom",
+                delay=120),
+        Release(id="unget", how=ReleaseHow.UNGET),
+        Release(id="ok", how=ReleaseHow.ARCHIVE, code="ok", exitcode=200, result="x" * 100_000),
+        Release(id="failed", how=ReleaseHow.ARCHIVE, code="failed", exitcode=404, result="no"),
+        Release(id="refund", how=ReleaseHow.UNGET, refund_attempt=True),
+        Release(id="foreign", how=ReleaseHow.ARCHIVE, code="ok", exitcode=200),
+    ]  # fmt: skip
+    assert await store.release(releases, sysid="s1") == 5
+    now = datetime.now(UTC)
+
+    r = await row(conn, "retry")
+    assert (r["lock"], r["code"], r["exitcode"], r["result"]) == ("", "error", 500, "boom")
+    assert now + timedelta(seconds=100) < r["dt"] < now + timedelta(seconds=121)
+    r = await row(conn, "unget")
+    assert r["lock"] == "" and r["dt"] <= now and r["code"] is None
+    attempts = {
+        rec["id"]: rec["attempts"] for rec in await conn.fetch("SELECT id, attempts FROM jobs")
+    }
+    assert attempts["refund"] == attempts["unget"] - 1
+
+    ok = await store.get_job("a", "ok")
+    assert (ok.state, ok.code, ok.exitcode, ok.result) == (JobState.DONE, "ok", 200, "x" * 100_000)
+    assert ok.done_dt is not None
+    assert ok.dt > ok.done_dt + timedelta(days=365 * 999)
+    failed = await store.get_job("a", "failed")
+    assert (failed.state, failed.code, failed.exitcode) == (JobState.DONE, "failed", 404)
+    assert (await row(conn, "foreign"))["lock"] == "s2"
+
+    # not ours any more: nothing applies
+    assert await store.release([Release(id="ok", how=ReleaseHow.UNGET)], sysid="s1") == 0
+    assert await store.release([Release(id="foreign", how=ReleaseHow.UNGET)], sysid="s1") == 0
+    assert await store.release([], sysid="s1") == 0
+
+
+async def test_retry_then_archive_without_result_clears_old_result(
+    store: PgStore, conn: asyncpg.Connection
+) -> None:
+    await store.add_jobs([job("j")])
+    await store.claim("a-t", 1, sysid="s1", lease=LEASE)
+    await store.release(
+        [Release(id="j", how=ReleaseHow.RETRY, code="error", exitcode=500, result="trace")],
+        sysid="s1",
+    )
+    assert [j.attempts for j in await store.claim("a-t", 1, sysid="s1", lease=LEASE)] == [2]
+    await store.release(
+        [Release(id="j", how=ReleaseHow.ARCHIVE, code="ok", exitcode=200)],
+        sysid="s1",
+    )
+    done = await store.get_job("a", "j")
+    assert (done.code, done.exitcode, done.result, done.attempts) == ("ok", 200, None, 2)
+
+
+# --- expiry and purge ---------------------------------------------------------
+
+
+async def test_expire_locks_after_lease(store: PgStore, conn: asyncpg.Connection) -> None:
+    await store.add_jobs([job("short"), job("long"), job("done")])
+    await store.claim("a-t", 3, sysid="s1", lease=LEASE)
+    await conn.execute("UPDATE jobs SET dt = now() - interval '1 second' WHERE id = 'short'")
+    await conn.execute("UPDATE jobs SET lock = '__done', dt = now() - interval '1 s' "
+                       "WHERE id = 'done'")  # fmt: skip
+    assert await store.expire_locks() == 1
+    assert (await row(conn, "short"))["lock"] == ""
+    assert (await row(conn, "long"))["lock"] == "s1"
+    assert (await row(conn, "done"))["lock"] == "__done"
+    assert [j.id for j in await store.claim("a-t", 5, sysid="s2", lease=LEASE)] == ["short"]
+    assert await store.expire_locks() == 0
+
+
+async def test_expire_locks_of_dead_sysids_at_once(
+    store: PgStore, conn: asyncpg.Connection
+) -> None:
+    live = await store.reserve_sysid(None, holder="h1", host="x", data_dir="/a", lease=600)
+    released = await store.reserve_sysid(None, holder="h2", host="x", data_dir="/b", lease=600)
+    lapsed = await store.reserve_sysid(None, holder="h3", host="x", data_dir="/c", lease=600)
+    await store.add_jobs([job(f"j{i}") for i in range(6)])
+    for sysid in (live, released, lapsed):
+        assert len(await store.claim("a-t", 2, sysid=sysid, lease=3600)) == 2
+    await store.release_sysid(released, holder="h2")
+    await conn.execute("UPDATE sysids SET expires = now() - interval '1 s' WHERE sysid = $1",
+                       lapsed)  # fmt: skip
+
+    assert await store.expire_locks() == 4
+    locks = [r["lock"] for r in await conn.fetch("SELECT lock FROM jobs ORDER BY lock")]
+    assert locks == ["", "", "", "", live, live]
+    assert len(await store.claim("a-t", 10, sysid=live, lease=60)) == 4
+
+
+async def test_purge_only_old_archived_jobs(store: PgStore, conn: asyncpg.Connection) -> None:
+    await store.add_jobs([job(f"j{i}") for i in range(5)])
+    await conn.execute(
+        "UPDATE jobs SET lock = '__done', dt = now() + interval '1000 years', "
+        "done_dt = now() - interval '2 hours' WHERE id IN ('j0', 'j1')"
+    )
+    await conn.execute(
+        "UPDATE jobs SET lock = '__done', dt = now() + interval '1000 years', "
+        "done_dt = now() - interval '10 minutes' WHERE id = 'j2'"
+    )
+    await conn.execute("UPDATE jobs SET lock = 's1', done_dt = now() - interval '1 day' "
+                       "WHERE id = 'j3'")  # fmt: skip
+    assert await store.purge(3600) == 2
+    ids = [r["id"] for r in await conn.fetch("SELECT id FROM jobs ORDER BY id")]
+    assert ids == ["j2", "j3", "j4"]
+    assert await store.purge(3600) == 0
+
+
+async def test_purge_goes_in_chunks(
+    store: PgStore, conn: asyncpg.Connection, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("store.pg.PURGE_CHUNK", 7)
+    await store.add_jobs([job(f"j{i:02d}") for i in range(30)])
+    await conn.execute(
+        "UPDATE jobs SET lock = '__done', done_dt = now() - interval '1 day' WHERE id < 'j21'"
+    )
+    assert await store.purge(60) == 21  # 7 + 7 + 7 + 0
+    assert await conn.fetchval("SELECT count(*) FROM jobs") == 9
+
+
+# --- waiting jobtypes -----------------------------------------------------------
+
+
+async def test_waiting_jobtypes_capped_and_eligible_only(
+    store: PgStore, conn: asyncpg.Connection
+) -> None:
+    future = datetime.now(UTC) + timedelta(hours=1)
+    await store.add_jobs(
+        [job(f"a{i}", "a-many") for i in range(50)]
+        + [job("b1", "b-one"), job("b2", "b-one", dt=future)]
+        + [job("f1", "c-future", dt=future)]
+        + [job("l1", "c-locked"), job("d1", "c-done")]
+    )
+    await conn.execute("UPDATE jobs SET lock = 's1' WHERE id = 'l1'")
+    await conn.execute("UPDATE jobs SET lock = '__done' WHERE id = 'd1'")
+    assert await store.waiting_jobtypes(limit_per_type=20) == {"a-many": 20, "b-one": 1}
+    assert await store.waiting_jobtypes() == {"a-many": 50, "b-one": 1}
+    await store.claim("a-many", 45, sysid="s1", lease=LEASE)
+    assert await store.waiting_jobtypes(limit_per_type=20) == {"a-many": 5, "b-one": 1}
+
+
+async def test_waiting_jobtypes_empty(store: PgStore) -> None:
+    assert await store.waiting_jobtypes() == {}
+
+
+# --- plans ----------------------------------------------------------------------
+
+
+async def _plan(conn: asyncpg.Connection, sql: str, *args: object) -> str:
+    rows = await conn.fetch("EXPLAIN " + sql, *args)
+    return "\n".join(r[0] for r in rows)
+
+
+@pytest.mark.timeout(300)
+async def test_hot_path_plans_avoid_full_scans(store: PgStore, conn: asyncpg.Connection) -> None:
+    await store._bench_fill(50_000, 200_000, 20)
+    await conn.execute(
+        "UPDATE jobs SET lock = 's' || (random() * 5)::int, dt = now() + interval '1 minute' "
+        "WHERE id = ANY(ARRAY(SELECT id FROM jobs WHERE lock = '' LIMIT 500))"
+    )
+    await conn.execute(
+        "INSERT INTO sysids (sysid, expires, released_at) "
+        "SELECT 'dead' || i, now(), now() FROM generate_series(1, 200) i"
+    )
+    await conn.execute("VACUUM ANALYZE jobs")
+    await conn.execute("ANALYZE sysids")
+
+    claim = await _plan(conn, queries.CLAIM_IDS, "bench-t3", 100)
+    assert "jobs_waiting_idx" in claim, claim
+    whole_claim = await _plan(conn, queries.CLAIM, "bench-t3", 100, "s1", 60.0)
+    assert "jobs_waiting_idx" in whole_claim and "jobs_pkey" in whole_claim, whole_claim
+    waiting = await _plan(conn, queries.WAITING_JOBTYPES, 1000)
+    assert "jobs_waiting_idx" in waiting, waiting
+    expire = await _plan(conn, queries.EXPIRE_LOCKS)
+    assert "jobs_running_idx" in expire, expire
+    purge = await _plan(conn, queries.PURGE_CHUNK, 3600.0, 10_000)
+    assert "jobs_done_idx" in purge, purge
+    for plan in (claim, whole_claim, waiting, expire, purge):
+        assert "Seq Scan on jobs" not in plan, plan
+
+
+# --- notify / listen ------------------------------------------------------------
+
+
+async def test_listen_gets_jobs_and_handler_changes(store: PgStore, pg_dsn: str) -> None:
+    jobs_seen: list[float] = []
+    handlers_seen: list[str] = []
+    task = asyncio.create_task(store.listen(lambda: jobs_seen.append(1), handlers_seen.append))
+    try:
+        await eventually(lambda: len(jobs_seen) == 1, within=5)  # the call on connecting
+        await store.add_jobs([job("j1")])
+        await eventually(lambda: len(jobs_seen) == 2)
+        await store.add_jobs([job("j1")])  # nothing new: no notification
+        await store.notify_jobs()
+        await eventually(lambda: len(jobs_seen) == 3)
+        assert len(jobs_seen) == 3
+        await store.put_handler("a-t", {"lang": "python", "body": "x"})
+        await eventually(lambda: handlers_seen == ["a-t"])
+        await store.delete_handler("a-t")
+        await eventually(lambda: handlers_seen == ["a-t", "a-t"])
+    finally:
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    # cancelling closed the listening connection
+    c = await asyncpg.connect(pg_dsn)
+    try:
+        listening: list[int] = [1]
+
+        async def count_listeners() -> None:
+            listening[0] = await c.fetchval(
+                "SELECT count(*) FROM pg_stat_activity "
+                "WHERE application_name = 'queue_daemon_listen' AND datname = current_database()"
+            )
+
+        deadline = time.monotonic() + 5
+        await count_listeners()
+        for _ in range(500):
+            if listening[0] == 0 or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.01)
+            await count_listeners()
+        assert listening[0] == 0
+    finally:
+        await c.close()
+
+
+async def test_listen_reconnects_and_ends_on_close(pg_dsn: str) -> None:
+    store = await PgStore.connect(pg_dsn, min_size=1, max_size=2)
+    calls: list[int] = []
+    task = asyncio.create_task(store.listen(lambda: calls.append(1), lambda _t: None))
+    try:
+        await eventually(lambda: len(calls) == 1, within=5)
+        admin = await asyncpg.connect(pg_dsn)
+        try:
+            killed = await admin.fetchval(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                "WHERE application_name = 'queue_daemon_listen' AND datname = current_database()"
+            )
+        finally:
+            await admin.close()
+        assert killed == 1
+        await eventually(lambda: len(calls) == 2, within=5)  # reconnected: on_jobs again
+        await store.add_jobs([job("j1")])
+        await eventually(lambda: len(calls) == 3, within=5)
+    finally:
+        await store.close()
+    async with asyncio.timeout(5):
+        await task  # close() ends it without an error
+
+
+async def test_listen_keeps_retrying_while_unreachable(
+    store: PgStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    # a store whose DSN points at a port where nothing listens
+    unreachable = PgStore(store._pool, acquire_timeout=1.0, dsn="postgresql://u@127.0.0.1:1/x")
+    calls: list[int] = []
+    with caplog.at_level(logging.WARNING, logger="store.listen"):
+        task = asyncio.create_task(unreachable.listen(lambda: calls.append(1), lambda _t: None))
+        await eventually(
+            lambda: (
+                sum(1 for r in caplog.records if getattr(r, "action", "") == "listen_lost") >= 2
+            ),
+            within=5,
+        )
+        assert not task.done() and calls == []
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+
+# --- handlers -------------------------------------------------------------------
+
+
+async def test_handler_versions(store: PgStore, conn: asyncpg.Connection) -> None:
+    with pytest.raises(NotFound):
+        await store.get_handler("a-t")
+    first = await store.put_handler("a-t", {"lang": "python", "body": "v1", "timeout": 30})
+    second = await store.put_handler("a-t", {"lang": "python", "body": "v2"})
+    assert second.id != first.id and second.id > first.id
+    got = await store.get_handler("a-t")
+    assert (got.id, got.type, got.data) == (second.id, "a-t", {"lang": "python", "body": "v2"})
+    assert (await store.get_handler("a-t")).dt == second.dt
+    await store.put_handler("a-u", {"lang": "shell", "body": "cat"})
+    await store.put_handler("ab-t", {"lang": "shell", "body": "cat"})
+    assert await store.count_handlers("a") == 2
+    assert await store.count_handlers("ab") == 1
+    assert await store.count_handlers("zz") == 0
+
+    await store.delete_handler("a-t")
+    with pytest.raises(NotFound):
+        await store.get_handler("a-t")
+    with pytest.raises(NotFound):
+        await store.delete_handler("a-t")
+    with pytest.raises(NotFound):
+        await store.delete_handler("a-never")
+    assert await store.count_handlers("a") == 1
+    # old versions stay for audit, marked deleted
+    assert await conn.fetchval("SELECT count(*) FROM handlers WHERE type = 'a-t'") == 2
+
+    third = await store.put_handler("a-t", {"lang": "node", "body": "v3"})
+    assert third.id > second.id
+    assert (await store.get_handler("a-t")).data["body"] == "v3"
+    assert await store.count_handlers("a") == 2
+
+
+async def test_migration_0002_is_shipped() -> None:
+    assert 2 in [m.version for m in available_migrations()]
