@@ -1,11 +1,13 @@
-"""The one place that wires journal, store, ingester and HTTP into a daemon.
+"""The one place that wires journal, store, ingester, worker, runners and HTTP into a daemon.
 
 Start order: store (embedded PostgreSQL if no DSN) → migrations → sysid and
-journal → tenant cache → ingester → HTTP. Stop order (SIGTERM): stop
-accepting requests and finish the ones in flight → let the ingester catch up
-with what was acknowledged (bounded by the drain timeout) → close the
-journal (fsync) → release the sysid → close the pool → stop the embedded
-PostgreSQL if no other daemon uses it.
+journal → tenant cache → ingester, worker (claim loop, leases, expiry, purge)
+and runner pool → HTTP. Stop order (SIGTERM): stop accepting requests and
+finish the ones in flight → stop claiming; running jobs finish within the
+drain timeout or go back to the store at once → close the runner contexts →
+let the ingester catch up with what was acknowledged (bounded by the drain
+timeout) → close the journal (fsync) → release the sysid → close the pool →
+stop the embedded PostgreSQL if no other daemon uses it.
 """
 
 from __future__ import annotations
@@ -21,12 +23,16 @@ from aiohttp import web
 
 from queue_daemon import sysid as sysids
 from queue_daemon.auth import TokenCache
-from queue_daemon.http import Services, build_app
+from queue_daemon.handlers import HandlerCache
+from queue_daemon.http import Services
 from queue_daemon.ids import IdGenerator
 from queue_daemon.ingester import Ingester
 from queue_daemon.queuelog import QueueLog
+from queue_daemon.routes import build_app
 from queue_daemon.server import AppRunner
 from queue_daemon.settings import Settings
+from queue_daemon.worker import Worker, WorkerSettings
+from runners.pool import RunnerPool, RunnerSettings
 from store.embedded import EmbeddedPostgres
 from store.errors import StoreError, StoreUnavailable
 from store.pg import PgStore
@@ -92,6 +98,121 @@ class Supervisor:
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
+class Daemon:
+    """One daemon's parts, started and stopped in the order of the module docstring."""
+
+    def __init__(self, settings: Settings, on_failure: Callable[[], None]) -> None:
+        self.settings = settings
+        self.supervisor = Supervisor(on_failure)
+        self.store: PgStore | None = None
+        self.embedded: EmbeddedPostgres | None = None
+        self.identity: sysids.Identity | None = None
+        self.queuelog: QueueLog | None = None
+        self.ingester: Ingester | None = None
+        self.pool: RunnerPool | None = None
+        self.worker: Worker | None = None
+        self.runner: AppRunner | None = None
+        self.url = ""
+
+    async def start(self) -> None:
+        settings = self.settings
+        self.store, self.embedded = store, _ = await open_store(settings)
+        self.identity = identity = await sysids.acquire(store, settings)
+        journal = identity.journal
+        tokens = TokenCache(store)
+        await tokens.reload()
+        handlers = HandlerCache(store)
+        ids = IdGenerator(identity.sysid)
+        self.queuelog = queuelog = QueueLog(settings.logfile_path(identity.sysid))
+        self.ingester = ingester = Ingester(
+            journal, store, batch=settings.ingest_batch, workers=settings.ingest_workers
+        )
+        self.pool = pool = RunnerPool(
+            RunnerSettings(
+                work_root=settings.work_root,
+                run_as=settings.run_as,
+                idle_timeout=settings.context_idle,
+                payload_limit=settings.payload_limit,
+            )
+        )
+        self.worker = worker = Worker(
+            store=store,
+            journal=journal,
+            ids=ids,
+            pool=pool,
+            handlers=handlers,
+            queuelog=queuelog,
+            sysid=identity.sysid,
+            settings=WorkerSettings(
+                concurrency=settings.concurrency,
+                max_batch=settings.max_batch,
+                lease=settings.lease,
+                job_ttl=settings.job_ttl,
+                retention=settings.retention,
+                payload_limit=settings.payload_limit,
+            ),
+        )
+        supervisor = self.supervisor
+        supervisor.start("ingester", ingester.run())
+        supervisor.start("worker", worker.run())
+        supervisor.start("runner-pool", pool.run())
+        supervisor.start("sysid-lease", sysids.keep_leased(store, identity, settings.lease))
+        supervisor.start("token-cache", tokens.run(settings.token_refresh))
+        supervisor.start("queue-log", queuelog.run())
+
+        services = Services(
+            settings=settings,
+            store=store,
+            journal=journal,
+            ids=ids,
+            tokens=tokens,
+            ingester=ingester,
+            queuelog=queuelog,
+            handlers=handlers,
+            sysid=identity.sysid,
+        )
+        self.runner = runner = AppRunner(build_app(services), access_log=None, handle_signals=False)
+        await runner.setup()
+        site = web.TCPSite(runner, settings.host, settings.port, backlog=1024)
+        await site.start()
+        host, port = runner.addresses[0][:2]
+        self.url = f"http://{host}:{port}" if ":" not in host else f"http://[{host}]:{port}"
+        logger.info(
+            "listening on %s as sysid %s", self.url, identity.sysid, extra={"action": "ready"}
+        )
+
+    async def stop(self) -> None:
+        """Graceful when start() completed; otherwise closes whatever was opened."""
+        settings = self.settings
+        if self.runner is not None:
+            await self.runner.cleanup()  # stop accepting; requests in flight finish
+        if self.worker is not None:
+            await self.worker.drain(settings.drain_timeout)  # running jobs finish or go back
+        if self.pool is not None:
+            await self.pool.close()
+        if self.ingester is not None and self.identity is not None:
+            if not await self.ingester.drain(settings.drain_timeout):
+                logger.warning(
+                    "drain timed out; the rest stays in the journal for the next start",
+                    extra={"action": "drain_timeout"},
+                )
+            self.ingester.stop()
+        await self.supervisor.cancel_all()
+        if self.queuelog is not None:
+            await self.queuelog.close()
+        if self.identity is not None:
+            await self.identity.journal.close()
+            if self.store is not None:
+                try:
+                    await self.store.release_sysid(self.identity.sysid, holder=self.identity.holder)
+                except StoreError as exc:
+                    logger.warning("sysid not released: %s", exc, extra={"action": "sysid_release"})
+        if self.store is not None:
+            await self.store.close()
+        if self.embedded is not None:
+            await asyncio.to_thread(self.embedded.stop_if_last)
+
+
 async def serve(settings: Settings, ready: Callable[[str], None] | None = None) -> int:
     """Run a daemon until SIGTERM/SIGINT; return the process exit code."""
     stop = asyncio.Event()
@@ -105,70 +226,15 @@ async def serve(settings: Settings, ready: Callable[[str], None] | None = None) 
         failed = True
         stop.set()
 
-    store, embedded = await open_store(settings)
-    identity: sysids.Identity | None = None
-    supervisor = Supervisor(fail)
-    runner: AppRunner | None = None
-    queuelog: QueueLog | None = None
+    daemon = Daemon(settings, fail)
     try:
-        identity = await sysids.acquire(store, settings)
-        journal = identity.journal
-        tokens = TokenCache(store)
-        await tokens.reload()
-        queuelog = QueueLog(settings.logfile_path(identity.sysid))
-        ingester = Ingester(
-            journal, store, batch=settings.ingest_batch, workers=settings.ingest_workers
-        )
-        services = Services(
-            settings=settings,
-            store=store,
-            journal=journal,
-            ids=IdGenerator(identity.sysid),
-            tokens=tokens,
-            ingester=ingester,
-            queuelog=queuelog,
-            sysid=identity.sysid,
-        )
-        supervisor.start("ingester", ingester.run())
-        supervisor.start("sysid-lease", sysids.keep_leased(store, identity, settings.lease))
-        supervisor.start("token-cache", tokens.run(settings.token_refresh))
-        supervisor.start("queue-log", queuelog.run())
-
-        runner = AppRunner(build_app(services), access_log=None, handle_signals=False)
-        await runner.setup()
-        site = web.TCPSite(runner, settings.host, settings.port, backlog=1024)
-        await site.start()
-        host, port = runner.addresses[0][:2]
-        url = f"http://{host}:{port}" if ":" not in host else f"http://[{host}]:{port}"
-        logger.info("listening on %s as sysid %s", url, identity.sysid, extra={"action": "ready"})
+        await daemon.start()
         if ready is not None:
-            ready(url)
+            ready(daemon.url)
         await stop.wait()
         logger.info("stopping", extra={"action": "stopping"})
-
-        await runner.cleanup()  # stop accepting; requests in flight finish
-        runner = None
-        if not await ingester.drain(settings.drain_timeout):
-            logger.warning(
-                "drain timed out; the rest stays in the journal for the next start",
-                extra={"action": "drain_timeout", "lines": journal.lag.unread_lines},
-            )
-        ingester.stop()
     finally:
-        if runner is not None:
-            await runner.cleanup()
-        await supervisor.cancel_all()
-        if queuelog is not None:
-            await queuelog.close()
-        if identity is not None:
-            await identity.journal.close()
-            try:
-                await store.release_sysid(identity.sysid, holder=identity.holder)
-            except StoreError as exc:
-                logger.warning("sysid not released: %s", exc, extra={"action": "sysid_release"})
-        await store.close()
-        if embedded is not None:
-            await asyncio.to_thread(embedded.stop_if_last)
+        await daemon.stop()
     logger.info("stopped", extra={"action": "stopped"})
     return 1 if failed else 0
 

@@ -82,6 +82,33 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds SIGTERM waits for ingestion to catch up",
     )
 
+    serve.add_argument(
+        "--concurrency", default=_env("concurrency", "256"), help="jobs running at once"
+    )
+    serve.add_argument(
+        "--max-batch", default=_env("max_batch", "100"), help="jobs claimed and run as one batch"
+    )
+    serve.add_argument(
+        "--job-ttl",
+        default=_env("job_ttl", "86400"),
+        help="seconds after creation when retries stop (default one day)",
+    )
+    serve.add_argument(
+        "--retention",
+        default=_env("retention", str(7 * 86400)),
+        help="seconds archived jobs are kept (default seven days)",
+    )
+    serve.add_argument(
+        "--run-as",
+        default=_env("run_as"),
+        help="user for handler processes when running as root (default queue-runner)",
+    )
+    serve.add_argument(
+        "--context-idle",
+        default=_env("context_idle", "60"),
+        help="seconds an idle handler context stays warm",
+    )
+
     tenant = sub.add_parser("tenant", help="manage tenants")
     tsub = tenant.add_subparsers(dest="action", required=True)
     for action, text in (("add", "create a tenant and print its token"), ("revoke", "revoke")):
@@ -156,6 +183,12 @@ def settings_from(args: argparse.Namespace) -> Settings:
         payload_limit=_number(args.payload_limit, "--payload-limit", int, 1),
         body_limit=_number(args.body_limit, "--body-limit", int, 1),
         drain_timeout=_number(args.drain_timeout, "--drain-timeout", float, 0),
+        concurrency=_number(args.concurrency, "--concurrency", int, 1),
+        max_batch=_number(args.max_batch, "--max-batch", int, 1),
+        job_ttl=_number(args.job_ttl, "--job-ttl", float, 1),
+        retention=_number(args.retention, "--retention", float, 0),
+        run_as=args.run_as or None,
+        context_idle=_number(args.context_idle, "--context-idle", float, 0),
     )
 
 

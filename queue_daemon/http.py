@@ -22,6 +22,7 @@ from journal import Journal, JournalError
 from queue_daemon import errors
 from queue_daemon.auth import TokenCache
 from queue_daemon.errors import ApiError
+from queue_daemon.handlers import HandlerCache
 from queue_daemon.ids import IdGenerator
 from queue_daemon.ingester import Ingester
 from queue_daemon.names import valid_client, valid_type
@@ -47,6 +48,7 @@ class Services:
     tokens: TokenCache
     ingester: Ingester
     queuelog: QueueLog
+    handlers: HandlerCache
     sysid: str
 
 
@@ -122,7 +124,7 @@ async def authorize(request: web.Request, services: Services) -> str:
     return client
 
 
-def _jobtype(request: web.Request) -> str:
+def jobtype_of(request: web.Request) -> str:
     name = request.match_info["type"]
     if not valid_type(name):
         raise errors.bad_name("type must match [A-Za-z0-9_.:-]{1,100}")
@@ -227,7 +229,7 @@ def split_payloads(body: bytes, content_type: str, payload_limit: int) -> list[s
 async def add_jobs(request: web.Request) -> web.Response:
     services = request.app[SERVICES]
     client = await authorize(request, services)
-    jobtype = _jobtype(request)
+    jobtype = jobtype_of(request)
     now_ms = time.time_ns() // 1_000_000
     dt_ms = parse_when(request.query, now_ms)
     body = await request.read()
@@ -372,17 +374,3 @@ async def healthz(request: web.Request) -> web.Response:
         return json_response(body, status=503)
     body["status"] = "ok"
     return json_response(body)
-
-
-def build_app(services: Services) -> web.Application:
-    app = web.Application(
-        middlewares=[error_middleware], client_max_size=services.settings.body_limit
-    )
-    app[SERVICES] = services
-    app.router.add_post("/{client}/job/{type}/add", add_jobs)
-    app.router.add_get("/{client}/job/{id}", get_job)
-    app.router.add_post("/{client}/job/{id}/cancel", cancel_job)
-    app.router.add_get("/{client}/jobs", list_jobs)
-    app.router.add_get("/{client}/stats", stats)
-    app.router.add_get("/healthz", healthz)
-    return app

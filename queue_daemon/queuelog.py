@@ -10,12 +10,15 @@ import asyncio
 import contextlib
 import logging
 import os
+import time
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import orjson
+
+from store.models import Release
 
 logger = logging.getLogger(__name__)
 
@@ -32,9 +35,38 @@ class QueueLog:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="queuelog")
 
     def added(self, jobtype: str, ids: Sequence[str], at_ms: int) -> None:
+        self.event("added", jobtype, ids, at_ms)
+
+    def event(self, kind: str, jobtype: str, ids: Sequence[str], at_ms: int | None = None) -> None:
+        """One line per id: ``{"ev": kind, "t": ms, "type": …, "id": …}``."""
+        if at_ms is None:
+            at_ms = time.time_ns() // 1_000_000
         # ids and jobtypes never need JSON escaping (see names.py and ids.py)
-        head = f'{{"ev":"added","t":{at_ms},"type":"{jobtype}","id":"'
-        text = head + ('"}\n' + head).join(ids) + '"}\n'
+        head = f'{{"ev":"{kind}","t":{at_ms},"type":"{jobtype}","id":"'
+        self._append(head + ('"}\n' + head).join(ids) + '"}\n')
+
+    def finished(self, jobtype: str, releases: Sequence[Release]) -> None:
+        """One line per run that ended: its outcome, and whether the job is done."""
+        at_ms = time.time_ns() // 1_000_000
+        self._append(
+            "".join(
+                orjson.dumps(
+                    {
+                        "ev": "finished",
+                        "t": at_ms,
+                        "type": jobtype,
+                        "id": r.id,
+                        "code": r.code,
+                        "exitcode": r.exitcode,
+                        "how": r.how.value,
+                    }
+                ).decode()
+                + "\n"
+                for r in releases
+            )
+        )
+
+    def _append(self, text: str) -> None:
         self._parts.append(text)
         self._size += len(text)
         if self._size >= FLUSH_BYTES:

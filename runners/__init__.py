@@ -1,1 +1,6 @@
-"""Placeholder: built by a later capability (see DESIGN.md)."""
+"""Running handlers: warm sandboxed contexts (python, node), shell and http runners.
+
+The daemon uses ``runners.pool.RunnerPool`` (and ``runners.check.check_handler``
+when a handler is added); ``runners/PROTOCOL.md`` is the contract between a
+context and its language bootstrap.
+"""

@@ -1,0 +1,68 @@
+"""The handler routes of API.md: add (JSON, or source text with ``?lang=``), del, get."""
+
+from __future__ import annotations
+
+import asyncio
+
+import orjson
+from aiohttp import web
+
+from queue_daemon import errors
+from queue_daemon.handlers import bad_handler, handler_body, parse_handler
+from queue_daemon.http import SERVICES, authorize, jobtype_of, json_response
+from runners.check import check_handler
+from store.errors import NotFound
+
+
+async def add_handler(request: web.Request) -> web.Response:
+    services = request.app[SERVICES]
+    client = await authorize(request, services)
+    jobtype = jobtype_of(request)
+    body = await request.read()
+    if request.content_type == "application/json":
+        try:
+            fields = orjson.loads(body)
+        except orjson.JSONDecodeError as exc:
+            raise bad_handler(f"body is not valid JSON: {exc}") from None
+    else:
+        try:
+            source = body.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise bad_handler(f"body is not valid UTF-8 at byte {exc.start}") from None
+        fields = {"lang": request.query.get("lang", ""), "body": source}
+    data = parse_handler(fields)
+    problem = await asyncio.to_thread(
+        check_handler,
+        str(data["lang"]),
+        str(data["body"]),
+        before=str(data["before"]),
+        before_each=str(data["beforeEach"]),
+        after_each=str(data["afterEach"]),
+    )
+    if problem is not None:
+        raise bad_handler(problem)
+    record = await services.store.put_handler(f"{client}-{jobtype}", data)
+    services.handlers.invalidate(record.type)
+    return json_response(handler_body(record))
+
+
+async def get_handler(request: web.Request) -> web.Response:
+    services = request.app[SERVICES]
+    client = await authorize(request, services)
+    try:
+        record = await services.store.get_handler(f"{client}-{jobtype_of(request)}")
+    except NotFound:
+        raise errors.not_found("no handler for this type") from None
+    return json_response(handler_body(record))
+
+
+async def delete_handler(request: web.Request) -> web.Response:
+    services = request.app[SERVICES]
+    client = await authorize(request, services)
+    jobtype = jobtype_of(request)
+    try:
+        await services.store.delete_handler(f"{client}-{jobtype}")
+    except NotFound:
+        raise errors.not_found("no handler for this type") from None
+    services.handlers.invalidate(f"{client}-{jobtype}")
+    return json_response({"deleted": jobtype})

@@ -1,0 +1,136 @@
+"""Handlers as the API speaks of them: validation of an added handler, the
+stored form, and the daemon's cache of current versions."""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+from queue_daemon import errors
+from queue_daemon.names import valid_type
+from runners.models import LANGS, HandlerSpec
+from store.errors import NotFound
+from store.models import HandlerRecord
+from store.protocol import Store
+
+MAX_SOURCE_BYTES = 1 << 20  # each of body, before, beforeEach, afterEach
+MAX_TIMEOUT_S = 3600.0
+MAX_ATTEMPTS = 100
+_TEXT_FIELDS = ("body", "before", "beforeEach", "afterEach")
+
+
+def bad_handler(message: str) -> errors.ApiError:
+    return errors.ApiError(400, "bad_handler", message)
+
+
+def parse_handler(fields: Any) -> dict[str, object]:
+    """The stored ``data`` of a handler from the fields a tenant sent, or ApiError."""
+    if not isinstance(fields, dict):
+        raise bad_handler("a JSON handler must be an object")
+    unknown = set(fields) - {*_TEXT_FIELDS, "lang", "eid", "timeout", "then", "maxAttempts"}
+    if unknown:
+        raise bad_handler(f"unknown fields: {', '.join(sorted(unknown))}")
+    lang = fields.get("lang")
+    if lang not in LANGS:
+        raise bad_handler(f"lang must be one of {', '.join(LANGS)}")
+    data: dict[str, object] = {"lang": lang}
+    for name in _TEXT_FIELDS:
+        value = fields.get(name, "")
+        if not isinstance(value, str):
+            raise bad_handler(f"{name} must be a string")
+        if "\x00" in value:
+            raise bad_handler(f"{name} contains a NUL character")
+        if len(value.encode("utf-8", "surrogatepass")) > MAX_SOURCE_BYTES:
+            raise errors.too_large(f"{name} is over {MAX_SOURCE_BYTES} bytes")
+        data[name] = value
+    if not str(data["body"]).strip():
+        raise bad_handler("body is required")
+    if lang in ("shell", "http") and any(data[n] for n in ("before", "beforeEach", "afterEach")):
+        raise bad_handler(f"before, beforeEach and afterEach apply to python and node, not {lang}")
+    eid = fields.get("eid", "")
+    if not isinstance(eid, str) or (eid and not valid_type(eid)):
+        raise bad_handler("eid must match [A-Za-z0-9_.:-]{1,100}")
+    data["eid"] = eid
+    then = fields.get("then", "")
+    if not isinstance(then, str) or (then and not valid_type(then)):
+        raise bad_handler("then must be a type name, [A-Za-z0-9_.:-]{1,100}")
+    data["then"] = then
+    timeout = fields.get("timeout", 30)
+    if (
+        isinstance(timeout, bool)
+        or not isinstance(timeout, int | float)
+        or not math.isfinite(timeout)
+        or not 0 < timeout <= MAX_TIMEOUT_S
+    ):
+        raise bad_handler(
+            f"timeout must be a number of seconds, above 0 and at most {MAX_TIMEOUT_S:g}"
+        )
+    data["timeout"] = timeout
+    attempts = fields.get("maxAttempts", 5)
+    if (
+        isinstance(attempts, bool)
+        or not isinstance(attempts, int)
+        or not 1 <= attempts <= MAX_ATTEMPTS
+    ):
+        raise bad_handler(f"maxAttempts must be an integer from 1 to {MAX_ATTEMPTS}")
+    data["maxAttempts"] = attempts
+    return data
+
+
+def handler_body(record: HandlerRecord) -> dict[str, object]:
+    """A stored handler as the API shows it to its tenant."""
+    return {
+        "id": record.id,
+        "type": record.type.split("-", 1)[1],
+        "dt": record.dt.isoformat().replace("+00:00", "Z"),
+        **record.data,
+    }
+
+
+def spec_of(record: HandlerRecord) -> HandlerSpec:
+    client, name = record.type.split("-", 1)
+    data = record.data
+    return HandlerSpec(
+        version=record.id,
+        client=client,
+        type=name,
+        lang=str(data["lang"]),
+        body=str(data.get("body", "")),
+        before=str(data.get("before", "")),
+        before_each=str(data.get("beforeEach", "")),
+        after_each=str(data.get("afterEach", "")),
+        eid=str(data.get("eid", "")),
+        timeout=float(data.get("timeout", 30)),  # type: ignore[arg-type]
+        then=str(data.get("then", "")),
+        max_attempts=int(data.get("maxAttempts", 5)),  # type: ignore[call-overload]
+    )
+
+
+class HandlerCache:
+    """Current handler version per stored jobtype.
+
+    Entries are dropped when the store announces a change (LISTEN) and, as a
+    safety net for a missed notification, after ``ttl`` seconds.
+    """
+
+    def __init__(self, store: Store, ttl: float = 30.0) -> None:
+        self._store = store
+        self._ttl = ttl
+        self._entries: dict[str, tuple[float, HandlerSpec | None]] = {}
+
+    def invalidate(self, jobtype: str) -> None:
+        self._entries.pop(jobtype, None)
+
+    async def get(self, jobtype: str) -> HandlerSpec | None:
+        """The handler for ``jobtype`` (client-type), None if it has none."""
+        entry = self._entries.get(jobtype)
+        now = time.monotonic()
+        if entry is not None and now - entry[0] < self._ttl:
+            return entry[1]
+        try:
+            spec: HandlerSpec | None = spec_of(await self._store.get_handler(jobtype))
+        except NotFound:
+            spec = None
+        self._entries[jobtype] = (now, spec)
+        return spec

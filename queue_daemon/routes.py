@@ -1,0 +1,26 @@
+"""The route table: every URL of API.md and the function that answers it."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from queue_daemon import handler_routes, http
+from queue_daemon.http import SERVICES, Services, error_middleware
+
+
+def build_app(services: Services) -> web.Application:
+    app = web.Application(
+        middlewares=[error_middleware], client_max_size=services.settings.body_limit
+    )
+    app[SERVICES] = services
+    router = app.router
+    router.add_post("/{client}/job/{type}/add", http.add_jobs)
+    router.add_get("/{client}/job/{id}", http.get_job)
+    router.add_post("/{client}/job/{id}/cancel", http.cancel_job)
+    router.add_get("/{client}/jobs", http.list_jobs)
+    router.add_get("/{client}/stats", http.stats)
+    router.add_post("/{client}/handler/add/{type}", handler_routes.add_handler)
+    router.add_post("/{client}/handler/del/{type}", handler_routes.delete_handler)
+    router.add_get("/{client}/handler/get/{type}", handler_routes.get_handler)
+    router.add_get("/healthz", http.healthz)
+    return app

@@ -1,0 +1,288 @@
+"""The daemon loop that runs jobs: claim by the scheduler's pick, run in the
+runner pool, release with outcomes; renew leases, expire others' stale locks,
+purge old archived jobs.
+
+Backpressure: a claim never takes more jobs than the scheduler has free
+slots, so everything this daemon locks is running or about to run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import defaultdict
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from journal import Journal, JournalError
+from queue_daemon.handlers import HandlerCache
+from queue_daemon.ids import IdGenerator
+from queue_daemon.names import valid_type
+from queue_daemon.outcomes import Policy, code_of, no_handler, put_back, release_for
+from queue_daemon.queuelog import QueueLog
+from runners.models import HandlerSpec, JobInput, JobResult
+from runners.pool import RunnerPool
+from scheduler import Scheduler
+from store.errors import StoreError
+from store.models import ClaimedJob, Release
+from store.protocol import Store
+
+logger = logging.getLogger(__name__)
+
+POLL_S = 1.0  # re-read the waiting jobtypes at least this often (delayed jobs come due)
+RETRY_MAX_S = 5.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WorkerSettings:
+    concurrency: int = 256
+    tenant_cap: int | None = None
+    max_batch: int = 100
+    lease: float = 60.0
+    job_ttl: float = 86_400.0
+    retention: float = 7 * 86_400.0
+    purge_interval: float = 600.0
+    payload_limit: int = 1 << 20
+
+
+class Worker:
+    def __init__(
+        self,
+        *,
+        store: Store,
+        journal: Journal,
+        ids: IdGenerator,
+        pool: RunnerPool,
+        handlers: HandlerCache,
+        queuelog: QueueLog,
+        sysid: str,
+        settings: WorkerSettings,
+    ) -> None:
+        self._store = store
+        self._journal = journal
+        self._ids = ids
+        self._pool = pool
+        self._handlers = handlers
+        self._queuelog = queuelog
+        self._sysid = sysid
+        self._settings = settings
+        self._scheduler = Scheduler(
+            concurrency=settings.concurrency,
+            tenant_cap=settings.tenant_cap,
+            max_batch=settings.max_batch,
+        )
+        self._running: dict[str, ClaimedJob] = {}
+        self._batches: set[asyncio.Task[None]] = set()
+        self._wake = asyncio.Event()
+        self._stopping = False
+        self._waiting: dict[str, int] = {}
+        self._waiting_fresh = False
+        self._waiting_at = 0.0
+        self.started = 0
+        self.finished = 0
+
+    # notifications from the store's listener
+    def on_jobs(self) -> None:
+        self._waiting_fresh = False
+        self._wake.set()
+
+    def on_handler(self, jobtype: str) -> None:
+        self._handlers.invalidate(jobtype)
+        client, _, name = jobtype.partition("-")
+        self._pool.retire(client, name)
+        self._wake.set()
+
+    @property
+    def running(self) -> int:
+        return len(self._running)
+
+    async def run(self) -> None:
+        """Every loop of the worker, until cancelled."""
+        async with asyncio.TaskGroup() as group:
+            group.create_task(self._store.listen(self.on_jobs, self.on_handler))
+            group.create_task(self._claim_loop())
+            group.create_task(self._every(self._settings.lease / 3, self._renew))
+            group.create_task(self._every(min(5.0, self._settings.lease / 4), self._expire))
+            group.create_task(self._every(self._settings.purge_interval, self._purge))
+
+    async def drain(self, within: float) -> None:
+        """Stop claiming; let running batches finish for ``within`` seconds, then
+        stop them and put their jobs back at once for another daemon."""
+        self._stopping = True
+        self._wake.set()
+        if self._batches:
+            _, pending = await asyncio.wait(set(self._batches), timeout=within)
+            for task in pending:
+                task.cancel()
+            if pending:
+                await asyncio.wait(pending)
+
+    async def _every(self, interval: float, step: Callable[[], Awaitable[object]]) -> None:
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await step()
+            except StoreError as exc:
+                logger.warning("%s failed: %s", step.__name__, exc, extra={"action": "worker_step"})
+
+    async def _renew(self) -> None:
+        if self._running:
+            ids = list(self._running)
+            await self._store.renew(ids, sysid=self._sysid, lease=self._settings.lease)
+
+    async def _expire(self) -> None:
+        if await self._store.expire_locks():
+            self.on_jobs()
+
+    async def _purge(self) -> None:
+        await self._store.purge(self._settings.retention)
+
+    async def _waiting_jobtypes(self) -> dict[str, int]:
+        now = time.monotonic()
+        if not self._waiting_fresh or now - self._waiting_at > POLL_S:
+            self._waiting = await self._store.waiting_jobtypes()
+            self._waiting_fresh = True
+            self._waiting_at = now
+        return self._waiting
+
+    async def _claim_loop(self) -> None:
+        delay = 0.05
+        while not self._stopping:
+            self._wake.clear()
+            try:
+                claimed = await self._claim_once()
+            except StoreError as exc:
+                logger.warning("claim failed: %s", exc, extra={"action": "claim_failed"})
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, RETRY_MAX_S)
+                continue
+            delay = 0.05
+            if not claimed and not self._stopping:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), POLL_S)
+
+    async def _claim_once(self) -> bool:
+        """Claim and start one batch; False when there was nothing to do."""
+        if self._scheduler.free_slots() <= 0:
+            return False
+        waiting = await self._waiting_jobtypes()
+        pick = self._scheduler.select_jobtype(waiting, self._pool.warm())
+        if pick is None:
+            return False
+        jobtype = pick.jobtype
+        spec = await self._handlers.get(jobtype)
+        jobs = await self._store.claim(
+            jobtype, pick.limit, sysid=self._sysid, lease=self._settings.lease
+        )
+        if len(jobs) < pick.limit:
+            waiting.pop(jobtype, None)  # taken (or taken by others): ask the store again
+            self._waiting_fresh = False
+        else:
+            waiting[jobtype] = max(0, waiting[jobtype] - len(jobs))
+        if not jobs:
+            return True
+        for job in jobs:
+            self._running[job.id] = job
+        self._scheduler.jobs_started(jobtype, len(jobs))
+        self.started += len(jobs)
+        self._queuelog.event("started", jobtype, [job.id for job in jobs])
+        task = asyncio.create_task(self._run_batch(jobtype, spec, jobs))
+        self._batches.add(task)
+        task.add_done_callback(self._batches.discard)
+        return True
+
+    async def _run_batch(
+        self, jobtype: str, spec: HandlerSpec | None, jobs: list[ClaimedJob]
+    ) -> None:
+        releases: list[Release] = []
+        try:
+            if spec is None:
+                policy = Policy(job_ttl=self._settings.job_ttl)
+                releases = [no_handler(job, policy) for job in jobs]
+            else:
+                releases = await self._run(spec, jobs)
+        except asyncio.CancelledError:
+            releases = [put_back(job) for job in jobs]  # shutdown: another daemon runs them
+            raise
+        except Exception:
+            logger.exception("batch of %s failed", jobtype, extra={"action": "batch_failed"})
+            releases = [put_back(job) for job in jobs]
+        finally:
+            await asyncio.shield(self._finish(jobtype, jobs, releases))
+
+    async def _run(self, spec: HandlerSpec, jobs: list[ClaimedJob]) -> list[Release]:
+        inputs = [JobInput(id=job.id, payload=job.data, attempt=job.attempts) for job in jobs]
+        results = await self._pool.run_batch(spec, inputs)
+        by_id = {result.id: result for result in results}
+        policy = Policy(max_attempts=spec.max_attempts, job_ttl=self._settings.job_ttl)
+        releases: list[Release] = []
+        follow: dict[str, list[str]] = defaultdict(list)
+        for job in jobs:
+            result = by_id.get(job.id)
+            if result is None or not result.ran:
+                releases.append(put_back(job))
+                continue
+            releases.append(release_for(job, result.exitcode, result.result, policy))
+            self._follow_ons(spec, job, result, follow)
+        if follow and not await self._write_follow_ons(spec.client, follow):
+            # follow-on jobs could not be made durable: run the jobs again later
+            releases = [put_back(job) for job in jobs]
+        return releases
+
+    def _follow_ons(
+        self, spec: HandlerSpec, job: ClaimedJob, result: JobResult, follow: dict[str, list[str]]
+    ) -> None:
+        limit = self._settings.payload_limit
+        for name, payload in result.emits:
+            if not valid_type(name) or "\n" in payload or "\x00" in payload:
+                logger.warning(
+                    "dropped a follow-on job of job %s: bad type or payload",
+                    job.id,
+                    extra={"action": "emit_dropped", "job_id": job.id},
+                )
+            elif len(payload) > limit // 4 and len(payload.encode()) > limit:
+                logger.warning(
+                    "dropped a follow-on job of job %s: payload over %d bytes",
+                    job.id,
+                    limit,
+                    extra={"action": "emit_dropped", "job_id": job.id},
+                )
+            else:
+                follow[name].append(payload)
+        if spec.then and code_of(result.exitcode) == "ok":
+            payload = (result.result or "").replace("\n", " ").replace("\x00", "")
+            follow[spec.then].append(payload)
+
+    async def _write_follow_ons(self, client: str, follow: dict[str, list[str]]) -> bool:
+        now_ms = time.time_ns() // 1_000_000
+        try:
+            for name, payloads in follow.items():
+                jobtype = f"{client}-{name}"
+                ids = self._ids.next_ids(len(payloads))
+                await self._journal.write(jobtype, ids, payloads, create_ms=now_ms, dt_ms=now_ms)
+                self._queuelog.added(jobtype, ids, now_ms)
+        except (JournalError, ValueError) as exc:
+            logger.error("follow-on jobs not written: %s", exc, extra={"action": "emit_failed"})
+            return False
+        return True
+
+    async def _finish(self, jobtype: str, jobs: list[ClaimedJob], releases: list[Release]) -> None:
+        delay = 0.05
+        while releases:
+            try:
+                await self._store.release(releases, sysid=self._sysid)
+                break
+            except StoreError as exc:
+                # keep trying: the lease runs out meanwhile and another daemon may rerun
+                # the jobs, which at-least-once allows
+                logger.warning("release failed: %s", exc, extra={"action": "release_failed"})
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, RETRY_MAX_S)
+        for job in jobs:
+            self._running.pop(job.id, None)
+        self._scheduler.jobs_stopped(jobtype, len(jobs))
+        self.finished += len(jobs)
+        self._queuelog.finished(jobtype, releases)
+        self._wake.set()

@@ -1,0 +1,346 @@
+"""Python context bootstrap: runs one tenant handler, speaking runners/PROTOCOL.md.
+
+fd 3: frames from the daemon; fd 4: frames to the daemon (4-byte big-endian
+length + UTF-8 JSON). Standalone and stdlib only: it runs as ``python -I`` in
+the sandboxed child and never imports the project. Start-up time matters
+(a cold context waits for it), so asyncio, traceback and linecache are imported
+only when first needed.
+"""
+
+from __future__ import annotations
+
+import builtins
+import io
+import json
+import os
+import sys
+
+TYPE_CHECKING = False  # typing is not imported at run time: start-up time
+if TYPE_CHECKING:
+    from collections.abc import Awaitable
+    from types import CodeType
+    from typing import Any
+
+    Message = dict[str, Any]
+
+IN_FD = 3
+OUT_FD = 4
+MAX_FRAME = 64 << 20
+MAX_TEXT = 16 << 20  # characters of a job's output or result carried in one frame
+TOP_LEVEL_AWAIT = 0x2000  # ast.PyCF_ALLOW_TOP_LEVEL_AWAIT, without importing ast
+CO_COROUTINE = 0x80  # inspect.CO_COROUTINE
+
+_encode = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
+_loads = json.loads
+_real_stdout = sys.stdout
+_loop: Any = None
+
+
+def frame(message: Message) -> bytes:
+    # lone surrogates cannot be UTF-8: they become "?"
+    data = _encode(message).encode("utf-8", "replace")
+    if len(data) > MAX_FRAME:
+        raise OverflowError("frame over 64 MiB")
+    return len(data).to_bytes(4, "big") + data
+
+
+def write(data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(OUT_FD, view) :]
+
+
+class Reader:
+    def __init__(self, fd: int) -> None:
+        self.file = open(fd, "rb", buffering=1 << 16, closefd=False)  # noqa: SIM115
+
+    def frame(self) -> Message | None:
+        header = self.file.read(4)
+        if len(header) < 4:
+            return None
+        size = int.from_bytes(header, "big")
+        if size > MAX_FRAME:
+            raise OverflowError("frame over 64 MiB")
+        body = self.file.read(size)
+        if len(body) < size:
+            return None
+        message: Message = _loads(body)
+        return message
+
+
+def event_loop() -> Any:
+    """One persistent loop for every coroutine the handler returns."""
+    global _loop
+    if _loop is None:
+        import asyncio
+
+        _loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(_loop)
+    return _loop
+
+
+async def _awaited(awaitable: Awaitable[Any]) -> Any:
+    return await awaitable
+
+
+def resolve(value: Any) -> Any:
+    if hasattr(value, "__await__") and not isinstance(value, (str, bytes)):
+        return event_loop().run_until_complete(_awaited(value))
+    return value
+
+
+def remember_source(name: str, source: str) -> None:
+    """Let tracebacks show the tenant's lines."""
+    import linecache
+
+    linecache.cache[name] = (len(source), None, source.splitlines(True), name)
+
+
+def run_hook(code: CodeType, namespace: dict[str, Any]) -> None:
+    result = eval(code, namespace)
+    if code.co_flags & CO_COROUTINE:
+        event_loop().run_until_complete(result)
+
+
+def compile_hook(source: str, name: str) -> CodeType | None:
+    if not source.strip():
+        return None
+    remember_source(name, source)
+    code: CodeType = compile(source, name, "exec", flags=TOP_LEVEL_AWAIT, dont_inherit=True)
+    return code
+
+
+def compile_message(part: str, exc: BaseException) -> str:
+    if isinstance(exc, SyntaxError):
+        where = f"line {exc.lineno}: " if exc.lineno else ""
+        message = f"{where}{exc.msg}"
+    else:
+        message = f"{type(exc).__name__}: {exc}"
+    return message if part == "body" else f"{part}: {message}"
+
+
+def describe(exc: BaseException) -> str:
+    """The last line(s) of the traceback: the exception's type and message."""
+    import traceback
+
+    return "".join(traceback.format_exception_only(type(exc), exc)).strip()
+
+
+def log_traceback(exc: BaseException, out: io.TextIOWrapper) -> None:
+    import traceback
+
+    try:
+        out.write("".join(traceback.format_exception(type(exc), exc, exc.__traceback__)))
+    except Exception:  # a broken stdout must not stop the job
+        return
+
+
+def dumps_value(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+def shape(value: Any) -> tuple[Any, str | None]:
+    """(exitcode, result) of a handler's return value, per PROTOCOL.md."""
+    if value is None:
+        return 200, None
+    if isinstance(value, bool):
+        return 200, dumps_value(value)
+    if isinstance(value, int):
+        return value, None
+    if isinstance(value, str):
+        return 200, value
+    if (
+        isinstance(value, (tuple, list))
+        and len(value) == 2
+        and isinstance(value[0], int)
+        and not isinstance(value[0], bool)
+    ):
+        code, result = value
+        if result is None or isinstance(result, str):
+            return code, result
+        return code, dumps_value(result)
+    return 200, dumps_value(value)
+
+
+class Context:
+    """The ``ctx`` a handler gets: id, attempt, type, emit(type, payload)."""
+
+    __slots__ = ("_emits", "attempt", "client", "id", "type")
+
+    def __init__(self, job: Message, type_: str, client: str, emits: list[list[str]]) -> None:
+        self.id = job["id"]
+        self.attempt = job.get("attempt", 1)
+        self.type = type_
+        self.client = client
+        self._emits = emits
+
+    def emit(self, type: str, payload: Any) -> None:
+        if not isinstance(type, str):
+            raise TypeError("ctx.emit: type must be a string")
+        if not isinstance(payload, str):
+            payload = dumps_value(payload)
+        self._emits.append([type, payload])
+
+    def __repr__(self) -> str:
+        return f"<ctx id={self.id!r} attempt={self.attempt!r} type={self.type!r}>"
+
+
+class Handler:
+    def __init__(self, init: Message) -> None:
+        self.type = init.get("type", "")
+        self.client = init.get("client", "")
+        self.namespace: dict[str, Any] = {"__name__": "handler", "__builtins__": builtins}
+        self.before_each: CodeType | None = None
+        self.after_each: CodeType | None = None
+        self.function: Any = None
+        self._capture: tuple[io.BytesIO, io.TextIOWrapper] | None = None
+
+    def load(self, init: Message) -> str | None:
+        """None when the handler is ready, else the ``fatal`` message."""
+        parts: dict[str, CodeType | None] = {}
+        for part, key in (
+            ("body", "body"),
+            ("before", "before"),
+            ("beforeEach", "beforeEach"),
+            ("afterEach", "afterEach"),
+        ):
+            source = init.get(key) or ""
+            try:
+                if part == "body":
+                    remember_source("<handler>", source)
+                    parts[part] = compile(source, "<handler>", "exec", dont_inherit=True)
+                else:
+                    parts[part] = compile_hook(source, f"<{part}>")
+            except (SyntaxError, ValueError, RecursionError, MemoryError, OverflowError) as exc:
+                return compile_message(part, exc)
+        try:
+            exec(parts["body"], self.namespace)  # type: ignore[arg-type]
+        except BaseException as exc:
+            return f"body failed: {describe(exc)}"
+        before = parts["before"]
+        if before is not None:
+            try:
+                run_hook(before, self.namespace)
+            except BaseException as exc:
+                return f"before failed: {describe(exc)}"
+        function = self.namespace.get("handler")
+        if not callable(function):
+            return "the body does not define handler(payload, ctx)"
+        self.function = function
+        self.before_each = parts["beforeEach"]
+        self.after_each = parts["afterEach"]
+        return None
+
+    def capture(self) -> tuple[io.BytesIO, io.TextIOWrapper]:
+        """The stdout a job prints to: reused while the handler leaves it intact."""
+        pair = self._capture
+        if pair is None or pair[1].closed or pair[0].closed or pair[0].tell():
+            data = io.BytesIO()
+            text = io.TextIOWrapper(data, encoding="utf-8", errors="replace", write_through=True)
+            pair = self._capture = (data, text)
+        return pair
+
+    def run_job(self, job: Message) -> Message:
+        """The job's ``result`` message (with the output the handler printed)."""
+        emits: list[list[str]] = []
+        capture, out = self.capture()
+        message: Message = {"op": "result", "id": job["id"]}
+        sys.stdout = out
+        try:
+            value = resolve(
+                self.function(job["payload"], Context(job, self.type, self.client, emits))
+            )
+            code, result = shape(value)
+        except BaseException as exc:
+            code, result = 500, describe(exc)
+            log_traceback(exc, out)
+            if isinstance(exc, MemoryError):
+                message["recycle"] = True
+        finally:
+            sys.stdout = _real_stdout
+        try:
+            out.flush()
+        except Exception:  # the handler closed or broke its stdout
+            output = ""
+        else:
+            output = capture.getvalue().decode("utf-8", "replace") if capture.tell() else ""
+            capture.seek(0)
+            capture.truncate()
+        message["exitcode"] = code
+        message["result"] = (
+            result if result is None or len(result) <= MAX_TEXT else result[:MAX_TEXT]
+        )
+        message["output"] = output if len(output) <= MAX_TEXT else output[:MAX_TEXT]
+        message["emits"] = emits
+        return message
+
+    def run_batch(self, jobs: list[Message]) -> None:
+        failed = None
+        if self.before_each is not None:
+            try:
+                run_hook(self.before_each, self.namespace)
+            except BaseException as exc:
+                failed = f"beforeEach failed: {describe(exc)}"
+        pending = b""
+        for job in jobs:
+            write(pending + frame({"op": "start", "id": job["id"]}))
+            if failed is None:
+                message = self.run_job(job)
+            else:
+                message = {"op": "result", "id": job["id"], "exitcode": 500, "result": failed}
+            pending = result_frame(message)
+        if self.after_each is not None and failed is None:
+            try:
+                run_hook(self.after_each, self.namespace)
+            except BaseException as exc:
+                sys.stderr.write(f"afterEach failed: {describe(exc)}\n")
+        write(pending + frame({"op": "done"}))
+
+
+def result_frame(message: Message) -> bytes:
+    try:
+        return frame(message)
+    except (OverflowError, TypeError, ValueError) as exc:
+        size = len(message.get("output") or "")
+        return frame(
+            {
+                "op": "result",
+                "id": message["id"],
+                "exitcode": 500,
+                "result": f"the job's result and output do not fit in a frame: {exc}",
+                "output": f"(output of {size} characters dropped)",
+                "emits": [],
+            }
+        )
+
+
+def main() -> None:
+    os.set_inheritable(IN_FD, False)
+    os.set_inheritable(OUT_FD, False)
+    reader = Reader(IN_FD)
+    init = reader.frame()
+    if init is None or init.get("op") != "init":
+        return
+    handler = Handler(init)
+    problem = handler.load(init)
+    if problem is not None:
+        write(frame({"op": "fatal", "message": problem}))
+        return
+    write(frame({"op": "ready"}))
+    while True:
+        message = reader.frame()
+        if message is None:
+            return
+        op = message.get("op")
+        if op == "batch":
+            handler.run_batch(message.get("jobs") or [])
+        elif op == "exit":
+            return
+        else:
+            sys.stderr.write(f"python_boot: unknown op {op!r} ignored\n")
+
+
+if __name__ == "__main__":
+    main()
+    sys.stdout.flush()
+    os._exit(0)  # no interpreter teardown: a context's exit must be quick

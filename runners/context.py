@@ -1,0 +1,428 @@
+"""A context: one sandboxed child running a language bootstrap for one handler version.
+
+The daemon side of runners/PROTOCOL.md. The protocol pipes are the child's
+fds 3 and 4; its stdout and stderr are drained all the time into rings of
+recent lines (a full pipe would block the child), which explain a crash.
+
+Per-job timeouts need no task per frame: one timer holds the current
+deadline (moved on by every ``start``/``result`` frame) and, when it passes,
+kills the process group; the read loop then sees the end of the stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import io
+import logging
+import os
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from runners import framing
+from runners.codes import ERROR, NOT_RUN, TIMEOUT, valid_exitcode
+from runners.errors import ContextFailed, FrameTooLarge, ProtocolError
+from runners.models import HandlerSpec, JobInput, JobResult
+from runners.output import OutputLimits, clip, parse_output
+from runners.ring import LineRing, drain
+from runners.sandbox import Child, Sandbox, describe_exit, kill_group
+
+logger = logging.getLogger(__name__)
+
+STDERR_TAIL = 5  # lines of stderr quoted when a context dies
+EXIT_GRACE = 1.0  # seconds a context gets to leave after ``exit``
+DRAIN_GRACE = 1.0  # seconds to read what a dead context last wrote
+
+
+def seconds(value: float) -> str:
+    return f"{value:g}s"
+
+
+class Context:
+    """One child for one handler version (``spec.context_key``), reused batch after batch."""
+
+    def __init__(
+        self,
+        spec: HandlerSpec,
+        *,
+        sandbox: Sandbox,
+        command: list[str],
+        limits: OutputLimits,
+        start_timeout: float,
+        memory: str = "as",
+    ) -> None:
+        self.spec = spec
+        self.key = spec.context_key
+        self.jobs_run = 0
+        self.last_used = time.monotonic()
+        self.broken = False  # died, timed out or asked to be recycled: never reused
+        self.retired = False  # a newer handler version exists: close after this batch
+        self.successor = False  # the pool is already starting this context's replacement
+        self.output = LineRing()  # the child's stdout and stderr (context-level, not a job's)
+        self._sandbox = sandbox
+        self._command = command
+        self._memory = memory
+        self._limits = limits
+        self._start_timeout = start_timeout
+        self._proc: Child | None = None
+        self._home: Path | None = None
+        self._reader: framing.FrameReader | None = None
+        self._writer: asyncio.StreamWriter | None = None
+        self._read_transport: asyncio.ReadTransport | None = None
+        self._drains: list[asyncio.Task[None]] = []
+        self._closed = False
+        self._timer: asyncio.TimerHandle | None = None
+        self._deadline = 0.0
+        self._timed_out = False
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    @property
+    def home(self) -> Path | None:
+        return self._home
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def alive(self) -> bool:
+        return (
+            not self._closed
+            and not self.broken
+            and self._proc is not None
+            and self._proc.returncode is None
+        )
+
+    # ------------------------------------------------------------------ start
+
+    async def start(self) -> None:
+        """Spawn the child and load the handler; ContextFailed (already cleaned up) if it cannot."""
+        try:
+            await self._spawn()
+            await self._init()
+        except BaseException:
+            self.broken = True
+            await self.close()
+            raise
+
+    async def _spawn(self) -> None:
+        loop = asyncio.get_running_loop()
+        await self._sandbox.prepare()
+        self._home = self._sandbox.make_dir(f"ctx-{self.spec.client}-")
+        to_child, to_daemon = os.pipe(), os.pipe()
+        try:
+            self._proc = await self._sandbox.spawn(
+                self._command,
+                home=self._home,
+                pipes=(to_child[0], to_daemon[1]),
+                memory=self._memory,
+            )
+        except OSError as exc:
+            for fd in (*to_child, *to_daemon):
+                os.close(fd)
+            raise ContextFailed(f"cannot start a {self.spec.lang} context: {exc}") from None
+        os.close(to_child[0])
+        os.close(to_daemon[1])
+        reader = asyncio.StreamReader(limit=1 << 20)
+        self._read_transport, _ = await loop.connect_read_pipe(
+            lambda: asyncio.StreamReaderProtocol(reader), pipe_file(to_daemon[0], "rb")
+        )
+        protocol = asyncio.StreamReaderProtocol(asyncio.StreamReader())
+        transport, _ = await loop.connect_write_pipe(lambda: protocol, pipe_file(to_child[1], "wb"))
+        self._writer = asyncio.StreamWriter(transport, protocol, None, loop)
+        self._reader = framing.FrameReader(reader)
+        proc = self._proc
+        assert proc.stderr is not None
+        self._drains = [
+            asyncio.create_task(drain(proc.stderr, self.output), name=f"ctx-{proc.pid}-output")
+        ]
+
+    async def _init(self) -> None:
+        spec = self.spec
+        assert self._writer is not None and self._reader is not None
+        self._writer.write(
+            framing.encode(
+                {
+                    "op": "init",
+                    "lang": spec.lang,
+                    "body": spec.body,
+                    "before": spec.before,
+                    "beforeEach": spec.before_each,
+                    "afterEach": spec.after_each,
+                    "type": spec.type,
+                    "client": spec.client,
+                }
+            )
+        )
+        try:
+            async with asyncio.timeout(self._start_timeout):
+                await self._writer.drain()
+                message = await self._reader.read()
+        except TimeoutError:
+            raise ContextFailed(
+                f"the handler did not load within {seconds(self._start_timeout)}"
+            ) from None
+        except ProtocolError as exc:
+            raise ContextFailed(f"the context broke the protocol while starting: {exc}") from None
+        except ConnectionError:
+            message = None
+        if message is None:
+            raise ContextFailed(await self._death("the context died while starting"))
+        op = message.get("op")
+        if op == "fatal":
+            raise ContextFailed(str(message.get("message") or "the handler failed to load"))
+        if op != "ready":
+            raise ContextFailed(f"the context sent {op!r} instead of ready")
+
+    # ------------------------------------------------------------------ batches
+
+    async def run_batch(self, jobs: Sequence[JobInput], timeout_per_job: float) -> list[JobResult]:
+        """Every job's result, in order. Never raises for what the child does: a crash,
+        a timeout or a protocol error ends the running job as 500/504 and the jobs
+        not yet started as ``ran=False``, and marks the context ``broken``.
+        """
+        results: list[JobResult] = []
+        for frame, chunk in self._chunks(jobs):
+            if self.broken:
+                results += [not_run(job, "the context stopped on an earlier job") for job in chunk]
+                continue
+            results += await self._run_chunk(frame, chunk, timeout_per_job)
+        self.jobs_run += len(jobs)
+        self.last_used = time.monotonic()
+        return results
+
+    def _chunks(self, jobs: Sequence[JobInput]) -> list[tuple[bytes, Sequence[JobInput]]]:
+        """Batch frames of at most 64 MiB (a batch of big payloads is split)."""
+        message = {
+            "op": "batch",
+            "jobs": [{"id": j.id, "payload": j.payload, "attempt": j.attempt} for j in jobs],
+        }
+        try:
+            return [(framing.encode(message), jobs)]
+        except FrameTooLarge:
+            if len(jobs) == 1:
+                raise
+        half = len(jobs) // 2
+        return self._chunks(jobs[:half]) + self._chunks(jobs[half:])
+
+    async def _run_chunk(
+        self, frame: bytes, jobs: Sequence[JobInput], timeout_per_job: float
+    ) -> list[JobResult]:
+        timeout = timeout_per_job
+        assert self._writer is not None and self._reader is not None
+        reader = self._reader
+        loop = asyncio.get_running_loop()
+        results: list[JobResult] = []
+        running: JobInput | None = None
+        index = 0
+        problem: str | None = None
+        self._deadline = loop.time() + timeout
+        self._timed_out = False
+        self._timer = loop.call_at(self._deadline, self._check_deadline)
+        try:
+            self._writer.write(frame)
+            await self._writer.drain()
+            while True:
+                message = await reader.read()
+                if message is None:
+                    break
+                op = message.get("op")
+                job_id = message.get("id")
+                if (
+                    op == "result"
+                    and running is None
+                    and index < len(jobs)
+                    and job_id == jobs[index].id
+                ):  # a result without its start (e.g. every job failed in beforeEach)
+                    running = jobs[index]
+                    index += 1
+                if op == "start":
+                    if running is not None or index >= len(jobs) or job_id != jobs[index].id:
+                        raise ProtocolError(f"unexpected start of job {job_id!r}")
+                    running = jobs[index]
+                    index += 1
+                elif op == "result":
+                    if running is None or job_id != running.id:
+                        raise ProtocolError(f"unexpected result of job {job_id!r}")
+                    results.append(self._job_result(running, message))
+                    running = None
+                elif op == "done":
+                    if running is not None or index < len(jobs):
+                        raise ProtocolError("done before every job had a result")
+                    return results
+                else:
+                    raise ProtocolError(f"unexpected message {op!r}")
+                self._deadline = loop.time() + timeout
+        except ProtocolError as exc:
+            problem = f"the context broke the protocol: {exc}"
+        except ConnectionError:
+            pass  # the child is gone: its pipe broke while we wrote the batch
+        finally:
+            self._timer.cancel()
+            self._timer = None
+        return await self._failed(jobs, results, running, index, timeout_per_job, problem)
+
+    def _check_deadline(self) -> None:
+        loop = asyncio.get_running_loop()
+        if loop.time() + 0.001 < self._deadline:
+            self._timer = loop.call_at(self._deadline, self._check_deadline)
+            return
+        self._timed_out = True
+        if self._proc is not None:
+            kill_group(self._proc.pid)
+
+    async def _failed(
+        self,
+        jobs: Sequence[JobInput],
+        results: list[JobResult],
+        running: JobInput | None,
+        index: int,
+        timeout_per_job: float,
+        problem: str | None,
+    ) -> list[JobResult]:
+        """Results once the context stopped in the middle of a batch."""
+        timeout = timeout_per_job
+        self.broken = True
+        timed_out = self._timed_out
+        if timed_out:
+            reason = f"timed out after {seconds(timeout)}"
+            code = TIMEOUT
+            await self._stop()
+        elif problem is not None:
+            reason, code = problem, ERROR
+            await self._stop()
+        else:
+            reason, code = await self._death("context died"), ERROR
+        logger.warning(
+            "%s context of %s-%s stopped: %s",
+            self.spec.lang,
+            self.spec.client,
+            self.spec.type,
+            reason,
+            extra={"action": "context_failed", "tenant": self.spec.client, "pid": self.pid},
+        )
+        if not results and running is None and index == 0:
+            # stopped before the first job: beforeEach hung or crashed; count it as a run
+            # of every job, so a broken hook cannot requeue the batch for ever
+            where = "beforeEach " + reason if timed_out else reason
+            return [failed(job, code, where) for job in jobs]
+        out = list(results)
+        if running is not None:
+            out.append(failed(running, code, reason))
+        out += [not_run(job, f"an earlier job of the batch: {reason}") for job in jobs[len(out) :]]
+        return out
+
+    async def _stop(self) -> None:
+        """Kill the whole group and reap the child."""
+        if self._proc is None:
+            return
+        kill_group(self._proc.pid)
+        await self._proc.exited()
+
+    async def _death(self, what: str) -> str:
+        """Why the child died: its exit status and the last lines it wrote to stderr."""
+        await self._stop()
+        await self._finish_drains()
+        assert self._proc is not None
+        text = f"{what} ({describe_exit(self._proc.returncode)})"
+        tail = [line for line in self.output.tail(STDERR_TAIL) if line.strip()]
+        return f"{text}: " + " | ".join(tail) if tail else text
+
+    def _job_result(self, job: JobInput, message: dict[str, Any]) -> JobResult:
+        exitcode = message.get("exitcode")
+        result = message.get("result")
+        output = message.get("output")
+        emits = message.get("emits")
+        if (
+            not output
+            and not emits
+            and valid_exitcode(exitcode)
+            and (result is None or isinstance(result, str))
+            and "recycle" not in message
+        ):  # the common case, quickly
+            if result is not None:
+                result = clip(result, self._limits.max_result_bytes)
+            return JobResult(id=job.id, exitcode=exitcode, result=result)
+        pairs: list[tuple[object, object]] = []
+        if isinstance(emits, list):
+            for emit in emits:
+                ok = isinstance(emit, list) and len(emit) == 2
+                pairs.append((emit[0], emit[1]) if ok else (None, None))
+        parsed = parse_output(output if isinstance(output, str) else "", self._limits, pairs)
+        if not valid_exitcode(exitcode):
+            result = f"invalid exit code {clip(repr(exitcode), 100)}"
+            exitcode = ERROR
+        elif result is not None and not isinstance(result, str):
+            result = orjson.dumps(result).decode()
+        if parsed.exitcode is not None:
+            exitcode = parsed.exitcode
+            if parsed.result_set:
+                result = parsed.result
+        if message.get("recycle"):
+            self.broken = True  # e.g. MemoryError: the process may be in a bad state
+        assert isinstance(exitcode, int)
+        return JobResult(
+            id=job.id,
+            exitcode=exitcode,
+            result=None if result is None else clip(result, self._limits.max_result_bytes),
+            emits=parsed.emits,
+            log=parsed.log,
+        )
+
+    # ------------------------------------------------------------------ close
+
+    async def close(self) -> None:
+        """Ask the child to exit, kill its group after a grace period, reap it, remove its dir."""
+        if self._closed:
+            return
+        self._closed = True
+        proc = self._proc
+        if proc is not None:
+            if proc.returncode is None and self._writer is not None and not self.broken:
+                with contextlib.suppress(TimeoutError, ConnectionError, RuntimeError):
+                    self._writer.write(framing.encode({"op": "exit"}))
+                    await asyncio.wait_for(proc.exited(), EXIT_GRACE)
+            kill_group(proc.pid)  # whatever it left behind in its group
+            await proc.exited()
+        if self._writer is not None:
+            self._writer.close()
+        if self._read_transport is not None:
+            self._read_transport.close()
+        await self._finish_drains()
+        if proc is not None:
+            proc.close()
+        if self._home is not None:
+            await asyncio.to_thread(self._sandbox.remove_dir, self._home)
+
+    async def _finish_drains(self) -> None:
+        if not self._drains:
+            return
+        drains, self._drains = self._drains, []
+        _, pending = await asyncio.wait(drains, timeout=DRAIN_GRACE)
+        for task in pending:  # a process that left the group still holds the pipe
+            task.cancel()
+        if pending:
+            await asyncio.wait(pending)
+        for task in drains:
+            if not task.cancelled() and task.exception() is not None:
+                logger.warning("draining a context's output failed: %r", task.exception())
+
+
+def pipe_file(fd: int, mode: str) -> io.FileIO:
+    """An unbuffered file object owning ``fd``, for the event loop's pipe transports."""
+    return io.FileIO(fd, mode[0], closefd=True)
+
+
+def failed(job: JobInput, exitcode: int, reason: str) -> JobResult:
+    return JobResult(id=job.id, exitcode=exitcode, result=reason)
+
+
+def not_run(job: JobInput, reason: str) -> JobResult:
+    return JobResult(id=job.id, exitcode=NOT_RUN, result=f"not started: {reason}", ran=False)

@@ -1,0 +1,118 @@
+"""Frames of runners/PROTOCOL.md: a 4-byte big-endian length, then that many bytes of JSON."""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+from collections import deque
+from typing import Any
+
+import orjson
+
+from runners.errors import FrameTooLarge, ProtocolError
+
+MAX_FRAME = 64 << 20
+HEADER = struct.Struct(">I")
+READ_SIZE = 1 << 18
+
+
+def encode(message: dict[str, Any]) -> bytes:
+    """One frame holding ``message``; FrameTooLarge over MAX_FRAME."""
+    data = orjson.dumps(message)
+    if len(data) > MAX_FRAME:
+        raise FrameTooLarge(f"frame of {len(data)} bytes is over the {MAX_FRAME} byte limit")
+    return HEADER.pack(len(data)) + data
+
+
+def decode(data: bytes | bytearray) -> dict[str, Any]:
+    """The message of a frame's body; ProtocolError when it is not a JSON object."""
+    try:
+        message = orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        raise ProtocolError(f"frame is not valid JSON: {exc}") from None
+    if not isinstance(message, dict):
+        raise ProtocolError("frame is not a JSON object")
+    return message
+
+
+def split(buffer: bytes) -> tuple[list[dict[str, Any]], bytes]:
+    """Every complete frame at the start of ``buffer``, and the incomplete rest."""
+    messages = []
+    view = memoryview(buffer)
+    offset = 0
+    while len(view) - offset >= HEADER.size:
+        (size,) = HEADER.unpack_from(view, offset)
+        if size > MAX_FRAME:
+            raise FrameTooLarge(f"frame of {size} bytes announced, limit {MAX_FRAME}")
+        end = offset + HEADER.size + size
+        if end > len(view):
+            break
+        messages.append(decode(bytes(view[offset + HEADER.size : end])))
+        offset = end
+    return messages, bytes(view[offset:])
+
+
+async def read_frame(reader: asyncio.StreamReader) -> dict[str, Any] | None:
+    """The next message, or None at end of stream on a frame boundary.
+
+    ProtocolError for a torn frame (end of stream inside it), an oversized
+    announcement or a body that is not a JSON object.
+    """
+    try:
+        header = await reader.readexactly(HEADER.size)
+    except asyncio.IncompleteReadError as exc:
+        if not exc.partial:
+            return None
+        raise ProtocolError("end of stream inside a frame header") from None
+    (size,) = HEADER.unpack(header)
+    if size > MAX_FRAME:
+        raise FrameTooLarge(f"frame of {size} bytes announced, limit {MAX_FRAME}")
+    try:
+        body = await reader.readexactly(size)
+    except asyncio.IncompleteReadError:
+        raise ProtocolError(f"end of stream inside a frame of {size} bytes") from None
+    return decode(body)
+
+
+class FrameReader:
+    """Messages from a StreamReader, many frames parsed per read (the daemon's side).
+
+    ``read()`` returns the next message, None at end of stream on a frame
+    boundary, and raises ProtocolError for a torn or oversized frame or a body
+    that is not a JSON object.
+    """
+
+    __slots__ = ("_buffer", "_ready", "_stream")
+
+    def __init__(self, stream: asyncio.StreamReader) -> None:
+        self._stream = stream
+        self._buffer = bytearray()
+        self._ready: deque[dict[str, Any]] = deque()
+
+    async def read(self) -> dict[str, Any] | None:
+        ready = self._ready
+        while not ready:
+            data = await self._stream.read(READ_SIZE)
+            if not data:
+                if self._buffer:
+                    raise ProtocolError(f"end of stream inside a frame ({len(self._buffer)} bytes)")
+                return None
+            self._buffer += data
+            self._parse()
+        return ready.popleft()
+
+    def _parse(self) -> None:
+        buffer = self._buffer
+        size = len(buffer)
+        offset = 0
+        while size - offset >= HEADER.size:
+            (length,) = HEADER.unpack_from(buffer, offset)
+            if length > MAX_FRAME:
+                raise FrameTooLarge(f"frame of {length} bytes announced, limit {MAX_FRAME}")
+            end = offset + HEADER.size + length
+            if end > size:
+                break
+            self._ready.append(decode(buffer[offset + HEADER.size : end]))
+            offset = end
+        if offset:
+            del buffer[:offset]

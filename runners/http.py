@@ -1,0 +1,115 @@
+"""HTTP handlers: the body is a URL and each job's payload is POSTed to it.
+
+The reply's status is the job's exitcode and its body (bounded) the result;
+an endpoint that cannot be reached is 502, one that does not answer in time
+504. One shared ``aiohttp.ClientSession`` pools the connections; it never
+reads the daemon's environment (no proxy settings, no netrc).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from urllib.parse import urlsplit
+
+import aiohttp
+
+from runners.codes import BAD_GATEWAY, ERROR, TIMEOUT, valid_exitcode
+from runners.models import HandlerSpec, JobInput, JobResult
+from runners.output import clip
+
+SCHEMES = ("http", "https")
+
+
+def url_problem(url: str) -> str | None:
+    """Why ``url`` cannot be an http handler's body, or None."""
+    text = url.strip()
+    if not text:
+        return "the body must be an http(s) URL"
+    if any(ch.isspace() or ord(ch) < 32 for ch in text):
+        return "the URL contains whitespace or control characters"
+    try:
+        parts = urlsplit(text)
+        parts.port  # noqa: B018 - raises ValueError for a bad port
+    except ValueError as exc:
+        return f"not a valid URL: {exc}"
+    if parts.scheme.lower() not in SCHEMES:
+        return f"only http and https URLs are allowed, not {parts.scheme or 'no scheme'!r}"
+    if not parts.hostname:
+        return "the URL has no host"
+    return None
+
+
+class HttpRunner:
+    """Posts each job of a batch, ``concurrency`` requests at a time."""
+
+    def __init__(self, *, max_result_bytes: int = 1 << 20, concurrency: int = 32) -> None:
+        self._max_result = max_result_bytes
+        self._concurrency = concurrency
+        self._session: aiohttp.ClientSession | None = None
+
+    def _client(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=256),
+                trust_env=False,
+                auto_decompress=True,
+            )
+        return self._session
+
+    async def run_batch(self, spec: HandlerSpec, jobs: Sequence[JobInput]) -> list[JobResult]:
+        problem = url_problem(spec.body)
+        if problem is not None:
+            return [JobResult(id=job.id, exitcode=ERROR, result=problem) for job in jobs]
+        gate = asyncio.Semaphore(self._concurrency)
+
+        async def one(job: JobInput) -> JobResult:
+            async with gate:
+                return await self.post(spec, job)
+
+        return list(await asyncio.gather(*(one(job) for job in jobs)))
+
+    async def post(self, spec: HandlerSpec, job: JobInput) -> JobResult:
+        headers = {
+            "Content-Type": "text/plain; charset=utf-8",
+            "X-Job-Id": job.id,
+            "X-Job-Attempt": str(job.attempt),
+            "X-Job-Type": spec.type,
+        }
+        timeout = aiohttp.ClientTimeout(total=spec.timeout)
+        try:
+            async with self._client().post(
+                spec.body.strip(),
+                data=job.payload.encode("utf-8", "surrogatepass"),
+                headers=headers,
+                timeout=timeout,
+            ) as reply:
+                body = await reply.content.read(self._max_result + 4)
+                status = reply.status
+                charset = reply.charset or "utf-8"
+        except TimeoutError:
+            return JobResult(
+                id=job.id, exitcode=TIMEOUT, result=f"timed out after {spec.timeout:g}s"
+            )
+        except (aiohttp.ClientError, OSError, ValueError) as exc:
+            return JobResult(
+                id=job.id, exitcode=BAD_GATEWAY, result=f"request failed: {describe(exc)}"
+            )
+        try:
+            text = body.decode(charset, "replace")
+        except LookupError:
+            text = body.decode("utf-8", "replace")
+        result = clip(text, self._max_result)
+        if not valid_exitcode(status):
+            return JobResult(id=job.id, exitcode=BAD_GATEWAY, result=f"status {status}: {result}")
+        return JobResult(id=job.id, exitcode=status, result=result)
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+
+def describe(exc: BaseException) -> str:
+    text = str(exc) or type(exc).__name__
+    return clip(f"{type(exc).__name__}: {text}" if str(exc) else text, 1000)

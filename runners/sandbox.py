@@ -1,0 +1,351 @@
+"""How a handler process is started: scrubbed environment, private directory,
+resource limits, its own process group, an unprivileged user.
+
+A handler process is started through two tiny exec wrappers, never through a
+``preexec_fn`` (which is unsafe in a threaded daemon and forbids vfork):
+
+    /bin/sh -c 'exec 3<&0 4>&1 0</dev/null 1>&2; exec "$@"'     (contexts only: the
+        protocol pipes, started as stdin/stdout, become fds 3 and 4 (PROTOCOL.md);
+        the child's stdout and stderr then share one pipe of context-level output)
+    prlimit --as=… --cpu=… --nofile=… --nproc=… --fsize=… --core=0 --
+        (``--data`` instead of ``--as`` for runtimes that reserve huge address
+        ranges up front: node/V8 cannot start under a 1 GiB RLIMIT_AS)
+        (util-linux; where it is missing, ``bootstrap/limits.py`` does the same)
+    the command itself
+
+``subprocess`` switches to the run-as user (``user=``, ``group=``,
+``extra_groups=[]``) and starts a new session, so the whole tree can be
+killed with one ``killpg``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import pwd
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from runners.errors import SandboxError
+
+logger = logging.getLogger(__name__)
+
+SAFE_PATH = "/usr/local/bin:/usr/bin:/bin"
+DEFAULT_USER = "queue-runner"
+FALLBACK_USER = "nobody"
+BOOTSTRAP_SOURCE = Path(__file__).resolve().parent / "bootstrap"
+# moves the protocol pipes from fds 0/1 to 3/4 (dash only knows fds 0-9 in redirections)
+_FD_WRAPPER = 'unset PWD OLDPWD; exec 3<&0 4>&1 0</dev/null 1>&2; exec "$@"'
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Limits:
+    """Resource limits of every handler process (setrlimit, soft = hard)."""
+
+    memory_bytes: int = 1 << 30  # RLIMIT_AS (node: RLIMIT_DATA, see Sandbox.spawn)
+    cpu_seconds: int = 3600  # RLIMIT_CPU, over the life of a context
+    open_files: int = 256  # RLIMIT_NOFILE
+    processes: int = 64  # RLIMIT_NPROC: counts every process and thread of the uid
+    file_bytes: int = 64 << 20  # RLIMIT_FSIZE
+
+
+@dataclass(frozen=True, slots=True)
+class RunAs:
+    name: str
+    uid: int
+    gid: int
+
+
+def scrubbed_env(home: Path) -> dict[str, str]:
+    """The whole environment of a handler: nothing of the daemon's."""
+    return {
+        "PATH": SAFE_PATH,
+        "HOME": str(home),
+        "TMPDIR": str(home),
+        "LANG": "C.UTF-8",
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "PYTHONUNBUFFERED": "1",
+    }
+
+
+def resolve_run_as(run_as: str | None) -> RunAs | None:
+    """The user handlers run as: None unless the daemon is root.
+
+    ``run_as`` None means ``queue-runner``, created as a system user when it is
+    missing, else ``nobody``. Blocking (may run ``useradd``).
+    """
+    if os.geteuid() != 0:
+        if run_as is not None:
+            logger.info(
+                "not root: handlers run as the daemon's own user, run_as %r ignored",
+                run_as,
+                extra={"action": "run_as_ignored"},
+            )
+        return None
+    name = run_as or DEFAULT_USER
+    try:
+        entry = pwd.getpwnam(name)
+    except KeyError:
+        if run_as is not None:
+            raise SandboxError(f"run-as user {run_as!r} does not exist") from None
+        entry = _create_user(name)
+    if entry.pw_uid == 0:
+        raise SandboxError(f"run-as user {name!r} is root: handlers must not run as root")
+    return RunAs(entry.pw_name, entry.pw_uid, entry.pw_gid)
+
+
+def _create_user(name: str) -> pwd.struct_passwd:
+    command = ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", name]
+    try:
+        subprocess.run(command, check=True, capture_output=True, timeout=60)
+        entry = pwd.getpwnam(name)
+        logger.info("created system user %s for handlers", name, extra={"action": "user_created"})
+        return entry
+    except (OSError, subprocess.SubprocessError, KeyError) as exc:
+        logger.warning(
+            "cannot create user %s (%s): handlers run as %s",
+            name,
+            exc,
+            FALLBACK_USER,
+            extra={"action": "user_fallback"},
+        )
+    try:
+        return pwd.getpwnam(FALLBACK_USER)
+    except KeyError:
+        raise SandboxError(f"neither {name!r} nor {FALLBACK_USER!r} exists") from None
+
+
+class _Protocol(asyncio.subprocess.SubprocessStreamProtocol):
+    def __init__(self, limit: int, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__(limit=limit, loop=loop)
+        self.exit_seen: asyncio.Future[None] = loop.create_future()
+
+    def process_exited(self) -> None:
+        super().process_exited()
+        if not self.exit_seen.done():
+            self.exit_seen.set_result(None)
+
+
+class Child(asyncio.subprocess.Process):
+    """A process whose exit is seen at once: ``Process.wait()`` (3.11) also waits for its
+    pipes to close, which a leftover grandchild can keep open for ever."""
+
+    _protocol: _Protocol
+    _transport: asyncio.SubprocessTransport
+
+    async def exited(self) -> int:
+        await asyncio.shield(self._protocol.exit_seen)
+        returncode = self.returncode
+        assert returncode is not None
+        return returncode
+
+    def close(self) -> None:
+        """Close the pipes (kills the child if it still runs); idempotent."""
+        self._transport.close()
+
+
+def kill_group(pgid: int) -> None:
+    """SIGKILL every process of the group (a handler's whole tree); quiet if it is gone."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
+
+
+def describe_exit(returncode: int | None) -> str:
+    if returncode is None:
+        return "still running"
+    if returncode < 0:
+        try:
+            return f"killed by {signal.Signals(-returncode).name}"
+        except ValueError:
+            return f"killed by signal {-returncode}"
+    return f"exit status {returncode}"
+
+
+class Sandbox:
+    """Starts handler processes under the limits, user and directory rules above."""
+
+    def __init__(
+        self,
+        *,
+        work_root: Path,
+        limits: Limits,
+        run_as: str | None = None,
+        prlimit: str | None = "auto",
+        python: str | None = None,
+    ) -> None:
+        self.work_root = work_root
+        self.limits = limits
+        self._run_as_setting = run_as
+        self._prlimit_setting = prlimit
+        self._python_setting = python
+        self.python = python or sys.executable
+        self._prepared = False
+        self._lock = asyncio.Lock()
+        self.run_as: RunAs | None = None
+        self.bootstrap_dir = work_root / "bootstrap"
+        self._prlimit: str | None = None
+
+    async def prepare(self) -> None:
+        """Resolve the user, make the work root and copy the bootstraps; once."""
+        if self._prepared:
+            return
+        async with self._lock:
+            if not self._prepared:
+                await asyncio.to_thread(self._prepare)
+                self._prepared = True
+
+    def _prepare(self) -> None:
+        self.run_as = resolve_run_as(self._run_as_setting)
+        root = self.work_root
+        root.mkdir(mode=0o711, parents=True, exist_ok=True)
+        if self.run_as is not None:
+            # the run-as user must reach its directory below the root, nothing more
+            os.chmod(root, os.stat(root).st_mode & 0o7777 | 0o011)
+            for parent in root.resolve().parents:
+                if not os.stat(parent).st_mode & 0o001:
+                    raise SandboxError(
+                        f"handlers cannot reach the work root {root}: {parent} "
+                        "is not searchable by other users"
+                    )
+        self._copy_bootstraps()
+        prlimit = self._prlimit_setting
+        if prlimit == "auto":
+            prlimit = shutil.which("prlimit", path=SAFE_PATH)
+        self._prlimit = prlimit
+        self.python = self._find_python()
+
+    def _find_python(self) -> str:
+        """An interpreter the run-as user can run: the configured one, else the daemon's
+        own, else python3 on the safe PATH (the daemon's may sit in root's home)."""
+        if self._python_setting is not None:
+            candidates = [self._python_setting]
+        else:
+            system = shutil.which("python3", path=SAFE_PATH)
+            candidates = [sys.executable, *([system] if system else [])]
+        if self.run_as is None:
+            return candidates[0]
+        for python in candidates:
+            if self._runs_as_user([python, "-I", "-c", "pass"]):
+                if python != candidates[0]:
+                    logger.info(
+                        "python handlers run %s: %s is not usable by %s",
+                        python,
+                        candidates[0],
+                        self.run_as.name,
+                        extra={"action": "python_chosen"},
+                    )
+                return python
+        raise SandboxError(f"no python that user {self.run_as.name} can run: tried {candidates}")
+
+    def _runs_as_user(self, argv: list[str]) -> bool:
+        assert self.run_as is not None
+        try:
+            done = subprocess.run(
+                argv,
+                env=scrubbed_env(self.work_root),
+                cwd="/",
+                capture_output=True,
+                timeout=30,
+                check=False,
+                user=self.run_as.uid,
+                group=self.run_as.gid,
+                extra_groups=[],
+            )
+        except (OSError, subprocess.SubprocessError):
+            return False
+        return done.returncode == 0
+
+    def _copy_bootstraps(self) -> None:
+        """Bootstraps live where the run-as user can read them, whatever the install path."""
+        target = self.bootstrap_dir
+        target.mkdir(mode=0o755, exist_ok=True)
+        os.chmod(target, 0o755)
+        for source in BOOTSTRAP_SOURCE.iterdir():
+            if not source.is_file() or source.suffix not in (".py", ".js"):
+                continue
+            data = source.read_bytes()
+            dest = target / source.name
+            if dest.is_file() and dest.read_bytes() == data:
+                continue
+            fd, tmp = tempfile.mkstemp(dir=target, prefix=".tmp-")
+            with os.fdopen(fd, "wb") as out:
+                out.write(data)
+            os.chmod(tmp, 0o644)
+            os.replace(tmp, dest)
+
+    def limits_argv(self, *, memory: str = "as") -> list[str]:
+        """The wrapper that applies the limits; ``memory`` "as" (address space) or "data"."""
+        lim = self.limits
+        values = {
+            memory: lim.memory_bytes,
+            "cpu": lim.cpu_seconds,
+            "nofile": lim.open_files,
+            "nproc": lim.processes,
+            "fsize": lim.file_bytes,
+            "core": 0,
+        }
+        if self._prlimit:
+            return [self._prlimit, *(f"--{name}={value}" for name, value in values.items()), "--"]
+        script = str(self.bootstrap_dir / "limits.py")
+        pairs = (f"{name}={value}" for name, value in values.items())
+        return [self.python, "-I", "-S", script, *pairs, "--"]
+
+    def bootstrap(self, name: str) -> str:
+        return str(self.bootstrap_dir / name)
+
+    def make_dir(self, prefix: str) -> Path:
+        """A new private directory (0700, owned by the run-as user) under the work root."""
+        path = Path(tempfile.mkdtemp(prefix=prefix, dir=self.work_root))
+        if self.run_as is not None:
+            os.chown(path, self.run_as.uid, self.run_as.gid)
+        return path
+
+    @staticmethod
+    def remove_dir(path: Path) -> None:
+        """Blocking: run it through ``asyncio.to_thread``."""
+        shutil.rmtree(path, ignore_errors=True)
+
+    async def spawn(
+        self,
+        command: list[str],
+        *,
+        home: Path,
+        pipes: tuple[int, int] | None = None,
+        stdin: int = subprocess.DEVNULL,
+        memory: str = "as",
+    ) -> Child:
+        """Start ``command`` in ``home``.
+
+        With ``pipes`` (the child's read end, its write end) they become the child's
+        fds 3 and 4, its stdout and stderr both go to ``proc.stderr`` and ``proc.stdout``
+        is None; the caller closes its copies of ``pipes`` after this returns.
+        """
+        await self.prepare()
+        argv = [*self.limits_argv(memory=memory), *command]
+        stdout: int = subprocess.PIPE
+        if pipes is not None:
+            argv = ["/bin/sh", "-c", _FD_WRAPPER, "sh", *argv]
+            stdin, stdout = pipes
+        run_as = self.run_as
+        loop = asyncio.get_running_loop()
+        transport, protocol = await loop.subprocess_exec(
+            lambda: _Protocol(1 << 16, loop),
+            *argv,
+            stdin=stdin,
+            stdout=stdout,
+            stderr=subprocess.PIPE,
+            cwd=home,
+            env=scrubbed_env(home),
+            start_new_session=True,
+            user=run_as.uid if run_as else None,
+            group=run_as.gid if run_as else None,
+            extra_groups=[] if run_as else None,
+        )
+        return Child(transport, protocol, loop)

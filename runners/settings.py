@@ -1,0 +1,34 @@
+"""The runners' one frozen settings object."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunnerSettings:
+    work_root: Path  # private directories of contexts and shell batches are made below it
+    idle_timeout: float = 60.0  # seconds an idle context stays warm
+    max_jobs_per_context: int = 100_000  # then the context is recycled
+    max_contexts: int = 64  # python/node contexts alive at once (idle + busy)
+    memory_bytes: int = 1 << 30  # RLIMIT_AS of every handler process
+    cpu_seconds: int = 3600  # RLIMIT_CPU, over a context's life
+    open_files: int = 256  # RLIMIT_NOFILE
+    # RLIMIT_NPROC counts all processes and threads of the run-as uid, shared by
+    # every context (a node context alone has about ten threads)
+    processes: int = 1024
+    file_bytes: int = 64 << 20  # RLIMIT_FSIZE
+    run_as: str | None = None  # None: queue-runner (created) or nobody when root; unused if not
+    max_result_bytes: int = 1 << 20
+    max_log_lines: int = 100  # log lines kept per job
+    max_log_bytes: int = 64 << 10
+    payload_limit: int = 1 << 20  # bytes of one follow-on job's payload
+    # optional, beyond the contract
+    max_emits_per_job: int = 10_000
+    start_timeout: float = 30.0  # seconds a context gets to load its handler and run `before`
+    failure_backoff: float = 5.0  # seconds a handler that failed to load is not started again
+    shell_concurrency: int = 4  # shell jobs of one batch running at once
+    http_concurrency: int = 32  # requests of one batch in flight at once
+    python: str | None = None  # interpreter of python contexts (default: the daemon's own)
+    prlimit: str | None = "auto"  # path of prlimit, "auto" (search PATH) or None (python wrapper)

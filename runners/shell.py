@@ -1,0 +1,129 @@
+"""Shell handlers: each job is ``/bin/sh -c <body>`` in the sandbox, its payload on stdin.
+
+Exit status 0 is 200 and any other 500, unless the command printed an
+``S: <exitcode> [result]`` line. The jobs of a batch share one private
+directory and run a few at a time; each job's process group is killed when
+its shell exits (nothing it started in the background survives the job) or
+when its time is up (504).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import subprocess
+from collections.abc import Sequence
+from pathlib import Path
+
+from runners.codes import ERROR, OK, TIMEOUT
+from runners.models import HandlerSpec, JobInput, JobResult
+from runners.output import OutputLimits, parse_output
+from runners.ring import LineRing, drain
+from runners.sandbox import Sandbox, describe_exit, kill_group
+
+SHELL = "/bin/sh"
+STDERR_LINES = 20  # last lines of a job's stderr kept as log lines
+READ_GRACE = 1.0  # seconds to read what a finished job's pipes still hold
+MAX_STDOUT = 16 << 20  # bytes of a job's stdout parsed; the rest is counted and dropped
+
+
+class ShellRunner:
+    """Runs the jobs of shell handlers, ``concurrency`` processes at a time per batch."""
+
+    def __init__(self, sandbox: Sandbox, limits: OutputLimits, *, concurrency: int = 4) -> None:
+        self._sandbox = sandbox
+        self._limits = limits
+        self._concurrency = concurrency
+
+    async def run_batch(self, spec: HandlerSpec, jobs: Sequence[JobInput]) -> list[JobResult]:
+        await self._sandbox.prepare()
+        home = self._sandbox.make_dir(f"sh-{spec.client}-")
+        gate = asyncio.Semaphore(self._concurrency)
+
+        async def one(job: JobInput) -> JobResult:
+            async with gate:
+                return await self.run_job(spec, job, home)
+
+        try:
+            return list(await asyncio.gather(*(one(job) for job in jobs)))
+        finally:
+            await asyncio.to_thread(self._sandbox.remove_dir, home)
+
+    async def run_job(self, spec: HandlerSpec, job: JobInput, home: Path) -> JobResult:
+        try:
+            proc = await self._sandbox.spawn(
+                [SHELL, "-c", spec.body], home=home, stdin=subprocess.PIPE
+            )
+        except OSError as exc:
+            return JobResult(id=job.id, exitcode=ERROR, result=f"cannot start {SHELL}: {exc}")
+        stdout = bytearray()
+        dropped = 0
+        stderr = LineRing(STDERR_LINES)
+
+        async def feed() -> None:
+            assert proc.stdin is not None
+            with contextlib.suppress(ConnectionError):
+                proc.stdin.write(job.payload.encode("utf-8", "surrogatepass") + b"\n")
+                await proc.stdin.drain()
+                proc.stdin.close()
+
+        async def collect() -> None:
+            nonlocal dropped
+            assert proc.stdout is not None
+            while data := await proc.stdout.read(1 << 16):
+                room = MAX_STDOUT - len(stdout)
+                stdout.extend(data[:room])
+                dropped += max(0, len(data) - room)
+
+        assert proc.stderr is not None
+        tasks = [
+            asyncio.create_task(feed()),
+            asyncio.create_task(collect()),
+            asyncio.create_task(drain(proc.stderr, stderr)),
+        ]
+        timed_out = False
+        try:
+            async with asyncio.timeout(spec.timeout):
+                await proc.exited()
+        except TimeoutError:
+            timed_out = True
+        finally:
+            kill_group(proc.pid)  # background leftovers would hold the pipes open
+            # the pipes end once the group is gone (a process that left it is cut off)
+            await asyncio.wait(tasks, timeout=READ_GRACE)
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await proc.exited()
+            proc.close()
+        return self._result(spec, job, proc.returncode, timed_out, bytes(stdout), dropped, stderr)
+
+    def _result(
+        self,
+        spec: HandlerSpec,
+        job: JobInput,
+        returncode: int | None,
+        timed_out: bool,
+        stdout: bytes,
+        dropped: int,
+        stderr: LineRing,
+    ) -> JobResult:
+        errors = [f"stderr: {line}" for line in stderr.lines()]
+        if dropped:
+            errors.append(f"stdout over {MAX_STDOUT} bytes: {dropped} bytes dropped")
+        parsed = parse_output(stdout.decode("utf-8", "replace"), self._limits, extra_log=errors)
+        if timed_out:
+            exitcode, result = TIMEOUT, f"timed out after {spec.timeout:g}s"
+        elif returncode == 0:
+            exitcode, result = OK, None
+        else:
+            last = next((line for line in reversed(stderr.lines()) if line.strip()), "")
+            result = describe_exit(returncode) + (f": {last}" if last else "")
+            exitcode = ERROR
+        if parsed.exitcode is not None and not timed_out:
+            exitcode = parsed.exitcode
+            if parsed.result_set:
+                result = parsed.result
+        return JobResult(
+            id=job.id, exitcode=exitcode, result=result, emits=parsed.emits, log=parsed.log
+        )

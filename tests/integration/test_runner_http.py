@@ -1,0 +1,116 @@
+"""HTTP handlers: the payload POSTed to the body URL, status → exitcode, body → result."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import socket
+import tempfile
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+from aiohttp import web
+
+from runners.models import HandlerSpec, JobInput, JobResult
+from runners.pool import RunnerPool, RunnerSettings
+
+
+@pytest.fixture
+def work_root() -> Iterator[Path]:
+    root = Path(tempfile.mkdtemp(prefix="qd-runner-"))
+    os.chmod(root, 0o711)
+    yield root
+    shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+async def pool(work_root: Path) -> AsyncIterator[RunnerPool]:
+    pool = RunnerPool(RunnerSettings(work_root=work_root, max_result_bytes=1000))
+    yield pool
+    await pool.close()
+
+
+async def echo(request: web.Request) -> web.Response:
+    body = await request.text()
+    meta = f"{request.headers['X-Job-Id']} {request.headers['X-Job-Attempt']} "
+    return web.Response(text=meta + request.headers["X-Job-Type"] + " " + body)
+
+
+async def status(request: web.Request) -> web.Response:
+    return web.Response(status=int(request.match_info["code"]), text="status body")
+
+
+async def slow(request: web.Request) -> web.Response:
+    await asyncio.sleep(5)
+    return web.Response(text="late")
+
+
+async def big(request: web.Request) -> web.Response:
+    return web.Response(text="b" * 100_000)
+
+
+@pytest.fixture
+async def server() -> AsyncIterator[str]:
+    app = web.Application()
+    app.router.add_post("/echo", echo)
+    app.router.add_post("/status/{code}", status)
+    app.router.add_post("/slow", slow)
+    app.router.add_post("/big", big)
+    runner = web.AppRunner(app, shutdown_timeout=0.1)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    yield f"http://127.0.0.1:{port}"
+    await runner.cleanup()
+
+
+async def run(pool: RunnerPool, url: str, *payloads: str, limit: float = 10) -> list[JobResult]:
+    spec = HandlerSpec(
+        version="v", client="acme", type="hook", lang="http", body=url, timeout=limit
+    )
+    jobs = [JobInput(id=f"id-{i}", payload=p, attempt=2) for i, p in enumerate(payloads)]
+    return await pool.run_batch(spec, jobs)
+
+
+async def test_post_and_result(pool: RunnerPool, server: str) -> None:
+    results = await run(pool, server + "/echo", "hello", '{"ünï": "code"}')
+    assert [(r.exitcode, r.result) for r in results] == [
+        (200, "id-0 2 hook hello"),
+        (200, 'id-1 2 hook {"ünï": "code"}'),
+    ]
+
+
+@pytest.mark.parametrize("code", [200, 201, 404, 429, 500, 503, 302])
+async def test_status_is_the_exitcode(pool: RunnerPool, server: str, code: int) -> None:
+    (result,) = await run(pool, f"{server}/status/{code}", "x")
+    if code == 302:  # a redirect without Location: not a handler answer
+        assert result.exitcode == 302
+    else:
+        assert (result.exitcode, result.result) == (code, "status body")
+
+
+async def test_result_is_bounded(pool: RunnerPool, server: str) -> None:
+    (result,) = await run(pool, server + "/big", "x")
+    assert result.exitcode == 200 and result.result == "b" * 1000
+
+
+async def test_connection_refused_is_502(pool: RunnerPool) -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    (result,) = await run(pool, f"http://127.0.0.1:{port}/", "x")
+    assert result.exitcode == 502
+    assert result.result is not None and result.result.startswith("request failed: ")
+
+
+async def test_timeout_is_504(pool: RunnerPool, server: str) -> None:
+    (result,) = await run(pool, server + "/slow", "x", limit=0.3)
+    assert (result.exitcode, result.result) == (504, "timed out after 0.3s")
+
+
+async def test_only_http_urls(pool: RunnerPool) -> None:
+    (result,) = await run(pool, "file:///etc/passwd", "x")
+    assert result.exitcode == 500 and "only http and https" in str(result.result)

@@ -1,0 +1,279 @@
+"""The sandbox (DESIGN.md invariant 5): scrubbed environment, private directory, limits,
+process groups, an unprivileged user when the daemon is root."""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import shutil
+import signal
+import stat
+import tempfile
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from runners.models import HandlerSpec
+from runners.pool import RunnerPool, RunnerSettings
+from runners.sandbox import SAFE_PATH, Limits, Sandbox
+from tests.integration.test_runner_python import jobs, pid_gone, spec, until
+
+ROOT = os.geteuid() == 0
+ALLOWED = {"PATH", "HOME", "TMPDIR", "LANG", "PYTHONDONTWRITEBYTECODE", "PYTHONUNBUFFERED"}
+
+
+# RLIMIT_NPROC counts every process and thread of the shared run-as uid, including
+# other contexts on this machine: the default 64 is too tight for tests that fork.
+PROCESSES = 4096
+
+
+@pytest.fixture
+def work_root() -> Iterator[Path]:
+    root = Path(tempfile.mkdtemp(prefix="qd-runner-"))
+    os.chmod(root, 0o711)
+    yield root
+    shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+async def pool(work_root: Path) -> AsyncIterator[RunnerPool]:
+    pool = RunnerPool(RunnerSettings(work_root=work_root, processes=PROCESSES))
+    yield pool
+    await pool.close()
+
+
+@pytest.fixture
+def shared_dir() -> Iterator[Path]:
+    """A directory the handler's user may write to, for facts the test reads afterwards."""
+    path = Path(tempfile.mkdtemp(prefix="qd-shared-"))
+    os.chmod(path, 0o777)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def runner_uid() -> int | None:
+    if not ROOT:
+        return None
+    try:
+        return pwd.getpwnam("queue-runner").pw_uid
+    except KeyError:
+        return pwd.getpwnam("nobody").pw_uid
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live (not zombie) processes of a process group: killed orphans wait for init."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+            except (FileNotFoundError, ProcessLookupError):
+                continue
+            if int(fields[2]) == pgid and fields[0] != "Z":
+                pids.append(int(entry))
+    return pids
+
+
+async def test_environment_is_scrubbed(pool: RunnerPool, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("QUEUE_DAEMON_SECRET", "s3cret")
+    monkeypatch.setenv("QUEUE_DAEMON_STORE", "postgresql://u:pw@db/x")
+    monkeypatch.setenv("PGPASSWORD", "pw")
+    body = "import os, json\ndef handler(p, ctx):\n    return json.dumps(dict(os.environ))\n"
+    (result,) = await pool.run_batch(spec(body), jobs("a"))
+    assert result.result is not None
+    env = json.loads(result.result)
+    assert set(env) == ALLOWED
+    assert env["PATH"] == SAFE_PATH and env["LANG"] == "C.UTF-8"
+    assert env["HOME"] == env["TMPDIR"]
+    assert "s3cret" not in result.result and "pw" not in result.result.replace("PWD", "")
+    shell = HandlerSpec(version="v", client="acme", type="s", lang="shell", body="env")
+    (listed,) = await pool.run_batch(shell, jobs("a"))
+    names = {line.split("=", 1)[0] for line in listed.log}
+    assert names <= ALLOWED | {"PWD"}, names  # sh itself adds PWD
+
+
+async def test_private_directory_and_user(pool: RunnerPool, work_root: Path) -> None:
+    body = (
+        "import os, json\n"
+        "def handler(p, ctx):\n"
+        "    open('scratch', 'w').write('x')\n"
+        "    return json.dumps([os.getcwd(), os.getuid(), os.getgid(), os.getgroups()])\n"
+    )
+    (result,) = await pool.run_batch(spec(body), jobs("a"))
+    assert result.result is not None
+    cwd, uid, gid, groups = json.loads(result.result)
+    home = Path(cwd)
+    assert home.parent == work_root
+    info = os.stat(home)
+    assert stat.S_IMODE(info.st_mode) == 0o700
+    assert "scratch" in os.listdir(home)
+    if ROOT:
+        assert uid == runner_uid() != 0
+        assert info.st_uid == uid
+        assert gid != 0 and 0 not in groups
+    (again,) = await pool.run_batch(spec(body), jobs("b"))
+    assert again.result == result.result  # same context, same directory
+    await pool.close()
+    assert not os.access(home, os.F_OK)
+
+
+async def test_limits_are_applied(work_root: Path) -> None:
+    pool = RunnerPool(
+        RunnerSettings(work_root=work_root, open_files=100, processes=50, file_bytes=1 << 20)
+    )
+    try:
+        body = (
+            "import resource as r, json\n"
+            "def handler(p, ctx):\n"
+            "    names = ['RLIMIT_AS', 'RLIMIT_CPU', 'RLIMIT_NOFILE', 'RLIMIT_NPROC',\n"
+            "             'RLIMIT_FSIZE', 'RLIMIT_CORE']\n"
+            "    return json.dumps([r.getrlimit(getattr(r, n)) for n in names])\n"
+        )
+        (result,) = await pool.run_batch(spec(body), jobs("a"))
+        assert result.result is not None
+        assert json.loads(result.result) == [
+            [1 << 30, 1 << 30],
+            [3600, 3600],
+            [100, 100],
+            [50, 50],
+            [1 << 20, 1 << 20],
+            [0, 0],
+        ]
+        big = "def handler(p, ctx):\n    open('big', 'wb').write(b'x' * (2 << 20))\n"
+        (too_big,) = await pool.run_batch(spec(big, type="big"), jobs("a"))
+        assert too_big.exitcode == 500 and "File too large" in str(too_big.result)
+    finally:
+        await pool.close()
+
+
+async def test_python_fallback_wrapper_sets_the_same_limits(work_root: Path) -> None:
+    sandbox = Sandbox(work_root=work_root, limits=Limits(open_files=77), prlimit=None)
+    await sandbox.prepare()
+    home = sandbox.make_dir("t-")
+    try:
+        proc = await sandbox.spawn(["/bin/sh", "-c", "ulimit -n; ulimit -c; id -u"], home=home)
+        out, _ = await proc.communicate()
+        lines = out.decode().split()
+        assert lines[:2] == ["77", "0"]
+        if ROOT:
+            assert int(lines[2]) == runner_uid()
+    finally:
+        Sandbox.remove_dir(home)
+
+
+async def test_memory_hog_fails_and_the_context_restarts(pool: RunnerPool) -> None:
+    body = (
+        "import os\n"
+        "def handler(p, ctx):\n"
+        "    if p == 'hog':\n"
+        "        data = bytearray(4 << 30)\n"
+        "        return len(data)\n"
+        "    return str(os.getpid())\n"
+    )
+    first, hog, after = await pool.run_batch(spec(body), jobs("pid", "hog", "pid"))
+    assert (hog.exitcode, hog.result) == (500, "MemoryError")
+    assert first.result == after.result  # the batch went on
+    (again,) = await pool.run_batch(spec(body), jobs("pid"))
+    assert again.exitcode == 200 and again.result != first.result  # recycled
+    assert first.result is not None
+    await until(lambda: pid_gone(int(first.result or 0)))
+
+
+async def test_fork_bomb_is_contained(work_root: Path) -> None:
+    pool = RunnerPool(RunnerSettings(work_root=work_root, processes=32))
+    body = (
+        "import os, time\n"
+        "def handler(p, ctx):\n"
+        "    made = failed = 0\n"
+        "    for _ in range(10_000):\n"
+        "        try:\n"
+        "            pid = os.fork()\n"
+        "        except OSError:\n"
+        "            failed += 1\n"
+        "            if failed > 200: break\n"
+        "            continue\n"
+        "        if pid == 0:\n"
+        "            try:\n"
+        "                time.sleep(60)\n"
+        "            finally:\n"
+        "                os._exit(0)\n"
+        "        made += 1\n"
+        "    return f'{made} {failed} {os.getpid()}'\n"
+    )
+    other = spec("def handler(p, ctx):\n    return 'still here ' + p\n", type="other")
+    try:
+        (bomb,) = await pool.run_batch(spec(body, type="bomb"), jobs("boom"))
+        assert bomb.exitcode == 200 and bomb.result is not None
+        made, failed, pgid = map(int, bomb.result.split())
+        assert made < 32 and failed > 0
+        assert len(group_members(pgid)) == made + 1
+        (fine,) = await pool.run_batch(other, jobs("x"))
+        assert fine.result == "still here x"
+    finally:
+        await pool.close()
+    await until(lambda: group_members(pgid) == [])  # the whole group was killed
+
+
+async def test_timeout_kills_grandchildren(pool: RunnerPool, shared_dir: Path) -> None:
+    body = (
+        "import subprocess\n"
+        "def handler(p, ctx):\n"
+        "    child = subprocess.Popen(['sleep', '60'])\n"
+        "    open(p + '/child', 'w').write(str(child.pid))\n"
+        "    while True: pass\n"
+    )
+    (result,) = await pool.run_batch(spec(body, timeout=0.5), jobs(str(shared_dir)))
+    assert (result.exitcode, result.result) == (504, "timed out after 0.5s")
+    child = int((shared_dir / "child").read_text())
+    await until(lambda: pid_gone(child) or _zombie(child))
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+@pytest.mark.skipif(not ROOT, reason="dropping privileges needs root")
+async def test_explicit_run_as_user(work_root: Path) -> None:
+    pool = RunnerPool(RunnerSettings(work_root=work_root, run_as="nobody"))
+    try:
+        body = "import os\ndef handler(p, ctx):\n    return str(os.getuid())\n"
+        (result,) = await pool.run_batch(spec(body), jobs("a"))
+        assert result.result == str(pwd.getpwnam("nobody").pw_uid)
+    finally:
+        await pool.close()
+    bad = RunnerPool(RunnerSettings(work_root=work_root, run_as="no-such-user-here"))
+    try:
+        (result,) = await bad.run_batch(spec("def handler(p, c): pass"), jobs("a"))
+        assert result.exitcode == 500 and "does not exist" in str(result.result)
+    finally:
+        await bad.close()
+
+
+async def test_escaped_process_does_not_hang_close(work_root: Path, shared_dir: Path) -> None:
+    pool = RunnerPool(RunnerSettings(work_root=work_root, processes=PROCESSES))
+    body = (
+        "import os, time\n"
+        "def handler(p, ctx):\n"
+        "    if os.fork() == 0:\n"
+        "        os.setsid()\n"  # leaves the process group, keeps the pipes
+        "        open(p + '/escaped', 'w').write(str(os.getpid()))\n"
+        "        time.sleep(30)\n"
+        "        os._exit(0)\n"
+        "    while not os.path.exists(p + '/escaped'): time.sleep(0.01)\n"
+        "    return 'forked'\n"
+    )
+    try:
+        (result,) = await pool.run_batch(spec(body), jobs(str(shared_dir)))
+        assert result.result == "forked"
+    finally:
+        started = time.monotonic()
+        await pool.close()
+        assert time.monotonic() - started < 5
+        escaped = int((shared_dir / "escaped").read_text())
+        os.kill(escaped, signal.SIGKILL)  # a known limit until per-context cgroups/uids

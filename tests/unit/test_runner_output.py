@@ -1,0 +1,166 @@
+"""Output lines (API.md), exit-code classes and handler checks: pure functions."""
+
+from __future__ import annotations
+
+import pytest
+
+from runners.check import check_handler
+from runners.codes import code_of, valid_exitcode
+from runners.output import OutputLimits, clip, emit_problem, parse_output
+
+LIMITS = OutputLimits()
+
+
+def test_j_lines_become_emits_in_order() -> None:
+    parsed = parse_output('J: resize|{"w":1}\nhello\nJ: a.b:c-d_e|x|y\r\n', LIMITS)
+    assert parsed.emits == [("resize", '{"w":1}'), ("a.b:c-d_e", "x|y\r")]
+    assert parsed.log == ["hello"]
+    assert parsed.exitcode is None
+
+
+def test_forged_tenant_prefix_is_just_a_type_name() -> None:
+    # the daemon prefixes the job's own client: this names type "othertenant-x" of THIS tenant
+    parsed = parse_output("J: othertenant-x|p", LIMITS)
+    assert parsed.emits == [("othertenant-x", "p")]
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "J: bad type|p",
+        "J: a/b|p",
+        "J: |p",
+        "J: " + "t" * 101 + "|p",
+        "J: t,u|p",
+        "J: nobar",
+        "J: t|",
+        "J: t|nul\x00",
+    ],
+)
+def test_bad_j_lines_are_dropped_with_a_reason(line: str) -> None:
+    parsed = parse_output(line, LIMITS)
+    assert parsed.emits == []
+    assert len(parsed.log) == 1
+    assert parsed.log[0].startswith("dropped a follow-on job: ")
+
+
+def test_payload_over_the_limit_is_dropped() -> None:
+    limits = OutputLimits(payload_limit=10)
+    parsed = parse_output("J: t|0123456789\nJ: t|0123456789a\nJ: t|ééééé\nJ: t|éééééé", limits)
+    assert parsed.emits == [("t", "0123456789"), ("t", "ééééé")]
+    assert [line for line in parsed.log if "over the limit" in line] == [
+        "dropped a follow-on job: payload of 11 bytes is over the limit of 10",
+        "dropped a follow-on job: payload of 12 bytes is over the limit of 10",
+    ]
+
+
+def test_ctx_emits_are_validated_and_come_first() -> None:
+    parsed = parse_output("J: b|2", LIMITS, emits=[("a", "1"), ("bad type", "x"), (3, "y")])
+    assert parsed.emits == [("a", "1"), ("b", "2")]
+    assert len(parsed.log) == 2
+
+
+def test_emit_count_is_bounded() -> None:
+    limits = OutputLimits(max_emits=3)
+    parsed = parse_output("\n".join(f"J: t|{i}" for i in range(10)), limits)
+    assert len(parsed.emits) == 3
+    assert parsed.log == ["dropped 7 follow-on jobs over the limit of 3"]
+
+
+def test_status_lines() -> None:
+    parsed = parse_output("S: 404 not found here\nS: 201", LIMITS)
+    assert (parsed.exitcode, parsed.result, parsed.result_set) == (201, "not found here", True)
+    parsed = parse_output("S: 503\r\n", LIMITS)
+    assert (parsed.exitcode, parsed.result_set) == (503, False)
+
+
+@pytest.mark.parametrize("line", ["S: abc", "S: 42", "S: 600 x", "S: ", "S: -200", "S: ٢٠٠"])
+def test_bad_status_lines_are_logged(line: str) -> None:
+    parsed = parse_output(line, LIMITS)
+    assert parsed.exitcode is None
+    assert parsed.log == [f"ignored a bad status line: {line}"]
+
+
+def test_plain_lines_are_log_lines_and_bounded_by_count() -> None:
+    parsed = parse_output("\n".join(f"line {i}" for i in range(150)), LIMITS)
+    assert parsed.log[:2] == ["line 0", "line 1"]
+    assert len(parsed.log) == 101
+    assert parsed.log[-1] == "… 50 more lines dropped"
+
+
+def test_log_bounded_by_bytes_and_long_lines_cut() -> None:
+    limits = OutputLimits(max_log_bytes=5000)
+    parsed = parse_output("\n".join("x" * 3000 for _ in range(5)), limits)
+    assert parsed.log[0] == "x" * 2000 + "…"
+    assert len(parsed.log) == 3
+    assert parsed.log[-1] == "… 3 more lines dropped"
+
+
+def test_extra_log_lines_are_never_parsed() -> None:
+    parsed = parse_output("", LIMITS, extra_log=["J: t|p", "S: 200"])
+    assert parsed.emits == [] and parsed.exitcode is None
+    assert parsed.log == ["J: t|p", "S: 200"]
+
+
+def test_empty_lines_and_trailing_newline() -> None:
+    assert parse_output("a\n\nb\n", LIMITS).log == ["a", "", "b"]
+    assert parse_output("", LIMITS).log == []
+
+
+def test_clip_on_character_boundary() -> None:
+    assert clip("ééé", 5) == "éé"
+    assert clip("abc", 3) == "abc"
+    assert clip("x" * 100, 10) == "x" * 10
+
+
+def test_emit_problem_accepts_good_ones() -> None:
+    assert emit_problem("A-z_0.9:x", "{}", 100) is None
+
+
+@pytest.mark.parametrize(
+    ("exitcode", "code"),
+    [
+        (100, "retry"),
+        (199, "retry"),
+        (200, "ok"),
+        (299, "ok"),
+        (404, "failed"),
+        (499, "failed"),
+        (500, "error"),
+        (599, "error"),
+        (302, "error"),
+        (0, "error"),
+        (700, "error"),
+        (-1, "error"),
+    ],
+)
+def test_code_of(exitcode: int, code: str) -> None:
+    assert code_of(exitcode) == code
+
+
+def test_valid_exitcode() -> None:
+    assert valid_exitcode(200) and valid_exitcode(599) and valid_exitcode(100)
+    assert not valid_exitcode(True) and not valid_exitcode(99) and not valid_exitcode("200")
+
+
+def test_check_python() -> None:
+    assert check_handler("python", "def handler(p, ctx):\n    return p\n") is None
+    assert check_handler("python", "def handler(p, ctx):\n    return (\n") == (
+        "line 2: '(' was never closed"
+    )
+    assert check_handler("python", "x = 1\x00") is not None
+    assert check_handler("python", "(" * 10_000) is not None
+    assert check_handler("python", "pass", before="x = await y()") is None
+    problem = check_handler("python", "pass", after_each="def (")
+    assert problem is not None and problem.startswith("afterEach: line 1:")
+
+
+def test_check_shell_http_and_unknown() -> None:
+    assert check_handler("shell", "echo hi") is None
+    assert check_handler("shell", "  ") is not None
+    assert check_handler("http", "https://example.com/hook?x=1") is None
+    assert check_handler("http", "http://127.0.0.1:8080/") is None
+    for bad in ("ftp://example.com/", "example.com", "http://", "http://a b/", "file:///etc"):
+        assert check_handler("http", bad) is not None, bad
+    problem = check_handler("cobol", "x")
+    assert problem is not None and "unknown lang" in problem
