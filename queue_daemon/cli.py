@@ -83,10 +83,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     serve.add_argument(
-        "--concurrency", default=_env("concurrency", "256"), help="jobs running at once"
+        "--concurrency", default=_env("concurrency", "1024"), help="jobs running at once"
     )
     serve.add_argument(
-        "--max-batch", default=_env("max_batch", "100"), help="jobs claimed and run as one batch"
+        "--max-batch", default=_env("max_batch", "200"), help="jobs claimed and run as one batch"
     )
     serve.add_argument(
         "--job-ttl",

@@ -27,8 +27,8 @@ class Settings:
     drain_timeout: float = 10.0  # seconds SIGTERM waits for ingestion to catch up
     token_refresh: float = 2.0  # seconds between reloads of the tenant token cache
     store_connect_timeout: float = 30.0  # seconds start-up waits for PostgreSQL
-    concurrency: int = 256  # jobs running at once in this daemon
-    max_batch: int = 100  # jobs claimed (and handed to one context) at a time
+    concurrency: int = 1024  # jobs running (or claimed to run next) at once in this daemon
+    max_batch: int = 200  # most jobs claimed (and handed to one context) at a time
     job_ttl: float = 86_400.0  # seconds after creation when retries stop
     retention: float = 7 * 86_400.0  # seconds archived jobs are kept
     run_as: str | None = None  # user for handler processes when root (None: queue-runner)

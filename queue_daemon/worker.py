@@ -15,6 +15,7 @@ import time
 from collections import defaultdict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
 from journal import Journal, JournalError
 from queue_daemon.handlers import HandlerCache
@@ -33,13 +34,19 @@ logger = logging.getLogger(__name__)
 
 POLL_S = 1.0  # re-read the waiting jobtypes at least this often (delayed jobs come due)
 RETRY_MAX_S = 5.0
+# A batch runs its jobs one after another in one context: aim for batches that
+# take about this long, so fast handlers get big batches (few round trips) and
+# slow ones small batches (jobs spread over many contexts, short waits).
+BATCH_TARGET_S = 0.1
+FIRST_BATCH = 10
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class WorkerSettings:
-    concurrency: int = 256
+    concurrency: int = 1024
     tenant_cap: int | None = None
-    max_batch: int = 100
+    max_batch: int = 200
+    max_parallel_batches: int = 64  # at most one per runner context
     lease: float = 60.0
     job_ttl: float = 86_400.0
     retention: float = 7 * 86_400.0
@@ -80,6 +87,8 @@ class Worker:
         self._waiting: dict[str, int] = {}
         self._waiting_fresh = False
         self._waiting_at = 0.0
+        self._job_seconds: dict[str, float] = {}  # moving average of a job's run time, per type
+        self._learning: set[str] = set()  # types whose first batch is running
         self.started = 0
         self.finished = 0
 
@@ -165,22 +174,30 @@ class Worker:
 
     async def _claim_once(self) -> bool:
         """Claim and start one batch; False when there was nothing to do."""
-        if self._scheduler.free_slots() <= 0:
+        if (
+            self._scheduler.free_slots() <= 0
+            or len(self._batches) >= self._settings.max_parallel_batches
+        ):
             return False
         waiting = await self._waiting_jobtypes()
         pick = self._scheduler.select_jobtype(waiting, self._pool.warm())
         if pick is None:
             return False
         jobtype = pick.jobtype
+        if jobtype in self._learning:
+            return False  # one batch at a time until its jobs' run time is known
         spec = await self._handlers.get(jobtype)
+        limit = min(pick.limit, self._batch_size(jobtype))
         jobs = await self._store.claim(
-            jobtype, pick.limit, sysid=self._sysid, lease=self._settings.lease
+            jobtype, limit, sysid=self._sysid, lease=self._settings.lease
         )
-        if len(jobs) < pick.limit:
-            waiting.pop(jobtype, None)  # taken (or taken by others): ask the store again
+        left = waiting.get(jobtype, 0) - len(jobs)
+        if len(jobs) < limit or left <= 0:
+            # taken (by us or others), or the capped count ran out: ask the store again
+            waiting.pop(jobtype, None)
             self._waiting_fresh = False
         else:
-            waiting[jobtype] = max(0, waiting[jobtype] - len(jobs))
+            waiting[jobtype] = left
         if not jobs:
             return True
         for job in jobs:
@@ -212,11 +229,26 @@ class Worker:
         finally:
             await asyncio.shield(self._finish(jobtype, jobs, releases))
 
+    def _batch_size(self, jobtype: str) -> int:
+        per_job = self._job_seconds.get(jobtype)
+        if per_job is None:
+            self._learning.add(jobtype)
+            return FIRST_BATCH  # learn how long this type's jobs take
+        return max(1, min(self._settings.max_batch, int(BATCH_TARGET_S / max(per_job, 1e-6))))
+
+    def _timed(self, jobtype: str, seconds: float, count: int) -> None:
+        per_job = seconds / count
+        old = self._job_seconds.get(jobtype)
+        self._job_seconds[jobtype] = per_job if old is None else 0.5 * (old + per_job)
+
     async def _run(self, spec: HandlerSpec, jobs: list[ClaimedJob]) -> list[Release]:
         inputs = [JobInput(id=job.id, payload=job.data, attempt=job.attempts) for job in jobs]
+        began = time.monotonic()
         results = await self._pool.run_batch(spec, inputs)
+        self._timed(jobs[0].type, time.monotonic() - began, len(jobs))
         by_id = {result.id: result for result in results}
         policy = Policy(max_attempts=spec.max_attempts, job_ttl=self._settings.job_ttl)
+        now = datetime.now(UTC)
         releases: list[Release] = []
         follow: dict[str, list[str]] = defaultdict(list)
         for job in jobs:
@@ -224,7 +256,7 @@ class Worker:
             if result is None or not result.ran:
                 releases.append(put_back(job))
                 continue
-            releases.append(release_for(job, result.exitcode, result.result, policy))
+            releases.append(release_for(job, result.exitcode, result.result, policy, now=now))
             self._follow_ons(spec, job, result, follow)
         if follow and not await self._write_follow_ons(spec.client, follow):
             # follow-on jobs could not be made durable: run the jobs again later
@@ -282,6 +314,7 @@ class Worker:
                 delay = min(delay * 2, RETRY_MAX_S)
         for job in jobs:
             self._running.pop(job.id, None)
+        self._learning.discard(jobtype)
         self._scheduler.jobs_stopped(jobtype, len(jobs))
         self.finished += len(jobs)
         self._queuelog.finished(jobtype, releases)
