@@ -8,6 +8,12 @@ Sections (``--only`` picks some, comma-separated):
   add1     (4a) 1-line POSTs through the real daemon, jobs/s acknowledged; ratio vs (3)
   add1000  (4b) 1000-line POSTs through the real daemon, jobs/s; ratio vs the 100k/s target
   ingest   (5) journal → store rows/s with the daemon's Ingester; ratio vs (2)
+  claim    claim + archive cost (ms per batch of 100) at 10k, 100k, 1M waiting; ratio 1M/10k
+  coldstart  spawn → ready of a python and a node context (RunnerPool, in-process)
+  latency  add → start of one job at a time on an idle daemon, p50/p99 (python handler)
+  run1     end to end, ONE daemon: no-op python and node jobs/s, 100,000 jobs in
+           1000-line POSTs after a warm-up, first POST → all done_ok; ratio vs 12k/s
+  run3     the same with THREE daemons on one store, POSTs round-robin
 
 Everything it starts (PostgreSQL unless ``--store``, daemons, the bare server,
 load generators, py-spy) is stopped before it exits, on error and Ctrl-C too.
@@ -29,14 +35,26 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 
-from bench import ceilings, daemon
+from bench import ceilings, daemon, runs
 from bench.http_load import Load, LoadResult, generator_name, run_load
 from bench.pg import Databases, PrivatePostgres
 from bench.procs import BenchError, Child, python
 from bench.profile import Profiler
 from bench.report import Row, render
 
-SECTIONS = ("fsync", "copy", "bare", "add1", "add1000", "ingest")
+SECTIONS = (
+    "fsync",
+    "copy",
+    "bare",
+    "add1",
+    "add1000",
+    "ingest",
+    "claim",
+    "coldstart",
+    "latency",
+    "run1",
+    "run3",
+)
 COPY_BATCHES = [1000, 5000, 10000]
 INGEST_BATCHES = [1000, 5000, 10000]
 ADD_TARGET = 100_000.0  # jobs/s with 1000-line POSTs
@@ -68,6 +86,10 @@ class Options:
     profile: Path | None
     tmp: Path | None
     keep: bool
+    run_jobs: int = 100_000
+    run_conns: int = 4
+    latency_samples: int = 200
+    daemon_args: list[str] = field(default_factory=list)
 
 
 def parse_args(argv: list[str] | None) -> Options:
@@ -97,6 +119,22 @@ def parse_args(argv: list[str] | None) -> Options:
     parser.add_argument("--profile", type=Path, default=None, help="py-spy the daemon into DIR")
     parser.add_argument("--tmp", type=Path, default=None, help="parent of the bench's temp dir")
     parser.add_argument("--keep", action="store_true", help="keep the temp dir (logs, journals)")
+    parser.add_argument(
+        "--run-jobs", type=int, default=None, help="jobs per run1/run3 load (100,000; quick 10,000)"
+    )
+    parser.add_argument(
+        "--run-conns", type=int, default=4, help="1000-line POSTs in flight in run1/run3"
+    )
+    parser.add_argument(
+        "--latency-samples", type=int, default=None, help="jobs timed by latency (200; quick 50)"
+    )
+    parser.add_argument(
+        "--daemon-arg",
+        action="append",
+        default=[],
+        metavar="FLAG",
+        help="extra flag for the daemons of run1/run3/latency, e.g. --daemon-arg=--max-batch=500",
+    )
     args = parser.parse_args(argv)
     sections = [s.strip() for group in args.only for s in group.split(",") if s.strip()]
     unknown = [s for s in sections if s not in SECTIONS]
@@ -123,6 +161,10 @@ def parse_args(argv: list[str] | None) -> Options:
         profile=args.profile,
         tmp=args.tmp,
         keep=args.keep,
+        run_jobs=args.run_jobs or (10_000 if quick else 100_000),
+        run_conns=max(1, args.run_conns),
+        latency_samples=args.latency_samples or (50 if quick else 200),
+        daemon_args=list(args.daemon_arg),
     )
 
 
@@ -144,6 +186,7 @@ class Run:
     daemon_dsn: str | None = None  # one database and tenant for every daemon section
     daemon_token: str | None = None
     add1_done: bool = False
+    failed: bool = False  # a section recorded a failure without raising
 
     def admin_dsn(self) -> str:
         if self.databases is None:
@@ -169,11 +212,11 @@ class Run:
             if self.pg is not None:
                 self.pg.stop()
 
-    def profiler(self, name: str) -> Profiler | None:
+    def profiler(self, name: str, *, subprocesses: bool = False) -> Profiler | None:
         if self.opts.profile is None:
             return None
         self.opts.profile.mkdir(parents=True, exist_ok=True)
-        return Profiler(self.opts.profile, name)
+        return Profiler(self.opts.profile, name, subprocesses=subprocesses)
 
     def load(self, url: str, body: bytes, headers: dict[str, str], conns: int) -> Load:
         return Load(
@@ -401,6 +444,11 @@ SECTION_RUNNERS: dict[str, Callable[[Run], None]] = {
     "add1": section_add1,
     "add1000": section_add1000,
     "ingest": section_ingest,
+    "claim": runs.section_claim,
+    "coldstart": runs.section_coldstart,
+    "latency": runs.section_latency,
+    "run1": runs.section_run1,
+    "run3": runs.section_run3,
 }
 
 
@@ -423,6 +471,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bench: {exc}", file=sys.stderr)
         return 2
     work = Path(tempfile.mkdtemp(prefix="qd-bench-", dir=opts.tmp))
+    work.chmod(0o711)  # handler processes run as another user below it (not listable)
     run = Run(opts=opts, work=work, generator=generator)
     print(f"bench: {_machine()}; temp dir {work}", flush=True)
     print(
@@ -465,4 +514,4 @@ def main(argv: list[str] | None = None) -> int:
     for name, summary in run.profiles:
         print(f"\nprofile of the server under '{name}' (py-spy, {opts.profile}/{name}.txt):")
         print(summary)
-    return 1 if failed else 0
+    return 1 if failed or run.failed else 0

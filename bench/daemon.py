@@ -8,6 +8,7 @@ import os
 import subprocess
 import time
 import urllib.request
+from collections.abc import Sequence
 from pathlib import Path
 
 from bench.pg import count_jobs
@@ -34,10 +35,12 @@ def add_tenant(dsn: str, data_dir: Path) -> str:
     return done.stdout.strip().splitlines()[-1]
 
 
-def start_daemon(name: str, dsn: str, data_dir: Path, log_dir: Path) -> tuple[Child, str]:
-    """A ``queue-daemon serve --port 0`` subprocess and its base URL."""
+def start_daemon(
+    name: str, dsn: str, data_dir: Path, log_dir: Path, extra: Sequence[str] = ()
+) -> tuple[Child, str]:
+    """A ``queue-daemon serve --port 0`` subprocess and its base URL; ``extra``: more flags."""
     argv = python("-m", "queue_daemon", "serve", "--port", "0", "--store", dsn)
-    argv += ["--data-dir", str(data_dir), "--drain-timeout", "5"]
+    argv += ["--data-dir", str(data_dir), "--drain-timeout", "5", *extra]
     daemon = Child(name, argv, log_dir=log_dir, env=_env())
     try:
         line = daemon.wait_line("listening on ", timeout=READY_TIMEOUT)

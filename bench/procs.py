@@ -132,3 +132,37 @@ def machine_busy() -> tuple[float, float]:
 def python(*args: str) -> list[str]:
     """argv running this interpreter (the project's venv) on ``args``."""
     return [sys.executable, *args]
+
+
+def _proc_table() -> dict[int, tuple[int, float, float]]:
+    """pid → (parent pid, own CPU seconds, CPU seconds of reaped children), every process."""
+    table: dict[int, tuple[int, float, float]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        own = (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+        reaped = (int(fields[13]) + int(fields[14])) / CLOCK_TICKS
+        table[int(entry.name)] = (int(fields[1]), own, reaped)
+    return table
+
+
+def tree_cpu(roots: Sequence[int]) -> tuple[float, float]:
+    """(CPU seconds of the ``roots``, of all their live descendants plus the children
+    they reaped) so far. Deltas of both over a window split a server's own CPU from
+    its subprocesses' (runner contexts; PostgreSQL backends)."""
+    table = _proc_table()
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, _, _) in table.items():
+        children.setdefault(ppid, []).append(pid)
+    own = sum(table[pid][1] for pid in roots if pid in table)
+    below = sum(table[pid][2] for pid in roots if pid in table)
+    stack = [c for pid in roots for c in children.get(pid, [])]
+    while stack:
+        pid = stack.pop()
+        below += table[pid][1] + table[pid][2]
+        stack.extend(children.get(pid, []))
+    return own, below

@@ -28,6 +28,14 @@ def test_bench_quick_runs_every_section() -> None:
         "(4a) daemon, 1-line",
         "(4b) daemon, 1000-line",
         "(5) ingest",
+        "(claim) claim+archive",
+        "(coldstart) python context",
+        "(coldstart) node context",
+        "(latency) add → start, p50",
+        "(run1) 1 daemon, python no-op",
+        "(run1) 1 daemon, node no-op",
+        "(run3) 3 daemons, python no-op",
+        "(run3) 3 daemons, node no-op",
     ):
         assert figure in done.stdout
     assert "FAILED" not in done.stdout

@@ -1,0 +1,123 @@
+"""Cold start of a python and a node context, in-process through ``runners.pool.RunnerPool``.
+
+Each round registers a new handler version (so the pool must start a context:
+spawn → bootstrap → load the handler → ``ready``), times the first one-job
+``run_batch`` of it, then a second one on the now warm context; the cold
+start is the difference. The reference is the bare interpreter: ``python -I
+-c pass`` and ``node -e 0``, spawn to exit, timed in the same run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from bench.procs import BenchError
+
+BODIES = {
+    "python": "def handler(p, ctx):\n    return None\n",
+    "node": "module.exports = (payload, ctx) => {};\n",
+}
+CLIENT = "bench"
+FALLBACK_MEMORY = 4 << 30  # RLIMIT_AS tried when a context cannot start under the default
+
+
+@dataclass(frozen=True, slots=True)
+class ColdStart:
+    lang: str
+    cold_ms: list[float]  # first run_batch minus warm run_batch, per round
+    warm_ms: list[float]
+    bare_ms: list[float]  # the interpreter alone, spawn → exit
+    note: str = ""
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.cold_ms)
+
+    @property
+    def bare(self) -> float:
+        return statistics.median(self.bare_ms)
+
+
+def _bare_argv(lang: str) -> list[str]:
+    if lang == "python":
+        return [sys.executable, "-I", "-c", "pass"]
+    from runners.node import node_command
+
+    return [*node_command(), "-e", "0"]
+
+
+def _bare(lang: str, rounds: int) -> list[float]:
+    argv = _bare_argv(lang)
+    subprocess.run(argv, check=True, timeout=60)  # the disk cache, once
+    times = []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        subprocess.run(argv, check=True, timeout=60)
+        times.append(1000 * (time.perf_counter() - t0))
+    return times
+
+
+async def _cold(
+    work: Path, lang: str, rounds: int, memory_bytes: int | None = None
+) -> tuple[list[float], list[float]]:
+    from runners.models import HandlerSpec, JobInput
+    from runners.pool import RunnerPool, RunnerSettings
+
+    settings = RunnerSettings(work_root=work, idle_timeout=600.0)
+    if memory_bytes is not None:
+        settings = dataclasses.replace(settings, memory_bytes=memory_bytes)
+    pool = RunnerPool(settings)
+    type_ = f"cold_{lang}"
+    cold: list[float] = []
+    warm: list[float] = []
+    try:
+        for i in range(rounds + 1):  # round 0 warms the disk cache and the sandbox
+            spec = HandlerSpec(
+                version=f"v{i}", client=CLIENT, type=type_, lang=lang, body=BODIES[lang]
+            )
+            times = []
+            for attempt in range(2):
+                job = JobInput(id=f"{lang}-{i}-{attempt}", payload='{"cold": 1}', attempt=1)
+                t0 = time.perf_counter()
+                (result,) = await pool.run_batch(spec, [job])
+                times.append(1000 * (time.perf_counter() - t0))
+                if result.exitcode != 200:
+                    raise BenchError(
+                        f"{lang} cold-start job ended {result.exitcode}: {result.result}"
+                    )
+            if i > 0:
+                cold.append(times[0] - times[1])
+                warm.append(times[1])
+            pool.retire(CLIENT, type_)  # closes the idle context before the next version
+            await asyncio.sleep(0.05)
+    finally:
+        await pool.close()
+    return cold, warm
+
+
+def measure(
+    work: Path, langs: tuple[str, ...] = ("python", "node"), rounds: int = 5
+) -> list[ColdStart]:
+    work.mkdir(parents=True, exist_ok=True)
+    out = []
+    for lang in langs:
+        note = ""
+        try:
+            cold, warm = asyncio.run(_cold(work, lang, rounds))
+        except BenchError as exc:
+            # e.g. node under the default RLIMIT_AS: measured again with room, and said so
+            reason = str(exc).split("\n", 1)[0].split(": 1", 1)[0][:120]
+            cold, warm = asyncio.run(_cold(work, lang, rounds, memory_bytes=FALLBACK_MEMORY))
+            note = (
+                f"FAILS with the runner's default limits ({reason}); "
+                f"measured with RLIMIT_AS {FALLBACK_MEMORY >> 30} GiB"
+            )
+        out.append(ColdStart(lang, cold, warm, _bare(lang, rounds), note))
+    return out

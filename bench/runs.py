@@ -1,0 +1,205 @@
+"""The sections that run jobs: ``claim``, ``coldstart``, ``latency``, ``run1``, ``run3``.
+
+Each end-to-end measurement gets a fresh database, a tenant and its own
+daemons (separate data dirs, one DSN), stopped again at the end of it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from typing import TYPE_CHECKING
+
+from bench import daemon
+from bench.claim import claim_cost
+from bench.e2e import Latency, Throughput, measure_latency, measure_throughput, postmaster_pid
+from bench.procs import BenchError, Child
+from bench.report import Row
+
+if TYPE_CHECKING:
+    from bench.cli import Run
+
+RUN_TARGET = 12_000.0  # jobs/s end to end, no-op handler
+PGQUEUER_RUN_REFERENCE = 8_000.0  # jobs/s pgqueuer runs no-op jobs (their published figure)
+LATENCY_TARGET_MS = 20.0  # p50, add → start on an idle daemon
+CLAIM_TARGET_RATIO = 1.5
+CLAIM_SIZES = (10_000, 100_000, 1_000_000)
+CLAIM_SIZES_QUICK = (10_000, 100_000)
+DESIGN_SPAWN_MS = {"python": 17.0, "node": 85.0}
+LANGS = ("python", "node")
+
+
+@contextmanager
+def daemons(run: Run, name: str, count: int) -> Iterator[tuple[list[Child], list[str], str]]:
+    """``count`` daemons on one fresh database (own data dirs); (children, urls, token)."""
+    dsn = run.fresh_database(name)
+    dirs = [run.work / f"{name}-{i}" for i in range(count)]
+    for directory in dirs:
+        directory.mkdir()
+    token = daemon.add_tenant(dsn, dirs[0])
+    children: list[Child] = []
+    urls: list[str] = []
+    with ExitStack() as stack:
+        for i, directory in enumerate(dirs):
+            child, url = daemon.start_daemon(
+                f"{name}-{i}", dsn, directory, run.work, extra=run.opts.daemon_args
+            )
+            stack.callback(child.stop, grace=20)
+            children.append(child)
+            urls.append(url)
+        yield children, urls, token
+
+
+def _throughput(run: Run, section: str, lang: str, count: int) -> Throughput:
+    name = f"{section}_{lang}"
+    with daemons(run, name, count) as (children, urls, token):
+        profiler = run.profiler(name, subprocesses=True) if count == 1 else None
+        jobs = run.opts.run_jobs
+        print(f"  {lang}: {count} daemon(s), {jobs:,} jobs ...", flush=True)
+        postmaster = postmaster_pid(run.pg.pgdata if run.pg is not None else None)
+        coro = measure_throughput(
+            urls,
+            token,
+            daemon.TENANT,
+            lang=lang,
+            jobs=jobs,
+            warm=300 * count,
+            conns=run.opts.run_conns,
+            poll=0.05,
+            limit_s=max(120.0, jobs / 500),
+            daemon_pids=[c.pid for c in children],
+            postmaster=postmaster,
+            profile=(lambda: profiler.start(children[0].pid, 600)) if profiler else None,
+        )
+        try:
+            result = asyncio.run(coro)
+        except BenchError as exc:
+            dead = [
+                f"{c.name} exited {c.proc.returncode}"
+                for c in children
+                if c.proc.poll() is not None
+            ]
+            tails = "\n".join(c.log_tail(5) for c in children)
+            raise BenchError(f"{exc}{'; ' + ', '.join(dead) if dead else ''}\n{tails}") from None
+        finally:
+            if profiler is not None:
+                profiler.stop()
+                run.profiles.append((name, profiler.summary))
+    print(f"  {lang}: {result.rate:,.0f} jobs/s; {result.describe()}", flush=True)
+    return result
+
+
+def _run_section(run: Run, section: str, count: int) -> None:
+    for lang in LANGS:
+        label = f"({section}) {count} daemon{'s' if count > 1 else ''}, {lang} no-op"
+        try:
+            result = _throughput(run, section, lang, count)
+        except BenchError as exc:
+            first = str(exc).splitlines()[0][:300]
+            print(f"bench: {section} {lang} failed: {exc}", flush=True)
+            run.rows.append(Row(label, None, "jobs/s", notes=first))
+            run.failed = True
+            continue
+        profiled = " (py-spy attached)" if run.opts.profile is not None and count == 1 else ""
+        run.rows.append(
+            Row(
+                label,
+                result.rate,
+                "jobs/s",
+                "target 12k/s",
+                result.rate / RUN_TARGET,
+                f"pgqueuer reference 8,000/s: {result.rate / PGQUEUER_RUN_REFERENCE:.2f}x; "
+                f"{result.describe()}{profiled}",
+            )
+        )
+
+
+def section_run1(run: Run) -> None:
+    _run_section(run, "run1", 1)
+
+
+def section_run3(run: Run) -> None:
+    _run_section(run, "run3", 3)
+
+
+def section_latency(run: Run) -> None:
+    samples = run.opts.latency_samples
+    with daemons(run, "latency", 1) as (_, urls, token):
+        result: Latency = asyncio.run(
+            measure_latency(urls[0], token, daemon.TENANT, samples=samples, warm=5)
+        )
+    p50, p99 = Latency.pct(result.starts_ms, 0.5), Latency.pct(result.starts_ms, 0.99)
+    notes = (
+        f"{samples} jobs one at a time, python handler; POST→200 p50 "
+        f"{Latency.pct(result.acks_ms, 0.5):.1f} ms; POST→seen done (polled every 2 ms) p50 "
+        f"{Latency.pct(result.seen_ms, 0.5):.1f} ms"
+    )
+    run.rows.append(
+        Row(
+            "(latency) add → start, p50",
+            p50,
+            "ms",
+            "target <= 20 ms",
+            p50 / LATENCY_TARGET_MS,
+            notes,
+        )
+    )
+    run.rows.append(
+        Row(
+            "(latency) add → start, p99",
+            p99,
+            "ms",
+            "",
+            None,
+            f"min {min(result.starts_ms):.1f} ms, max {max(result.starts_ms):.1f} ms",
+        )
+    )
+
+
+def section_claim(run: Run) -> None:
+    sizes = CLAIM_SIZES_QUICK if run.opts.quick else CLAIM_SIZES
+    results = asyncio.run(claim_cost(run.admin_dsn(), sizes))
+    for size, ms, rate in results:
+        run.rows.append(
+            Row(
+                f"(claim) claim+archive at {size:,} waiting",
+                ms,
+                "ms/100",
+                "",
+                None,
+                f"batches of 100, one connection: {rate:,.0f} jobs/s; as many archived rows",
+            )
+        )
+    first, last = results[0], results[-1]
+    run.rows.append(
+        Row(
+            f"(claim) cost {last[0]:,} / {first[0]:,}",
+            last[1] / first[1],
+            "x",
+            "target <= 1.5",
+            (last[1] / first[1]) / CLAIM_TARGET_RATIO,
+            "DESIGN: the cost of a claim must not grow with the depth of the queue",
+        )
+    )
+
+
+def section_coldstart(run: Run) -> None:
+    from bench.coldstart import measure
+
+    for result in measure(run.work / "coldstart", LANGS, rounds=5):
+        spread = ", ".join(f"{ms:.0f}" for ms in result.cold_ms)
+        run.rows.append(
+            Row(
+                f"(coldstart) {result.lang} context, spawn → ready",
+                result.median,
+                "ms",
+                f"bare {result.lang} spawn",
+                result.median / result.bare,
+                f"median of 5 ({spread} ms); warm 1-job batch "
+                f"{statistics.median(result.warm_ms):.1f} ms; bare interpreter spawn→exit "
+                f"{result.bare:.0f} ms (DESIGN: ~{DESIGN_SPAWN_MS[result.lang]:.0f} ms)"
+                + (f"; {result.note}" if result.note else ""),
+            )
+        )
