@@ -274,6 +274,9 @@ class PgStore:
         return JobPage(jobs=jobs, next=cursor)
 
     async def stats(self, client: str) -> dict[str, TypeStats]:
+        """Done counts from type_counts (kept by triggers on jobs, migration
+        0003), the others from the waiting and running partial indexes: the
+        cost does not grow with the number of archived jobs."""
         rows = await self._fetch(queries.STATS, client)
         return {
             row["type"]: TypeStats(
