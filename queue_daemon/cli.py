@@ -101,7 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--run-as",
         default=_env("run_as"),
-        help="user for handler processes when running as root (default queue-runner)",
+        help="one user for all handler processes when running as root (default: a uid per tenant)",
     )
     serve.add_argument(
         "--context-idle",

@@ -72,23 +72,16 @@ def put_back(job: ClaimedJob) -> Release:
     return Release(id=job.id, how=ReleaseHow.UNGET, refund_attempt=True)
 
 
-NO_HANDLER_DELAY_S = 30.0
-
-
 def no_handler(job: ClaimedJob, policy: Policy, *, now: datetime | None = None) -> Release:
-    """A job whose type has no handler waits (without using attempts) until its time runs out."""
+    """A job whose type has no handler waits, without using attempts, until a
+    handler is added or its time runs out (then it is done with 503)."""
     age = ((now or datetime.now(UTC)) - job.create_dt).total_seconds()
-    message = "no handler for this type"
-    if age + NO_HANDLER_DELAY_S > policy.job_ttl:
+    if age > policy.job_ttl:
         return Release(
-            id=job.id, how=ReleaseHow.ARCHIVE, code="error", exitcode=503, result=message
+            id=job.id,
+            how=ReleaseHow.ARCHIVE,
+            code="error",
+            exitcode=503,
+            result="no handler for this type before the job's time ran out",
         )
-    return Release(
-        id=job.id,
-        how=ReleaseHow.RETRY,
-        code="retry",
-        exitcode=503,
-        result=message,
-        delay=NO_HANDLER_DELAY_S,
-        refund_attempt=True,
-    )
+    return Release(id=job.id, how=ReleaseHow.UNGET, refund_attempt=True)

@@ -27,7 +27,7 @@ from runners.models import HandlerSpec, JobInput, JobResult
 from runners.pool import RunnerPool
 from scheduler import Scheduler
 from store.errors import StoreError
-from store.models import ClaimedJob, Release
+from store.models import ClaimedJob, Release, ReleaseHow
 from store.protocol import Store
 
 logger = logging.getLogger(__name__)
@@ -38,7 +38,11 @@ RETRY_MAX_S = 5.0
 # take about this long, so fast handlers get big batches (few round trips) and
 # slow ones small batches (jobs spread over many contexts, short waits).
 BATCH_TARGET_S = 0.1
-FIRST_BATCH = 10
+FIRST_BATCH = 1  # jobs of a type whose run time is not known yet
+LEARNING_BATCHES = 4  # such batches running at once, each in its own context
+# A type without a handler is not claimed (its jobs wait); every so often its
+# oldest jobs are checked so that those whose time ran out are archived.
+NO_HANDLER_RECHECK_S = 30.0
 # Claim loops running at once. Two overlap the claim round trips, but measured
 # here they cost PostgreSQL about 40% more CPU per job (the concurrent
 # SKIP LOCKED scans step over each other's rows) and ran fewer jobs/s.
@@ -92,7 +96,8 @@ class Worker:
         self._waiting_fresh = False
         self._waiting_at = 0.0
         self._job_seconds: dict[str, float] = {}  # moving average of a job's run time, per type
-        self._learning: set[str] = set()  # types whose first batch is running
+        self._learning: dict[str, int] = {}  # types still learning -> batches running
+        self._no_handler: dict[str, float] = {}  # types without a handler -> when last checked
         self._claiming = 0  # claims in flight
         self.started = 0
         self.finished = 0
@@ -104,6 +109,7 @@ class Worker:
 
     def on_handler(self, jobtype: str) -> None:
         self._handlers.invalidate(jobtype)
+        self._no_handler.pop(jobtype, None)
         client, _, name = jobtype.partition("-")
         self._pool.retire(client, name)
         self._wake.set()
@@ -186,12 +192,20 @@ class Worker:
         ):
             return False
         waiting = await self._waiting_jobtypes()
+        if self._no_handler:
+            cutoff = time.monotonic() - NO_HANDLER_RECHECK_S
+            waiting = {t: n for t, n in waiting.items() if self._no_handler.get(t, 0) < cutoff}
         pick = self._scheduler.select_jobtype(waiting, self._pool.warm())
         if pick is None:
             return False
         jobtype = pick.jobtype
-        if jobtype in self._learning:
-            return False  # one batch at a time until its jobs' run time is known
+        if self._learning.get(jobtype, 0) >= LEARNING_BATCHES:
+            return False  # a few batches at a time until its jobs' run time is known
+        if await self._handlers.get(jobtype) is None:
+            # not claimed: its jobs wait (state waiting) until a handler comes
+            self._no_handler[jobtype] = time.monotonic()
+            await self._expire_unhandled(jobtype)
+            return True
         limit = min(pick.limit, self._batch_size(jobtype))
         # hold the slots while the claim is in flight, so the other claim loop
         # cannot hand them out too (backpressure stays exact)
@@ -208,14 +222,14 @@ class Worker:
             if len(jobs) < limit:
                 self._scheduler.jobs_stopped(jobtype, limit - len(jobs))
                 if not jobs:
-                    self._learning.discard(jobtype)
-        left = waiting.get(jobtype, 0) - len(jobs)
+                    self._unlearn(jobtype)
+        left = self._waiting.get(jobtype, 0) - len(jobs)
         if len(jobs) < limit or left <= 0:
             # taken (by us or others), or the capped count ran out: ask the store again
-            waiting.pop(jobtype, None)
+            self._waiting.pop(jobtype, None)
             self._waiting_fresh = False
         else:
-            waiting[jobtype] = left
+            self._waiting[jobtype] = left
         if not jobs:
             return True
         for job in jobs:
@@ -232,7 +246,7 @@ class Worker:
     ) -> None:
         releases: list[Release] = []
         try:
-            if spec is None:
+            if spec is None:  # deleted between the check and the claim
                 policy = Policy(job_ttl=self._settings.job_ttl)
                 releases = [no_handler(job, policy) for job in jobs]
             else:
@@ -246,12 +260,32 @@ class Worker:
         finally:
             await asyncio.shield(self._finish(jobtype, jobs, releases))
 
+    async def _expire_unhandled(self, jobtype: str) -> None:
+        """Archive the jobs of a type without a handler whose time ran out."""
+        ids = await self._store.expire_waiting(
+            jobtype,
+            self._settings.job_ttl,
+            "no handler for this type before the job's time ran out",
+        )
+        if ids:
+            self._queuelog.finished(
+                jobtype,
+                [Release(id=i, how=ReleaseHow.ARCHIVE, code="error", exitcode=503) for i in ids],
+            )
+
     def _batch_size(self, jobtype: str) -> int:
         per_job = self._job_seconds.get(jobtype)
         if per_job is None:
-            self._learning.add(jobtype)
+            self._learning[jobtype] = self._learning.get(jobtype, 0) + 1
             return FIRST_BATCH  # learn how long this type's jobs take
         return max(1, min(self._settings.max_batch, int(BATCH_TARGET_S / max(per_job, 1e-6))))
+
+    def _unlearn(self, jobtype: str) -> None:
+        left = self._learning.get(jobtype, 0) - 1
+        if left > 0:
+            self._learning[jobtype] = left
+        else:
+            self._learning.pop(jobtype, None)
 
     def _timed(self, jobtype: str, seconds: float, count: int) -> None:
         per_job = seconds / count
@@ -331,7 +365,7 @@ class Worker:
                 delay = min(delay * 2, RETRY_MAX_S)
         for job in jobs:
             self._running.pop(job.id, None)
-        self._learning.discard(jobtype)
+        self._unlearn(jobtype)
         self._scheduler.jobs_stopped(jobtype, len(jobs))
         self.finished += len(jobs)
         self._queuelog.finished(jobtype, releases)

@@ -115,11 +115,12 @@ class Context:
     async def _spawn(self) -> None:
         loop = asyncio.get_running_loop()
         await self._sandbox.prepare()
-        self._home = self._sandbox.make_dir(f"ctx-{self.spec.client}-")
+        self._home = self._sandbox.make_dir(f"ctx-{self.spec.client}-", self.spec.client)
         to_child, to_daemon = os.pipe(), os.pipe()
         try:
             self._proc = await self._sandbox.spawn(
                 self._command,
+                client=self.spec.client,
                 home=self._home,
                 pipes=(to_child[0], to_daemon[1]),
                 memory=self._memory,

@@ -30,6 +30,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -61,6 +62,21 @@ class RunAs:
     name: str
     uid: int
     gid: int
+
+
+# When the daemon runs as root and no run-as user is configured, each tenant's
+# handlers run under a uid (and gid) of their own, derived from the client
+# name: one tenant cannot signal, ptrace or read the files of another's
+# processes, and RLIMIT_NPROC (counted per uid) caps each tenant separately,
+# so one tenant's fork bomb cannot stop another's contexts from starting.
+# No passwd entry is needed for these ids.
+TENANT_UID_BASE = 2_000_000
+TENANT_UID_SPAN = 1 << 20
+
+
+def tenant_ids(client: str) -> RunAs:
+    uid = TENANT_UID_BASE + zlib.crc32(client.encode()) % TENANT_UID_SPAN
+    return RunAs(f"tenant:{client}", uid, uid)
 
 
 def scrubbed_env(home: Path) -> dict[str, str]:
@@ -300,11 +316,21 @@ class Sandbox:
     def bootstrap(self, name: str) -> str:
         return str(self.bootstrap_dir / name)
 
-    def make_dir(self, prefix: str) -> Path:
-        """A new private directory (0700, owned by the run-as user) under the work root."""
+    def owner(self, client: str) -> RunAs | None:
+        """Who runs ``client``'s handlers: None when the daemon is not root (itself),
+        the configured run-as user if one was given, else the tenant's own ids."""
+        if self.run_as is None:
+            return None
+        if self._run_as_setting is not None:
+            return self.run_as
+        return tenant_ids(client)
+
+    def make_dir(self, prefix: str, client: str) -> Path:
+        """A new private directory (0700, owned by the client's user) under the work root."""
         path = Path(tempfile.mkdtemp(prefix=prefix, dir=self.work_root))
-        if self.run_as is not None:
-            os.chown(path, self.run_as.uid, self.run_as.gid)
+        owner = self.owner(client)
+        if owner is not None:
+            os.chown(path, owner.uid, owner.gid)
         return path
 
     @staticmethod
@@ -316,6 +342,7 @@ class Sandbox:
         self,
         command: list[str],
         *,
+        client: str,
         home: Path,
         pipes: tuple[int, int] | None = None,
         stdin: int = subprocess.DEVNULL,
@@ -333,7 +360,7 @@ class Sandbox:
         if pipes is not None:
             argv = ["/bin/sh", "-c", _FD_WRAPPER, "sh", *argv]
             stdin, stdout = pipes
-        run_as = self.run_as
+        run_as = self.owner(client)
         loop = asyncio.get_running_loop()
         transport, protocol = await loop.subprocess_exec(
             lambda: _Protocol(1 << 16, loop),

@@ -37,7 +37,7 @@ class ShellRunner:
 
     async def run_batch(self, spec: HandlerSpec, jobs: Sequence[JobInput]) -> list[JobResult]:
         await self._sandbox.prepare()
-        home = self._sandbox.make_dir(f"sh-{spec.client}-")
+        home = self._sandbox.make_dir(f"sh-{spec.client}-", spec.client)
         gate = asyncio.Semaphore(self._concurrency)
 
         async def one(job: JobInput) -> JobResult:
@@ -52,7 +52,7 @@ class ShellRunner:
     async def run_job(self, spec: HandlerSpec, job: JobInput, home: Path) -> JobResult:
         try:
             proc = await self._sandbox.spawn(
-                [SHELL, "-c", spec.body], home=home, stdin=subprocess.PIPE
+                [SHELL, "-c", spec.body], client=spec.client, home=home, stdin=subprocess.PIPE
             )
         except OSError as exc:
             return JobResult(id=job.id, exitcode=ERROR, result=f"cannot start {SHELL}: {exc}")

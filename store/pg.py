@@ -394,6 +394,18 @@ class PgStore:
         jobs.sort(key=lambda job: (job.create_dt, job.id))
         return jobs
 
+    async def expire_waiting(self, type: str, older_than: float, result: str) -> list[str]:
+        """Archive (error, 503, ``result``) waiting jobs of ``type`` created more than
+        ``older_than`` seconds ago; return their ids."""
+        expired: list[str] = []
+        while True:
+            rows = await self._fetch(
+                queries.EXPIRE_WAITING, type, float(older_than), result, PURGE_CHUNK
+            )
+            expired += [row["id"] for row in rows]
+            if len(rows) < PURGE_CHUNK:
+                return expired
+
     async def renew(self, ids: Sequence[str], *, sysid: str, lease: float) -> int:
         if not ids:
             return 0

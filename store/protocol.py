@@ -92,6 +92,10 @@ class Store(Protocol):
         """Take up to ``limit`` eligible jobs of ``type`` (FOR UPDATE SKIP LOCKED):
         lock = sysid, dt = now + lease, attempts + 1."""
 
+    async def expire_waiting(self, type: str, older_than: float, result: str) -> list[str]:
+        """Archive as error 503 (with ``result``) the waiting jobs of ``type``
+        created more than ``older_than`` seconds ago; return their ids."""
+
     async def renew(self, ids: Sequence[str], *, sysid: str, lease: float) -> int:
         """dt = now + lease for those of ``ids`` locked by ``sysid``; return how many."""
 

@@ -273,6 +273,23 @@ WHERE id = ANY(ARRAY({CLAIM_IDS}))
 RETURNING id, type, data, attempts, create_dt
 """
 
+# Waiting jobs of type $1 created more than $2 seconds ago are done with
+# error 503 and result $3 (a type without a handler whose jobs' time ran
+# out), at most $4 a statement; through the waiting index, never done jobs.
+EXPIRE_WAITING = """
+UPDATE jobs
+SET lock = '__done', done_dt = now(), dt = now() + interval '1000 years',
+    code = 'error', exitcode = 503, result = $3
+WHERE id = ANY(ARRAY(
+    SELECT id FROM jobs
+    WHERE type = $1 AND lock = '' AND dt <= now()
+      AND create_dt < now() - make_interval(secs => $2)
+    LIMIT $4
+    FOR UPDATE SKIP LOCKED
+))
+RETURNING id
+"""
+
 # $1 ids, $2 sysid, $3 lease seconds
 RENEW = """
 UPDATE jobs SET dt = now() + make_interval(secs => $3)

@@ -202,3 +202,120 @@ async def until(
         if time.monotonic() >= deadline:
             raise AssertionError(f"timed out after {within:.0f} s waiting for {what}")
         await asyncio.sleep(interval)
+
+
+# --- handlers and running jobs (API.md "Handlers") ------------------------------
+
+
+async def _handler_reply(api: Api, method: str, action: str, jobtype: str, **kw: Any) -> Reply:
+    return await api.request(method, f"/{api.client}/handler/{action}/{jobtype}", **kw)
+
+
+class Handlers:
+    """The handler routes of one tenant: ``Handlers(api).add(...)``."""
+
+    def __init__(self, api: Api) -> None:
+        self.api = api
+
+    async def add_raw(self, jobtype: str, fields: Mapping[str, Any]) -> Reply:
+        """``POST handler/add/{type}`` with a JSON body."""
+        return await _handler_reply(
+            self.api,
+            "POST",
+            "add",
+            jobtype,
+            data=json.dumps(dict(fields)),
+            headers={"Content-Type": "application/json"},
+        )
+
+    async def add_text(self, jobtype: str, source: str, lang: str) -> Reply:
+        """``POST handler/add/{type}?lang=`` with the source as ``text/plain``."""
+        return await _handler_reply(
+            self.api,
+            "POST",
+            "add",
+            jobtype,
+            data=source,
+            params={"lang": lang},
+            headers={"Content-Type": "text/plain"},
+        )
+
+    async def add(self, jobtype: str, lang: str, body: str, **fields: Any) -> dict[str, Any]:
+        """Add (or replace) a handler; assert 200; return the stored handler."""
+        reply = await self.add_raw(jobtype, {"lang": lang, "body": body, **fields})
+        assert reply.status == 200, reply
+        stored: dict[str, Any] = reply.json
+        assert isinstance(stored.get("id"), str) and stored["id"], reply
+        return stored
+
+    async def get(self, jobtype: str) -> Reply:
+        return await _handler_reply(self.api, "GET", "get", jobtype)
+
+    async def delete(self, jobtype: str) -> Reply:
+        return await _handler_reply(self.api, "POST", "del", jobtype)
+
+
+async def add_json(api: Api, jobtype: str, payloads: list[Any]) -> list[str]:
+    """Add one job per element of a JSON array; assert 200 and one id each."""
+    reply = await api.add_raw(jobtype, json.dumps(payloads), content_type="application/json")
+    assert reply.status == 200, reply
+    ids = reply.json["ids"]
+    assert isinstance(ids, list) and len(ids) == len(payloads), reply
+    return ids
+
+
+async def wait_done(api: Api, job_id: str, within: float = 20.0) -> dict[str, Any]:
+    """Poll ``GET /{client}/job/{id}`` until the job is ``done``; return it."""
+    last: dict[str, Any] | None = None
+
+    async def probe() -> dict[str, Any] | None:
+        nonlocal last
+        reply = await api.get_job(job_id)
+        if reply.status == 404:
+            return None
+        assert reply.status == 200, reply
+        last = reply.json
+        assert last is not None
+        return last if last["state"] == "done" else None
+
+    try:
+        return await until(probe, within, f"job {job_id} to be done", interval=0.1)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; last seen: {last}") from None
+
+
+async def wait_all_done(
+    api: Api, ids: list[str], within: float = 30.0, jobtype: str | None = None
+) -> dict[str, dict[str, Any]]:
+    """Poll until every job of ``ids`` is ``done``; return id -> job.
+
+    With ``jobtype`` it reads the type's list of done jobs (cheap for many ids);
+    otherwise it asks for each job still not done.
+    """
+    wanted = set(ids)
+    done: dict[str, dict[str, Any]] = {}
+
+    async def one(job_id: str) -> None:
+        reply = await api.get_job(job_id)
+        if reply.status == 200 and reply.json["state"] == "done":
+            done[job_id] = reply.json
+        else:
+            assert reply.status in (200, 404), reply
+
+    async def probe() -> dict[str, dict[str, Any]] | None:
+        if jobtype is not None:
+            for job in await api.all_jobs(type=jobtype, state="done", limit="1000"):
+                if job["id"] in wanted:
+                    done[job["id"]] = job
+        else:
+            await asyncio.gather(*(one(i) for i in wanted - done.keys()))
+        return done if len(done) == len(wanted) else None
+
+    try:
+        return await until(probe, within, f"{len(wanted)} jobs to be done", interval=0.2)
+    except AssertionError as exc:
+        missing = sorted(wanted - done.keys())
+        states = [(await api.get_job(i)).json for i in missing[:3]]
+        raise AssertionError(
+            f"{exc}: {len(missing)} of {len(wanted)} not done, e.g. {states}"
+        ) from None

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import aiohttp
 import pytest
 
-from tests.acceptance.daemon import DaemonFactory
+from tests.acceptance.daemon import DaemonFactory, reachable_dir
 from tests.conftest import scratch_database
 
 
@@ -50,3 +51,23 @@ def module_daemons(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonF
         yield factory
     finally:
         factory.close()
+
+
+@pytest.fixture
+def open_tmp() -> Iterator[Path]:
+    """Like ``tmp_path``, but reachable by handler processes (see ``reachable_dir``)."""
+    path = reachable_dir("qd-run-")
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def module_open_tmp() -> Iterator[Path]:
+    """``open_tmp`` for a whole module (a daemon shared by its tests)."""
+    path = reachable_dir("qd-run-")
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)

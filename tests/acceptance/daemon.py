@@ -16,6 +16,7 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -187,10 +188,15 @@ class DaemonFactory:
         return daemon
 
     def start(
-        self, data_dir: Path, store: str | None, *args: str, name: str | None = None
+        self,
+        data_dir: Path,
+        store: str | None,
+        *args: str,
+        name: str | None = None,
+        env: Mapping[str, str] | None = None,
     ) -> DaemonProcess:
         """Start a daemon and wait until it listens."""
-        daemon = self.spawn(data_dir, store, *args, name=name)
+        daemon = self.spawn(data_dir, store, *args, name=name, env=env)
         daemon.wait_ready()
         return daemon
 
@@ -261,10 +267,38 @@ class Deployment:
 
 
 def deploy(
-    factory: DaemonFactory, dsn: str, root: Path, clients: list[str], *args: str
+    factory: DaemonFactory,
+    dsn: str,
+    root: Path,
+    clients: list[str],
+    *args: str,
+    env: Mapping[str, str] | None = None,
 ) -> Deployment:
     """Create ``clients`` with the CLI, then start one daemon on ``dsn``."""
     data_dir = root / "data"
     tokens = {c: add_tenant(c, store=dsn, data_dir=data_dir, cwd=root) for c in clients}
-    daemon = factory.start(data_dir, dsn, *args)
+    daemon = factory.start(data_dir, dsn, *args, env=env)
     return Deployment(daemon=daemon, dsn=dsn, data_dir=data_dir, cwd=root, tokens=tokens)
+
+
+def reachable_dir(prefix: str) -> Path:
+    """A new directory that handler processes can reach (remove it with ``shutil.rmtree``).
+
+    Handlers run as an unprivileged user when the tests run as root, and pytest's
+    ``tmp_path`` lies below a 0700 directory that such a user cannot enter: a
+    daemon whose data directory (and so its handlers' work root) is there cannot
+    run a single handler. This one is made directly in the system's temp
+    directory, mode 0755.
+    """
+    path = Path(tempfile.mkdtemp(prefix=prefix))
+    path.chmod(0o755)
+    return path
+
+
+def shared_dir(parent: Path, name: str = "shared") -> Path:
+    """A world-writable directory below ``parent`` (a ``reachable_dir``), for files that
+    handlers write and tests read."""
+    path = parent / name
+    path.mkdir()
+    path.chmod(0o777)
+    return path

@@ -18,7 +18,7 @@ import pytest
 
 from runners.models import HandlerSpec
 from runners.pool import RunnerPool, RunnerSettings
-from runners.sandbox import SAFE_PATH, Limits, Sandbox
+from runners.sandbox import SAFE_PATH, Limits, Sandbox, tenant_ids
 from tests.integration.test_runner_python import jobs, pid_gone, spec, until
 
 ROOT = os.geteuid() == 0
@@ -54,13 +54,9 @@ def shared_dir() -> Iterator[Path]:
     shutil.rmtree(path, ignore_errors=True)
 
 
-def runner_uid() -> int | None:
-    if not ROOT:
-        return None
-    try:
-        return pwd.getpwnam("queue-runner").pw_uid
-    except KeyError:
-        return pwd.getpwnam("nobody").pw_uid
+def runner_uid(client: str = "acme") -> int | None:
+    """The uid of ``client``'s handlers when the tests run as root."""
+    return tenant_ids(client).uid if ROOT else None
 
 
 def group_members(pgid: int) -> list[int]:
@@ -116,6 +112,14 @@ async def test_private_directory_and_user(pool: RunnerPool, work_root: Path) -> 
         assert gid != 0 and 0 not in groups
     (again,) = await pool.run_batch(spec(body), jobs("b"))
     assert again.result == result.result  # same context, same directory
+    other = HandlerSpec(version="v1", client="globex", type="t", lang="python", body=body)
+    (theirs,) = await pool.run_batch(other, jobs("c"))
+    assert theirs.result is not None
+    their_cwd, their_uid, _, _ = json.loads(theirs.result)
+    assert their_cwd != cwd
+    if ROOT:  # each tenant's handlers run under a uid of their own
+        assert their_uid == runner_uid("globex") != uid
+        assert not os.access(Path(their_cwd), os.F_OK) or os.stat(their_cwd).st_uid == their_uid
     await pool.close()
     assert not os.access(home, os.F_OK)
 
@@ -152,9 +156,11 @@ async def test_limits_are_applied(work_root: Path) -> None:
 async def test_python_fallback_wrapper_sets_the_same_limits(work_root: Path) -> None:
     sandbox = Sandbox(work_root=work_root, limits=Limits(open_files=77), prlimit=None)
     await sandbox.prepare()
-    home = sandbox.make_dir("t-")
+    home = sandbox.make_dir("t-", "acme")
     try:
-        proc = await sandbox.spawn(["/bin/sh", "-c", "ulimit -n; ulimit -c; id -u"], home=home)
+        proc = await sandbox.spawn(
+            ["/bin/sh", "-c", "ulimit -n; ulimit -c; id -u"], client="acme", home=home
+        )
         out, _ = await proc.communicate()
         lines = out.decode().split()
         assert lines[:2] == ["77", "0"]

@@ -448,3 +448,42 @@ async def test_handler_versions(store: PgStore, conn: asyncpg.Connection) -> Non
 
 async def test_migration_0002_is_shipped() -> None:
     assert 2 in [m.version for m in available_migrations()]
+
+
+async def test_expire_waiting_archives_only_old_waiting_jobs_of_the_type(
+    store: PgStore, conn: asyncpg.Connection
+) -> None:
+    now = datetime.now(UTC)
+    old = NewJob(
+        id="old",
+        type="a-t",
+        dt=now - timedelta(hours=3),
+        data="p",
+        create_dt=now - timedelta(hours=3),
+    )
+    other_type = NewJob(
+        id="other",
+        type="a-u",
+        dt=now - timedelta(hours=3),
+        data="p",
+        create_dt=now - timedelta(hours=3),
+    )
+    future = NewJob(
+        id="future",
+        type="a-t",
+        dt=now + timedelta(hours=1),
+        data="p",
+        create_dt=now - timedelta(hours=3),
+    )
+    await store.add_jobs([old, other_type, future, job("young")])
+    assert await store.expire_waiting("a-t", 3600, "no handler") == ["old"]
+    done = await store.get_job("a", "old")
+    assert (done.state, done.code, done.exitcode, done.result) == (
+        JobState.DONE,
+        "error",
+        503,
+        "no handler",
+    )
+    for waiting in ("other", "future", "young"):
+        assert (await store.get_job("a", waiting)).state == JobState.WAITING
+    assert await store.expire_waiting("a-t", 3600, "no handler") == []

@@ -96,7 +96,7 @@ def test_backoff_grows_with_jitter_and_is_capped() -> None:
 def test_put_back_and_no_handler_do_not_use_attempts() -> None:
     back = put_back(job())
     assert (back.how, back.refund_attempt) == (ReleaseHow.UNGET, True)
-    waiting = no_handler(job(age=10), Policy(job_ttl=3600), now=NOW)
-    assert (waiting.how, waiting.refund_attempt, waiting.exitcode) == (ReleaseHow.RETRY, True, 503)
-    expired = no_handler(job(age=3599), Policy(job_ttl=3600), now=NOW)
-    assert (expired.how, expired.code) == (ReleaseHow.ARCHIVE, "error")
+    waiting = no_handler(job(age=3599), Policy(job_ttl=3600), now=NOW)
+    assert (waiting.how, waiting.refund_attempt, waiting.code) == (ReleaseHow.UNGET, True, None)
+    expired = no_handler(job(age=3601), Policy(job_ttl=3600), now=NOW)
+    assert (expired.how, expired.code, expired.exitcode) == (ReleaseHow.ARCHIVE, "error", 503)

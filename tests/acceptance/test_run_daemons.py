@@ -1,0 +1,265 @@
+"""Several real daemons running one store's jobs (DESIGN.md invariants 3 and 4).
+
+Every job ends done exactly once in the store; a handler's own record (a file
+each run appends to) shows no job running twice at overlapping times; a daemon
+killed with SIGKILL leaves jobs that the others rerun once its leases expire;
+a daemon stopped with SIGTERM hands its unfinished jobs back at once.
+
+The handler processes run as an unprivileged user with a scrubbed environment,
+so the file they write is in a world-writable directory whose path is written
+literally into the handler's source.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+import aiohttp
+import asyncpg
+import pytest
+
+from tests.acceptance.client import Api, Handlers, until, wait_all_done, wait_done
+from tests.acceptance.daemon import DaemonFactory, DaemonProcess, add_tenant, shared_dir
+from tests.acceptance.storecheck import duplicates, fetch_counts
+
+CLIENT = "many"
+JOBTYPE = "work"
+
+
+def recording_handler(log: Path, sleep: float | None) -> str:
+    """Python source of a handler that records each run (start line, then run line)
+    and sleeps ``sleep`` seconds in between (None: as many as its payload says)."""
+    return (
+        "import os, time\n"
+        "\n"
+        "def handler(payload, ctx):\n"
+        "    start = time.time()\n"
+        f"    with open({str(log)!r}, 'a') as f:\n"
+        "        f.write(f'start {ctx.id} {start} {os.getpid()} {os.getppid()}\\n')\n"
+        f"    time.sleep({'float(payload)' if sleep is None else sleep})\n"
+        "    end = time.time()\n"
+        f"    with open({str(log)!r}, 'a') as f:\n"
+        "        f.write(f'run {ctx.id} {start} {end} {os.getpid()} {os.getppid()}\\n')\n"
+        "    return 'ok ' + payload\n"
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Run:
+    job_id: str
+    start: float
+    end: float | None  # None: started, never finished (its process was killed)
+    pid: int
+    ppid: int  # the daemon that started the handler's context
+
+
+def read_runs(log: Path) -> list[Run]:
+    """Every run in the file; a run whose end line is missing has ``end`` None."""
+    if not log.exists():
+        return []
+    started: dict[tuple[str, int, str], Run] = {}
+    runs: list[Run] = []
+    for line in log.read_text().splitlines():
+        parts = line.split()
+        if len(parts) == 5 and parts[0] == "start":
+            _, job_id, start, pid, ppid = parts
+            started[(job_id, int(pid), start)] = Run(
+                job_id, float(start), None, int(pid), int(ppid)
+            )
+        elif len(parts) == 6 and parts[0] == "run":
+            _, job_id, start, end, pid, ppid = parts
+            started.pop((job_id, int(pid), start), None)
+            runs.append(Run(job_id, float(start), float(end), int(pid), int(ppid)))
+        else:
+            # a line torn by a killed process would show up here
+            raise AssertionError(f"unexpected line in the handlers' record: {line!r}")
+    return runs + list(started.values())
+
+
+def assert_no_overlapping_runs(runs: list[Run]) -> None:
+    """No job ran twice at the same time (one owner at a time).
+
+    A run without an end (its process was killed) cannot be placed in time here;
+    the tests that kill runs check that their processes are gone.
+    """
+    by_id: dict[str, list[Run]] = defaultdict(list)
+    for run in runs:
+        by_id[run.job_id].append(run)
+    for job_id, its_runs in by_id.items():
+        its_runs.sort(key=lambda r: r.start)
+        for before, after in itertools.pairwise(its_runs):
+            assert before.end is None or before.end <= after.start, (
+                f"job {job_id} ran twice at overlapping times: {before} and {after}"
+            )
+
+
+async def start_fleet(
+    daemons: DaemonFactory, dsn: str, root: Path, count: int, *args: str
+) -> tuple[list[DaemonProcess], str]:
+    """A tenant, then ``count`` daemons on ``dsn``, each with its own data directory."""
+    token = add_tenant(CLIENT, store=dsn, data_dir=root / "cli", cwd=root)
+    fleet = [daemons.spawn(root / f"data{i}", dsn, *args, name=f"daemon{i}") for i in range(count)]
+    for daemon in fleet:
+        daemon.wait_ready()
+    return fleet, token
+
+
+async def assert_done_once_in_store(dsn: str, ids: list[str]) -> None:
+    assert await duplicates(dsn) == []
+    counts = await fetch_counts(dsn)
+    assert all(counts.get(i) == 1 for i in ids), "a job is missing from the store"
+    conn = await asyncpg.connect(dsn)
+    try:
+        left = await conn.fetchval(
+            "SELECT count(*) FROM jobs WHERE id = ANY($1::text[]) AND lock <> '__done'", ids
+        )
+    finally:
+        await conn.close()
+    assert left == 0, f"{left} jobs not archived"
+
+
+@pytest.mark.parametrize("count", [2, 3])
+async def test_daemons_share_the_jobs_and_run_each_once(
+    count: int,
+    pg_dsn: str,
+    daemons: DaemonFactory,
+    open_tmp: Path,
+    session: aiohttp.ClientSession,
+) -> None:
+    # small batches and caps, so that no daemon takes every job before the others wake
+    fleet, token = await start_fleet(
+        daemons, pg_dsn, open_tmp, count, "--lease", "3", "--max-batch", "10", "--concurrency", "20"
+    )
+    log = shared_dir(open_tmp) / "runs.txt"
+    api = Api(session, fleet[0].url, CLIENT, token)
+    await Handlers(api).add(JOBTYPE, "python", recording_handler(log, 0.01), timeout=10)
+    ids = await api.add(JOBTYPE, [str(n) for n in range(300)])
+
+    jobs = await wait_all_done(api, ids, within=60, jobtype=JOBTYPE)
+    bad = [j for j in jobs.values() if (j["code"], j["exitcode"], j["attempts"]) != ("ok", 200, 1)]
+    assert not bad, f"{len(bad)} jobs did not end ok on the first attempt, e.g. {bad[:3]}"
+    assert all(jobs[i]["result"] == f"ok {n}" for n, i in enumerate(ids))
+    await assert_done_once_in_store(pg_dsn, ids)
+
+    runs = read_runs(log)
+    assert_no_overlapping_runs(runs)
+    ran: dict[str, int] = defaultdict(int)
+    for run in runs:
+        ran[run.job_id] += 1
+    assert set(ran) == set(ids), "a done job has no record of its run"
+    assert [i for i, n in ran.items() if n > 1] == [], "a job ran more than once without a crash"
+    workers = {run.ppid for run in runs} & {d.pid for d in fleet}
+    assert len(workers) >= 2, f"only daemons {workers} of {[d.pid for d in fleet]} ran jobs"
+
+
+async def test_jobs_of_a_killed_daemon_are_rerun_by_the_others(
+    pg_dsn: str, daemons: DaemonFactory, open_tmp: Path, session: aiohttp.ClientSession
+) -> None:
+    fleet, token = await start_fleet(
+        daemons, pg_dsn, open_tmp, 2, "--lease", "3", "--max-batch", "2", "--concurrency", "4"
+    )
+    victim, survivor = fleet
+    log = shared_dir(open_tmp) / "runs.txt"
+    api = Api(session, survivor.url, CLIENT, token)
+    await Handlers(api).add(JOBTYPE, "python", recording_handler(log, 0.5), timeout=10)
+    ids = await api.add(JOBTYPE, [str(n) for n in range(24)])
+
+    async def victim_started() -> bool | None:
+        return True if any(r.ppid == victim.pid for r in read_runs(log)) else None
+
+    await until(victim_started, 20, "the victim daemon to start jobs", interval=0.05)
+    victim.kill()
+    killed_at = time.monotonic()
+
+    jobs = await wait_all_done(api, ids, within=30, jobtype=JOBTYPE)
+    assert all((j["code"], j["exitcode"]) == ("ok", 200) for j in jobs.values()), jobs
+    rerun = [j for j in jobs.values() if j["attempts"] >= 2]
+    assert rerun, "the killed daemon held jobs that nobody had to run again"
+    assert time.monotonic() - killed_at < 25
+    await assert_done_once_in_store(pg_dsn, ids)
+    runs = read_runs(log)
+    assert_no_overlapping_runs(runs)
+    finished = {r.job_id for r in runs if r.end is not None}
+    assert finished == set(ids), "a done job has no finished run"
+    reply = await api.healthz()
+    assert reply.status == 200, reply
+
+
+async def test_sigterm_hands_unfinished_jobs_back_at_once(
+    pg_dsn: str, daemons: DaemonFactory, open_tmp: Path, session: aiohttp.ClientSession
+) -> None:
+    # a lease long enough that only an explicit hand-back explains a quick rerun
+    args = ("--lease", "30", "--drain-timeout", "1", "--max-batch", "1", "--concurrency", "4")
+    [victim], token = await start_fleet(daemons, pg_dsn, open_tmp, 1, *args)
+    log = shared_dir(open_tmp) / "runs.txt"
+    api = Api(session, victim.url, CLIENT, token)
+    await Handlers(api).add(JOBTYPE, "python", recording_handler(log, None), timeout=20)
+    # a quick job first: the daemon learns the type, then runs long jobs side by side
+    [warm] = await api.add(JOBTYPE, ["0"])
+    await wait_done(api, warm)
+    ids = await api.add(JOBTYPE, ["3", "3.0"])
+
+    async def all_started() -> bool | None:
+        started = {r.job_id for r in read_runs(log) if r.ppid == victim.pid}
+        return True if started >= set(ids) else None
+
+    await until(all_started, 10, "the first daemon to start the long jobs", interval=0.05)
+    survivor = daemons.start(open_tmp / "data-survivor", pg_dsn, *args)
+    api = api.at(survivor.url)
+
+    stopped_at = time.monotonic()
+    assert victim.terminate() == 0, victim.stderr_text()[-3000:]
+    assert time.monotonic() - stopped_at < 10, "SIGTERM took far longer than --drain-timeout"
+    jobs = await wait_all_done(api, ids, within=15, jobtype=JOBTYPE)
+    elapsed = time.monotonic() - stopped_at
+    assert elapsed < 15, f"jobs done {elapsed:.1f} s after SIGTERM: not handed back at once"
+    assert [jobs[i]["result"] for i in ids] == ["ok 3", "ok 3.0"], jobs
+    for job in jobs.values():
+        assert (job["code"], job["exitcode"]) == ("ok", 200), job
+        # the interrupted run does not count as an attempt
+        assert job["attempts"] == 1, job
+    runs = read_runs(log)
+    assert_no_overlapping_runs(runs)
+    # the interrupted runs' processes died with the stopped daemon
+    for run in runs:
+        if run.end is None:
+            assert not alive(run.pid), f"{run}: its process outlived its daemon"
+    shown = f"victim {victim.pid}, survivor {survivor.pid}: {runs}"
+    assert {r.job_id for r in runs if r.end is not None and r.ppid == survivor.pid} == set(ids), (
+        shown
+    )
+    assert not [r for r in runs if r.job_id in ids and r.end and r.ppid == victim.pid], shown
+
+
+async def test_slow_jobs_of_a_new_type_run_side_by_side(
+    pg_dsn: str, daemons: DaemonFactory, open_tmp: Path, session: aiohttp.ClientSession
+) -> None:
+    """Eight 1 s jobs of a type the daemon has never run take about 1 s, not 8."""
+    [daemon], token = await start_fleet(daemons, pg_dsn, open_tmp, 1, "--lease", "10")
+    log = shared_dir(open_tmp) / "runs.txt"
+    api = Api(session, daemon.url, CLIENT, token)
+    await Handlers(api).add(JOBTYPE, "python", recording_handler(log, None), timeout=10)
+    posted = time.monotonic()
+    ids = await api.add(JOBTYPE, ["1"] * 8)
+    await wait_all_done(api, ids, within=20, jobtype=JOBTYPE)
+    elapsed = time.monotonic() - posted
+    runs = sorted(read_runs(log), key=lambda r: r.start)
+    assert elapsed < 5, (
+        f"8 jobs of 1 s took {elapsed:.1f} s: run one after another "
+        f"({len({r.pid for r in runs})} process(es))"
+    )
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
