@@ -8,6 +8,7 @@
 // in the job's `result` frame instead. Standalone: node >= 18 built-ins only.
 
 const fs = require('node:fs');
+const net = require('node:net');
 const path = require('node:path');
 const util = require('node:util');
 const vm = require('node:vm');
@@ -430,7 +431,10 @@ process.on('unhandledRejection', (reason) => {
   logError('unhandled rejection', reason);
 });
 
-const input = fs.createReadStream(null, { fd: IN_FD, highWaterMark: 1 << 20 });
+// A net.Socket on the pipe reads through libuv's non-blocking pipe handle; a
+// file stream would park a threadpool thread in read(2), and process.exit()
+// inside a handler could then hang waiting for it.
+const input = new net.Socket({ fd: IN_FD, readable: true, writable: false });
 input.on('data', onData);
 input.on('error', (err) => protocolError('reading fd 3: ' + err.message));
 input.on('end', () => {
