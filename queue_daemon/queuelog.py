@@ -66,6 +66,18 @@ class QueueLog:
             )
         )
 
+    def log(self, jobtype: str, job_id: str, lines: Sequence[str]) -> None:
+        """What a run printed that was neither a follow-on job nor a status line
+        (already bounded by the runner): ``{"ev": "log", …, "lines": […]}``."""
+        record = {
+            "ev": "log",
+            "t": time.time_ns() // 1_000_000,
+            "type": jobtype,
+            "id": job_id,
+            "lines": list(lines),
+        }
+        self._append(orjson.dumps(record).decode() + "\n")
+
     def _append(self, text: str) -> None:
         self._parts.append(text)
         self._size += len(text)

@@ -308,6 +308,8 @@ class Worker:
                 releases.append(put_back(job))
                 continue
             releases.append(release_for(job, result.exitcode, result.result, policy, now=now))
+            if result.log:
+                self._queuelog.log(job.type, job.id, result.log)
             self._follow_ons(spec, job, result, follow)
         if follow and not await self._write_follow_ons(spec.client, follow):
             # follow-on jobs could not be made durable: run the jobs again later
