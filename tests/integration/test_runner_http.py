@@ -3,11 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-import os
-import shutil
 import socket
-import tempfile
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -15,14 +12,6 @@ from aiohttp import web
 
 from runners.models import HandlerSpec, JobInput, JobResult
 from runners.pool import RunnerPool, RunnerSettings
-
-
-@pytest.fixture
-def work_root() -> Iterator[Path]:
-    root = Path(tempfile.mkdtemp(prefix="qd-runner-"))
-    os.chmod(root, 0o711)
-    yield root
-    shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture

@@ -6,9 +6,9 @@ import time
 
 from runners.models import HandlerSpec
 from runners.pool import RunnerPool
-from tests.integration.test_runner_python import jobs, pool, work_root
+from tests.integration.test_runner_python import jobs, pool
 
-__all__ = ["pool", "work_root"]  # fixtures
+__all__ = ["pool"]  # a fixture
 
 
 def node(body: str, **kw: object) -> HandlerSpec:

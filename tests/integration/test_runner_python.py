@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
-import tempfile
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -18,15 +16,6 @@ from runners.pool import RunnerPool, RunnerSettings
 # RLIMIT_NPROC counts every process and thread of the shared run-as uid, including
 # other contexts on this machine: the default 64 is too tight for tests that fork.
 PROCESSES = 4096
-
-
-@pytest.fixture
-def work_root() -> Iterator[Path]:
-    # not below pytest's tmp_path: the run-as user must be able to reach it (0700 parents)
-    root = Path(tempfile.mkdtemp(prefix="qd-runner-"))
-    os.chmod(root, 0o711)
-    yield root
-    shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture

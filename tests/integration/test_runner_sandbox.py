@@ -31,14 +31,6 @@ PROCESSES = 4096
 
 
 @pytest.fixture
-def work_root() -> Iterator[Path]:
-    root = Path(tempfile.mkdtemp(prefix="qd-runner-"))
-    os.chmod(root, 0o711)
-    yield root
-    shutil.rmtree(root, ignore_errors=True)
-
-
-@pytest.fixture
 async def pool(work_root: Path) -> AsyncIterator[RunnerPool]:
     pool = RunnerPool(RunnerSettings(work_root=work_root, processes=PROCESSES))
     yield pool

@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -17,14 +15,6 @@ from runners.pool import RunnerPool, RunnerSettings
 # RLIMIT_NPROC counts every process and thread of the shared run-as uid, including
 # other contexts on this machine: the default 64 is too tight for tests that fork.
 PROCESSES = 4096
-
-
-@pytest.fixture
-def work_root() -> Iterator[Path]:
-    root = Path(tempfile.mkdtemp(prefix="qd-runner-"))
-    os.chmod(root, 0o711)
-    yield root
-    shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture

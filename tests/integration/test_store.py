@@ -8,7 +8,7 @@ import shutil
 import subprocess
 import tempfile
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -34,24 +34,6 @@ def new_job(
     data: str = '{"x": 1}',
 ) -> NewJob:
     return NewJob(id=job_id, type=stored_type, dt=dt or create_dt, data=data, create_dt=create_dt)
-
-
-@pytest.fixture
-async def store(pg_dsn: str) -> AsyncIterator[PgStore]:
-    s = await PgStore.connect(pg_dsn, min_size=1, max_size=4)
-    try:
-        yield s
-    finally:
-        await s.close()
-
-
-@pytest.fixture
-async def conn(pg_dsn: str) -> AsyncIterator[asyncpg.Connection]:
-    c = await asyncpg.connect(pg_dsn)
-    try:
-        yield c
-    finally:
-        await c.close()
 
 
 async def set_running(conn: asyncpg.Connection, job_id: str, sysid: str = "7") -> None:

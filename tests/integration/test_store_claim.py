@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
 import asyncpg
@@ -24,24 +24,6 @@ LEASE = 60.0
 def job(job_id: str, stored_type: str = "a-t", *, dt: datetime | None = None) -> NewJob:
     now = datetime.now(UTC)
     return NewJob(id=job_id, type=stored_type, dt=dt or now, data=f"p-{job_id}", create_dt=now)
-
-
-@pytest.fixture
-async def store(pg_dsn: str) -> AsyncIterator[PgStore]:
-    s = await PgStore.connect(pg_dsn, min_size=1, max_size=4)
-    try:
-        yield s
-    finally:
-        await s.close()
-
-
-@pytest.fixture
-async def conn(pg_dsn: str) -> AsyncIterator[asyncpg.Connection]:
-    c = await asyncpg.connect(pg_dsn)
-    try:
-        yield c
-    finally:
-        await c.close()
 
 
 async def row(conn: asyncpg.Connection, job_id: str) -> asyncpg.Record:

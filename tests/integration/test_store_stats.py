@@ -5,7 +5,6 @@ done jobs."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 
 import asyncpg
@@ -24,24 +23,6 @@ def job(job_id: str, stored_type: str = "a-t", *, dt: datetime | None = None) ->
     return NewJob(
         id=job_id, type=stored_type, dt=dt or now - timedelta(seconds=1), data="{}", create_dt=now
     )
-
-
-@pytest.fixture
-async def store(pg_dsn: str) -> AsyncIterator[PgStore]:
-    s = await PgStore.connect(pg_dsn, min_size=1, max_size=12)
-    try:
-        yield s
-    finally:
-        await s.close()
-
-
-@pytest.fixture
-async def conn(pg_dsn: str) -> AsyncIterator[asyncpg.Connection]:
-    c = await asyncpg.connect(pg_dsn)
-    try:
-        yield c
-    finally:
-        await c.close()
 
 
 # The old query: every job of the tenant, done ones included. The reference
