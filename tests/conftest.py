@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import shutil
 import tempfile
 import uuid
 from collections.abc import Iterator
@@ -39,6 +40,7 @@ def pg_server() -> Iterator[PgServer | None]:
         yield server
     finally:
         server.stop()
+        shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
