@@ -59,8 +59,8 @@ class Ingester:
 
     async def run(self) -> None:
         async with asyncio.TaskGroup() as group:
-            for _ in range(self._workers):
-                group.create_task(self._worker())
+            for helper in range(self._workers):
+                group.create_task(self._worker(helper > 0))
 
     def stop(self) -> None:
         """Workers finish the batch in hand and return."""
@@ -76,11 +76,17 @@ class Ingester:
             await asyncio.sleep(0.01)
         return True
 
-    async def _worker(self) -> None:
+    async def _worker(self, helper: bool) -> None:
+        """One pipeline. Helpers (all but the first) only take part when a
+        backlog builds up: a trickle of adds is cheaper moved by one pipeline."""
         journal = self._journal
         loop = asyncio.get_running_loop()
         small = self._batch // 4
         while not self._stopping.is_set():
+            if helper and journal.lag.unread_lines < small:
+                if await journal.wait_readable(timeout=0.5):
+                    await asyncio.sleep(SMALL_BATCH_CYCLE)  # let a backlog show itself
+                continue
             reservation = journal.read_reserve(self._batch, RESERVE_TIMEOUT)
             if reservation is None:
                 await journal.wait_readable(timeout=0.5)
