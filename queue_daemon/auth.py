@@ -2,13 +2,21 @@
 
 The cache is what lets adds keep succeeding while PostgreSQL is down: it is
 reloaded every few seconds and the last good copy stays in force while the
-store cannot be reached. A revoked token stops working at the next reload.
+store cannot be reached. A revoked token, or a rotated-out one whose grace
+period ended, stops working at the next reload.
+
+Tokens are stored as HMAC-SHA256 digests keyed with a per-store secret
+(``Store.token_key``, created by migration 0004), so the table alone is not
+enough to check guesses offline. Tokens created before that migration were
+stored as plain SHA-256 (``scheme = 'sha256'``) and keep working: the lookup
+tries both digests.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
+import hmac
 import logging
 import secrets
 
@@ -25,7 +33,13 @@ def new_token() -> str:
     return TOKEN_PREFIX + secrets.token_urlsafe(32)
 
 
-def hash_token(token: str) -> bytes:
+def hash_token(token: str, key: bytes) -> bytes:
+    """The stored form of ``token``: HMAC-SHA256 keyed with the store's secret."""
+    return hmac.new(key, token.encode("utf-8", "surrogateescape"), hashlib.sha256).digest()
+
+
+def legacy_hash_token(token: str) -> bytes:
+    """Plain SHA-256: how tokens created before migration 0004 are stored."""
     return hashlib.sha256(token.encode("utf-8", "surrogateescape")).digest()
 
 
@@ -42,12 +56,15 @@ class TokenCache:
     def __init__(self, store: Store) -> None:
         self._store = store
         self._by_hash: dict[bytes, str] = {}
+        self._key: bytes | None = None  # read from the store at the first reload
         self._last_reload = -1e9
         self._reloading: asyncio.Future[None] | None = None
         self.loaded = False
 
     async def reload(self) -> None:
         self._last_reload = asyncio.get_running_loop().time()
+        if self._key is None:
+            self._key = await self._store.token_key()
         self._by_hash = await self._store.tenant_tokens()
         self.loaded = True
 
@@ -63,14 +80,28 @@ class TokenCache:
 
     async def client_for(self, token: str) -> str | None:
         """The client that owns ``token``, or None."""
-        # Lookup by SHA-256 of the token: an attacker cannot steer the digest,
-        # so the lookup's timing reveals nothing about valid tokens.
-        digest = hash_token(token)
-        client = self._by_hash.get(digest)
+        # Lookup by digest in a dict rather than a constant-time compare: an
+        # attacker cannot steer a keyed digest (nor, without a preimage, the
+        # legacy SHA-256 one) towards a stored one, so the probe's timing says
+        # nothing about valid tokens. The key is read at start (app calls
+        # reload() before serving), so it is set here unless the store failed.
+        if self._key is None:
+            await self._reload_on_miss()
+            if self._key is None:
+                return None
+        digests = (hash_token(token, self._key), legacy_hash_token(token))
+        client = self._lookup(digests)
         if client is not None:
             return client
         await self._reload_on_miss()
-        return self._by_hash.get(digest)
+        return self._lookup(digests)
+
+    def _lookup(self, digests: tuple[bytes, ...]) -> str | None:
+        for digest in digests:
+            client = self._by_hash.get(digest)
+            if client is not None:
+                return client
+        return None
 
     async def _reload_on_miss(self) -> None:
         if self._reloading is None:

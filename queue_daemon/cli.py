@@ -109,12 +109,36 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds an idle handler context stays warm",
     )
 
+    serve.add_argument(
+        "--tenant-rate",
+        default=_env("tenant_rate", "100000"),
+        help="jobs/s one tenant may add (0 = unlimited; over it: 429 with Retry-After)",
+    )
+    serve.add_argument(
+        "--tenant-burst",
+        default=_env("tenant_burst", "200000"),
+        help="jobs one tenant may add at once above its rate",
+    )
+    serve.add_argument(
+        "--tenant-running",
+        default=_env("tenant_running", "0"),
+        help="jobs of one tenant running at once in this daemon (0 = no cap)",
+    )
+
     tenant = sub.add_parser("tenant", help="manage tenants")
     tsub = tenant.add_subparsers(dest="action", required=True)
     for action, text in (("add", "create a tenant and print its token"), ("revoke", "revoke")):
         p = tsub.add_parser(action, help=text)
         _common(p)
         p.add_argument("client")
+    rotate = tsub.add_parser(
+        "rotate", help="issue a new token; the old one works until the grace period ends"
+    )
+    _common(rotate)
+    rotate.add_argument("client")
+    rotate.add_argument(
+        "--grace", default="3600", help="seconds the previous token stays valid (default 3600)"
+    )
     _common(tsub.add_parser("list", help="list tenants"))
 
     journal = sub.add_parser("journal", help="journal tools")
@@ -189,10 +213,14 @@ def settings_from(args: argparse.Namespace) -> Settings:
         retention=_number(args.retention, "--retention", float, 0),
         run_as=args.run_as or None,
         context_idle=_number(args.context_idle, "--context-idle", float, 0),
+        tenant_rate=_number(args.tenant_rate, "--tenant-rate", float, 0),
+        tenant_burst=_number(args.tenant_burst, "--tenant-burst", float, 1),
+        tenant_running=_number(args.tenant_running, "--tenant-running", int, 0) or None,
     )
 
 
 async def _tenant(args: argparse.Namespace) -> int:
+    grace = _number(args.grace, "--grace", float, 0) if args.action == "rotate" else 0.0
     settings = Settings(data_dir=Path(args.data_dir), store=args.store or None)
     store, embedded = await app.open_store(settings)
     try:
@@ -201,7 +229,7 @@ async def _tenant(args: argparse.Namespace) -> int:
                 raise CliError("client must match [a-z0-9_]{1,40}")
             token = new_token()
             try:
-                await store.add_tenant(args.client, hash_token(token))
+                await store.add_tenant(args.client, hash_token(token, await store.token_key()))
             except Conflict:
                 raise CliError(f"tenant {args.client} exists; revoke it first") from None
             print(f"tenant {args.client} added; its bearer token:")
@@ -212,10 +240,28 @@ async def _tenant(args: argparse.Namespace) -> int:
             except NotFound:
                 raise CliError(f"no active tenant {args.client}") from None
             print(f"tenant {args.client} revoked")
+        elif args.action == "rotate":
+            token = new_token()
+            try:
+                await store.rotate_tenant(
+                    args.client, hash_token(token, await store.token_key()), grace
+                )
+            except NotFound:
+                raise CliError(f"no active tenant {args.client}") from None
+            print(
+                f"tenant {args.client} rotated; the previous token works for {grace:g} s more;"
+                " its new bearer token:"
+            )
+            print(token)
         else:
+            # client, state, created, live tokens, soonest end of a grace period
             for tenant in await store.list_tenants():
                 state = "revoked" if tenant.revoked_at else "active"
-                print(f"{tenant.client}\t{state}\t{tenant.created_at.isoformat()}")
+                grace_until = tenant.grace_until.isoformat() if tenant.grace_until else "-"
+                print(
+                    f"{tenant.client}\t{state}\t{tenant.created_at.isoformat()}"
+                    f"\ttokens={tenant.live_tokens}\tgrace_until={grace_until}"
+                )
         return 0
     finally:
         await store.close()

@@ -27,6 +27,7 @@ from queue_daemon.ids import IdGenerator
 from queue_daemon.ingester import Ingester
 from queue_daemon.names import valid_client, valid_type
 from queue_daemon.queuelog import QueueLog
+from queue_daemon.quotas import RateLimiter
 from queue_daemon.settings import Settings
 from store.errors import BadCursor, Conflict, NotFound, StoreError, StoreUnavailable
 from store.models import Job, JobState, TypeStats
@@ -49,6 +50,7 @@ class Services:
     ingester: Ingester
     queuelog: QueueLog
     handlers: HandlerCache
+    rates: RateLimiter
     sysid: str
 
 
@@ -234,6 +236,19 @@ async def add_jobs(request: web.Request) -> web.Response:
     dt_ms = parse_when(request.query, now_ms)
     body = await request.read()
     lines = split_payloads(body, request.content_type, services.settings.payload_limit)
+    wait = services.rates.take(client, len(lines))
+    if wait:
+        if math.isinf(wait):
+            raise errors.too_large(
+                f"{len(lines)} jobs in one request is over this tenant's burst of "
+                f"{services.rates.burst:g}"
+            )
+        raise ApiError(
+            429,
+            "rate_limited",
+            f"over this tenant's add rate of {services.rates.rate:g} jobs/s",
+            headers={"Retry-After": str(max(1, math.ceil(wait)))},
+        )
     ids = services.ids.next_ids(len(lines))
     stored_type = f"{client}-{jobtype}"
     try:

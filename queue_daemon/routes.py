@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from queue_daemon import handler_routes, http
+from queue_daemon import handler_routes, http, openapi
 from queue_daemon.http import SERVICES, Services, error_middleware
 
 
@@ -23,4 +23,5 @@ def build_app(services: Services) -> web.Application:
     router.add_post("/{client}/handler/del/{type}", handler_routes.delete_handler)
     router.add_get("/{client}/handler/get/{type}", handler_routes.get_handler)
     router.add_get("/healthz", http.healthz)
+    router.add_get("/openapi.json", openapi.serve)
     return app

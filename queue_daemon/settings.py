@@ -33,6 +33,9 @@ class Settings:
     retention: float = 7 * 86_400.0  # seconds archived jobs are kept
     run_as: str | None = None  # user for handler processes when root (None: queue-runner)
     context_idle: float = 60.0  # seconds an idle context is kept warm
+    tenant_rate: float = 100_000.0  # jobs/s one tenant may add (0 = unlimited)
+    tenant_burst: float = 200_000.0  # jobs one tenant may add at once above the rate
+    tenant_running: int | None = None  # jobs of one tenant running at once per daemon
 
     def journal_dir(self, sysid: str) -> Path:
         return self.journal if self.journal is not None else self.data_dir / f"journal-{sysid}"

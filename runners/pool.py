@@ -65,6 +65,7 @@ class RunnerPool:
             run_as=settings.run_as,
             prlimit=settings.prlimit,
             python=settings.python,
+            network=settings.network,
         )
         self._limits = OutputLimits(
             max_log_lines=settings.max_log_lines,

@@ -13,9 +13,18 @@ A handler process is started through two tiny exec wrappers, never through a
         (util-linux; where it is missing, ``bootstrap/limits.py`` does the same)
     the command itself
 
-``subprocess`` switches to the run-as user (``user=``, ``group=``,
-``extra_groups=[]``) and starts a new session, so the whole tree can be
-killed with one ``killpg``.
+``subprocess`` starts a new session, so the whole tree can be killed with
+one ``killpg``, and switches to the run-as user (``user=``, ``group=``,
+``extra_groups=[]``) -- except when handlers get no network (the default when
+the daemon is root and util-linux ``unshare`` works): then a first wrapper,
+run as root, puts the process in a new network namespace (only a loopback
+interface, left down: no route to the host's loopback or anywhere else) and
+switches to the run-as user itself, clearing supplementary groups:
+
+    unshare --net --setgid=G --setuid=U --    (before everything above)
+
+A namespace does not cover unix sockets, which are files: the daemon's own
+files are kept from handlers by permissions (``queue_daemon.app``).
 """
 
 from __future__ import annotations
@@ -195,8 +204,10 @@ class Sandbox:
         run_as: str | None = None,
         prlimit: str | None = "auto",
         python: str | None = None,
+        network: bool = False,
     ) -> None:
         self.work_root = work_root
+        self.network = network
         self.limits = limits
         self._run_as_setting = run_as
         self._prlimit_setting = prlimit
@@ -207,6 +218,7 @@ class Sandbox:
         self.run_as: RunAs | None = None
         self.bootstrap_dir = work_root / "bootstrap"
         self._prlimit: str | None = None
+        self._unshare: str | None = None
 
     async def prepare(self) -> None:
         """Resolve the user, make the work root and copy the bootstraps; once."""
@@ -236,6 +248,44 @@ class Sandbox:
             prlimit = shutil.which("prlimit", path=SAFE_PATH)
         self._prlimit = prlimit
         self.python = self._find_python()
+        self._unshare = self._find_unshare()
+
+    def _find_unshare(self) -> str | None:
+        """``unshare`` if handlers get no network and it works here, else None (warned once)."""
+        if self.network:
+            return None
+        why = ""
+        unshare = shutil.which("unshare", path=SAFE_PATH)
+        if self.run_as is None:
+            why = "the daemon is not root"
+        elif unshare is None:
+            why = "util-linux unshare is missing"
+        else:
+            try:
+                done = subprocess.run(
+                    [unshare, "--net", "--", "true"],
+                    env=scrubbed_env(self.work_root),
+                    cwd="/",
+                    capture_output=True,
+                    timeout=30,
+                    check=False,
+                )
+                if done.returncode == 0:
+                    return unshare
+                why = f"unshare --net fails: {done.stderr.decode(errors='replace').strip()}"
+            except (OSError, subprocess.SubprocessError) as exc:
+                why = f"unshare --net fails: {exc}"
+        logger.warning(
+            "handlers have network access (%s)",
+            why,
+            extra={"action": "sandbox_network"},
+        )
+        return None
+
+    @property
+    def isolates_network(self) -> bool:
+        """Whether handler processes run in a network namespace of their own."""
+        return self._unshare is not None
 
     def _find_python(self) -> str:
         """An interpreter the run-as user can run: the configured one, else the daemon's
@@ -361,6 +411,17 @@ class Sandbox:
             argv = ["/bin/sh", "-c", _FD_WRAPPER, "sh", *argv]
             stdin, stdout = pipes
         run_as = self.owner(client)
+        if run_as is not None and self._unshare is not None:
+            # unshare needs root: it switches to the run-as user itself, after the namespace
+            argv = [
+                self._unshare,
+                "--net",
+                f"--setgid={run_as.gid}",
+                f"--setuid={run_as.uid}",
+                "--",
+                *argv,
+            ]
+            run_as = None
         loop = asyncio.get_running_loop()
         transport, protocol = await loop.subprocess_exec(
             lambda: _Protocol(1 << 16, loop),

@@ -31,4 +31,7 @@ class RunnerSettings:
     shell_concurrency: int = 4  # shell jobs of one batch running at once
     http_concurrency: int = 32  # requests of one batch in flight at once
     python: str | None = None  # interpreter of python contexts (default: the daemon's own)
+    # False: handlers run in a network namespace of their own (only a loopback, down)
+    # when the daemon is root and unshare works; True: they share the daemon's network
+    network: bool = False
     prlimit: str | None = "auto"  # path of prlimit, "auto" (search PATH) or None (python wrapper)

@@ -65,9 +65,11 @@ class TypeStats:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Tenant:
     client: str
-    token_hash: bytes
+    token_hash: bytes  # of its newest token
     created_at: datetime
     revoked_at: datetime | None
+    live_tokens: int = 0  # tokens that work now (0 once revoked; 2 during a rotation's grace)
+    grace_until: datetime | None = None  # the soonest end of a live token's grace period
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

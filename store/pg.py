@@ -304,13 +304,32 @@ class PgStore:
 
     async def add_tenant(self, client: str, token_hash: bytes) -> None:
         try:
-            row = await self._fetchrow(queries.ADD_TENANT, client, token_hash)
+            async with self._conn() as conn, conn.transaction():
+                if await conn.fetchrow(queries.ADD_TENANT, client) is None:
+                    raise Conflict(f"tenant {client!r} exists")
+                await conn.execute(queries.DELETE_TENANT_TOKENS, client)
+                await conn.execute(queries.INSERT_TENANT_TOKEN, client, token_hash)
         except StoreError as exc:
             if isinstance(exc.__cause__, asyncpg.UniqueViolationError):
                 raise Conflict("token hash already in use") from exc
             raise
-        if row is None:
-            raise Conflict(f"tenant {client!r} exists")
+
+    async def rotate_tenant(self, client: str, new_hash: bytes, grace: float) -> None:
+        """Give ``client`` the token ``new_hash``; its current token stays live
+        for ``grace`` seconds more, and any older one ends now (at most two live
+        tokens). NotFound if no such active tenant."""
+        try:
+            async with self._conn() as conn, conn.transaction():
+                row = await conn.fetchrow(queries.LOCK_TENANT, client)
+                if row is None or row["revoked_at"] is not None:
+                    raise NotFound(f"no active tenant {client!r}")
+                await conn.execute(queries.ROTATE_DROP_OLD, client)
+                await conn.execute(queries.ROTATE_EXPIRE_CURRENT, client, float(grace))
+                await conn.execute(queries.INSERT_TENANT_TOKEN, client, new_hash)
+        except StoreError as exc:
+            if isinstance(exc.__cause__, asyncpg.UniqueViolationError):
+                raise Conflict("token hash already in use") from exc
+            raise
 
     async def list_tenants(self) -> list[Tenant]:
         rows = await self._fetch(queries.LIST_TENANTS)
@@ -320,6 +339,8 @@ class PgStore:
                 token_hash=bytes(row["token_hash"]),
                 created_at=row["created_at"],
                 revoked_at=row["revoked_at"],
+                live_tokens=row["live_tokens"],
+                grace_until=row["grace_until"],
             )
             for row in rows
         ]
@@ -329,9 +350,17 @@ class PgStore:
             raise NotFound(f"no active tenant {client!r}")
 
     async def tenant_tokens(self) -> dict[bytes, str]:
-        """token_hash -> client for every active tenant."""
+        """token_hash -> client for every live token (database clock)."""
         rows = await self._fetch(queries.TENANT_TOKENS)
         return {bytes(row["token_hash"]): row["client"] for row in rows}
+
+    async def token_key(self) -> bytes:
+        """The per-store HMAC key for token hashes (created by migration 0004)."""
+        async with self._conn() as conn:
+            value = await conn.fetchval(queries.TOKEN_KEY)
+        if value is None:
+            raise StoreError("the store has no token key; is migration 0004 applied?")
+        return bytes(value)
 
     # --- sysids -----------------------------------------------------------
 

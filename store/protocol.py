@@ -53,8 +53,16 @@ class Store(Protocol):
 
     async def list_tenants(self) -> list[Tenant]: ...
 
+    async def rotate_tenant(self, client: str, new_hash: bytes, grace: float) -> None:
+        """New current token; the previous one stays live for ``grace`` seconds,
+        older ones end now. NotFound if no such active tenant."""
+
     async def tenant_tokens(self) -> dict[bytes, str]:
-        """token_hash -> client for every active tenant."""
+        """token_hash -> client for every live token: its tenant is active and
+        its grace (if any) has not ended by the database clock."""
+
+    async def token_key(self) -> bytes:
+        """The per-store secret key of the keyed token hash."""
 
     async def revoke_tenant(self, client: str) -> None:
         """NotFound if no such active tenant."""

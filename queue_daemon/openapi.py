@@ -1,0 +1,457 @@
+"""The OpenAPI 3 document of every route in ``routes.py``, served at ``GET /openapi.json``.
+
+Built once, by hand, next to the code it describes: API.md is the contract and
+this is its machine-readable form (tests/acceptance/test_openapi.py fuzzes the
+live daemon against it with schemathesis).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from runners.models import LANGS
+
+CLIENT_PATTERN = "^[a-z0-9_]{1,40}$"
+TYPE_PATTERN = "^[A-Za-z0-9_.:-]{1,100}$"
+OPTIONAL_TYPE_PATTERN = "^([A-Za-z0-9_.:-]{1,100})?$"
+MAX_DELAY_S = 10 * 365 * 24 * 3600
+
+JSON = "application/json"
+TEXT = "text/plain"
+
+Schema = dict[str, Any]
+
+
+def _ref(name: str) -> Schema:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def _nullable(schema: Schema) -> Schema:
+    return {**schema, "nullable": True}
+
+
+_SCHEMAS: dict[str, Schema] = {
+    "Error": {
+        "type": "object",
+        "required": ["error", "message"],
+        "properties": {
+            "error": {"type": "string", "description": "machine-readable kind"},
+            "message": {"type": "string", "description": "a human sentence"},
+        },
+    },
+    "Ids": {
+        "type": "object",
+        "required": ["ids"],
+        "additionalProperties": False,
+        "properties": {"ids": {"type": "array", "items": {"type": "string"}, "minItems": 1}},
+    },
+    "Job": {
+        "type": "object",
+        "required": [
+            "id",
+            "type",
+            "state",
+            "dt",
+            "create_dt",
+            "done_dt",
+            "attempts",
+            "code",
+            "exitcode",
+            "result",
+            "payload",
+        ],
+        "additionalProperties": False,
+        "properties": {
+            "id": {"type": "string"},
+            "type": {"type": "string", "pattern": TYPE_PATTERN},
+            "state": {"type": "string", "enum": ["waiting", "running", "done"]},
+            "dt": {"type": "string", "format": "date-time"},
+            "create_dt": {"type": "string", "format": "date-time"},
+            "done_dt": _nullable({"type": "string", "format": "date-time"}),
+            "attempts": {"type": "integer", "minimum": 0},
+            "code": _nullable({"type": "string", "enum": ["ok", "failed", "retry", "error", None]}),
+            "exitcode": _nullable({"type": "integer"}),
+            "result": _nullable({"type": "string"}),
+            "payload": {"type": "string"},
+        },
+    },
+    "JobPage": {
+        "type": "object",
+        "required": ["jobs", "next"],
+        "additionalProperties": False,
+        "properties": {
+            "jobs": {"type": "array", "items": _ref("Job")},
+            "next": _nullable({"type": "string", "description": "cursor for ?after="}),
+        },
+    },
+    "TypeStats": {
+        "type": "object",
+        "required": ["waiting", "scheduled", "running", "done_ok", "done_failed", "done_error"],
+        "additionalProperties": False,
+        "properties": {
+            name: {"type": "integer", "minimum": 0}
+            for name in ("waiting", "scheduled", "running", "done_ok", "done_failed", "done_error")
+        },
+    },
+    "Stats": {
+        "type": "object",
+        "required": ["types"],
+        "additionalProperties": False,
+        "properties": {"types": {"type": "object", "additionalProperties": _ref("TypeStats")}},
+    },
+    "HandlerAdd": {
+        "type": "object",
+        "required": ["lang", "body"],
+        "additionalProperties": False,
+        "properties": {
+            "lang": {"type": "string", "enum": list(LANGS)},
+            "body": {"type": "string", "minLength": 1},
+            "before": {"type": "string"},
+            "beforeEach": {"type": "string"},
+            "afterEach": {"type": "string"},
+            "eid": {"type": "string", "pattern": OPTIONAL_TYPE_PATTERN},
+            "timeout": {"type": "number", "exclusiveMinimum": True, "minimum": 0, "maximum": 3600},
+            "maxAttempts": {"type": "integer", "minimum": 1, "maximum": 100},
+            "then": {"type": "string", "pattern": OPTIONAL_TYPE_PATTERN},
+        },
+    },
+    "Handler": {
+        "type": "object",
+        "required": [
+            "id",
+            "type",
+            "dt",
+            "lang",
+            "body",
+            "before",
+            "beforeEach",
+            "afterEach",
+            "eid",
+            "then",
+            "timeout",
+            "maxAttempts",
+        ],
+        "additionalProperties": False,
+        "properties": {
+            "id": {"type": "string", "description": "version id"},
+            "type": {"type": "string", "pattern": TYPE_PATTERN},
+            "dt": {"type": "string", "format": "date-time"},
+            "lang": {"type": "string", "enum": list(LANGS)},
+            "body": {"type": "string"},
+            "before": {"type": "string"},
+            "beforeEach": {"type": "string"},
+            "afterEach": {"type": "string"},
+            "eid": {"type": "string"},
+            "then": {"type": "string"},
+            "timeout": {"type": "number"},
+            "maxAttempts": {"type": "integer"},
+        },
+    },
+    "Deleted": {
+        "type": "object",
+        "required": ["deleted"],
+        "additionalProperties": False,
+        "properties": {"deleted": {"type": "string", "pattern": TYPE_PATTERN}},
+    },
+    "Health": {
+        "type": "object",
+        "required": ["sysid", "store", "journal", "ingest_lag", "ingested"],
+        "properties": {
+            "status": {"type": "string", "enum": ["ok"]},
+            "sysid": {"type": "string"},
+            "store": {"type": "string", "enum": ["ok", "unreachable"]},
+            "journal": {"type": "string", "enum": ["ok", "failed"]},
+            "ingest_lag": {
+                "type": "object",
+                "required": ["lines", "bytes", "oldest_ms"],
+                "properties": {
+                    "lines": {"type": "integer", "minimum": 0},
+                    "bytes": {"type": "integer", "minimum": 0},
+                    "oldest_ms": _nullable({"type": "integer", "minimum": 0}),
+                },
+            },
+            "ingested": {"type": "integer", "minimum": 0},
+            "error": {"type": "string", "enum": ["unavailable"]},
+            "message": {"type": "string"},
+        },
+    },
+}
+
+
+def _error(description: str, kinds: list[str], *, retry_after: bool = False) -> Schema:
+    schema: Schema = {
+        "allOf": [
+            _ref("Error"),
+            {"type": "object", "properties": {"error": {"type": "string", "enum": kinds}}},
+        ]
+    }
+    response: Schema = {"description": description, "content": {JSON: {"schema": schema}}}
+    if retry_after:
+        response["headers"] = {
+            "Retry-After": {"description": "seconds", "schema": {"type": "string"}}
+        }
+    return response
+
+
+_RESPONSES: dict[str, Schema] = {
+    "BadName": _error("a client or type name breaks the naming rules", ["bad_name"]),
+    "BadRequest": _error("a name or query parameter is not valid", ["bad_name", "bad_request"]),
+    "BadPayload": _error(
+        "a bad name, payload (empty line, invalid UTF-8, bad JSON) or query parameter",
+        ["bad_name", "bad_payload", "bad_request"],
+    ),
+    "BadHandler": _error(
+        "a bad name, or a handler that cannot be stored", ["bad_name", "bad_handler"]
+    ),
+    "Unauthorized": {
+        **_error("missing or invalid bearer token", ["unauthorized"]),
+        "headers": {"WWW-Authenticate": {"schema": {"type": "string"}}},
+    },
+    "Forbidden": _error("the token belongs to another client", ["forbidden"]),
+    "NotFound": _error("no such job or handler (of this client)", ["not_found"]),
+    "MethodNotAllowed": _error("the route has no such method", ["method_not_allowed"]),
+    "Conflict": _error("only a waiting job can be cancelled", ["conflict"]),
+    "TooLarge": _error("a payload, handler source or body over its limit", ["too_large"]),
+    "RateLimited": _error(
+        "over the tenant's add rate; retry after Retry-After", ["rate_limited"], retry_after=True
+    ),
+    "Unavailable": _error(
+        "the store or the journal cannot be reached; nothing was done",
+        ["unavailable"],
+        retry_after=True,
+    ),
+}
+
+
+def _resp(name: str) -> Schema:
+    return {"$ref": f"#/components/responses/{name}"}
+
+
+def _ok(description: str, schema_name: str) -> Schema:
+    return {"description": description, "content": {JSON: {"schema": _ref(schema_name)}}}
+
+
+def _param(name: str, where: str, schema: Schema, description: str, **extra: Any) -> Schema:
+    return {"name": name, "in": where, "schema": schema, "description": description, **extra}
+
+
+_CLIENT = _param(
+    "client",
+    "path",
+    {"type": "string", "pattern": CLIENT_PATTERN},
+    "tenant id",
+    required=True,
+)
+_TYPE = _param(
+    "type", "path", {"type": "string", "pattern": TYPE_PATTERN}, "jobtype", required=True
+)
+_ID = _param("id", "path", {"type": "string", "minLength": 1}, "job id", required=True)
+
+
+def _tenant_op(
+    op_id: str, summary: str, ok: Schema, errors: dict[str, str], **extra: Any
+) -> Schema:
+    responses: dict[str, Any] = {"200": ok}
+    common = {"401": "Unauthorized", "403": "Forbidden", "503": "Unavailable"}
+    for status, name in sorted({**common, **errors}.items()):
+        responses[status] = _resp(name)
+    return {
+        "operationId": op_id,
+        "summary": summary,
+        "security": [{"bearer": []}],
+        "responses": responses,
+        **extra,
+    }
+
+
+def _paths() -> dict[str, Any]:
+    job_errors = {"400": "BadName", "404": "NotFound"}
+    return {
+        "/{client}/job/{type}/add": {
+            "parameters": [_CLIENT, _TYPE],
+            "post": _tenant_op(
+                "addJobs",
+                "Add jobs: one payload per line, or a JSON array of payloads",
+                _ok("the new jobs' ids, in order, once durably journalled", "Ids"),
+                {"400": "BadPayload", "413": "TooLarge", "429": "RateLimited"},
+                parameters=[
+                    _param(
+                        "delay",
+                        "query",
+                        {"type": "number", "minimum": 0, "maximum": MAX_DELAY_S},
+                        "seconds before the jobs are eligible (not with dt)",
+                    ),
+                    _param(
+                        "dt",
+                        "query",
+                        {"type": "string"},
+                        "ISO-8601 time or epoch milliseconds when the jobs are eligible"
+                        " (not with delay; at most ten years ahead)",
+                    ),
+                ],
+                requestBody={
+                    "required": True,
+                    "content": {
+                        TEXT: {
+                            "schema": {"type": "string", "minLength": 1},
+                            "example": "first payload\nsecond|payload\n",
+                        },
+                        JSON: {
+                            "schema": {"type": "array", "minItems": 1, "items": {}},
+                            "example": [{"w": 100}, {"w": 200}],
+                        },
+                    },
+                },
+            ),
+        },
+        "/{client}/job/{id}": {
+            "parameters": [_CLIENT, _ID],
+            "get": _tenant_op("getJob", "A job of this client", _ok("the job", "Job"), job_errors),
+        },
+        "/{client}/job/{id}/cancel": {
+            "parameters": [_CLIENT, _ID],
+            "post": _tenant_op(
+                "cancelJob",
+                "Cancel a waiting job (done, code failed, exitcode 499)",
+                _ok("the cancelled job", "Job"),
+                {**job_errors, "409": "Conflict"},
+            ),
+        },
+        "/{client}/jobs": {
+            "parameters": [_CLIENT],
+            "get": _tenant_op(
+                "listJobs",
+                "A page of the client's jobs, newest first",
+                _ok("the page and the cursor of the next one (null at the end)", "JobPage"),
+                {"400": "BadRequest"},
+                parameters=[
+                    _param("type", "query", {"type": "string", "pattern": TYPE_PATTERN}, "jobtype"),
+                    _param(
+                        "state",
+                        "query",
+                        {"type": "string", "enum": ["waiting", "running", "done"]},
+                        "job state",
+                    ),
+                    _param(
+                        "limit",
+                        "query",
+                        {"type": "integer", "minimum": 1, "maximum": 1000, "default": 100},
+                        "page size",
+                    ),
+                    _param("after", "query", {"type": "string"}, "the previous page's next"),
+                ],
+            ),
+        },
+        "/{client}/stats": {
+            "parameters": [_CLIENT],
+            "get": _tenant_op(
+                "stats",
+                "Job counts for each of the client's types",
+                _ok("counts", "Stats"),
+                {"400": "BadName"},
+            ),
+        },
+        "/{client}/handler/add/{type}": {
+            "parameters": [_CLIENT, _TYPE],
+            "post": _tenant_op(
+                "addHandler",
+                "Add (or replace) the handler of a jobtype",
+                _ok("the stored handler, with its version id", "Handler"),
+                {"400": "BadHandler", "413": "TooLarge"},
+                parameters=[
+                    _param(
+                        "lang",
+                        "query",
+                        {"type": "string", "enum": list(LANGS)},
+                        "the language of a text/plain body",
+                    )
+                ],
+                requestBody={
+                    "required": True,
+                    "content": {
+                        JSON: {"schema": _ref("HandlerAdd")},
+                        TEXT: {
+                            "schema": {"type": "string", "minLength": 1},
+                            "example": "wc -c",
+                        },
+                    },
+                },
+            ),
+        },
+        "/{client}/handler/del/{type}": {
+            "parameters": [_CLIENT, _TYPE],
+            "post": _tenant_op(
+                "deleteHandler",
+                "Delete the handler of a jobtype",
+                _ok("the type whose handler was deleted", "Deleted"),
+                {"400": "BadName", "404": "NotFound"},
+            ),
+        },
+        "/{client}/handler/get/{type}": {
+            "parameters": [_CLIENT, _TYPE],
+            "get": _tenant_op(
+                "getHandler",
+                "The handler of a jobtype",
+                _ok("the stored handler", "Handler"),
+                {"400": "BadName", "404": "NotFound"},
+            ),
+        },
+        "/healthz": {
+            "get": {
+                "operationId": "healthz",
+                "summary": "Whether the daemon can reach its store and journal",
+                "security": [],
+                "responses": {
+                    "200": _ok("healthy", "Health"),
+                    "503": _ok("the store or the journal is not reachable", "Health"),
+                },
+            }
+        },
+        "/openapi.json": {
+            "get": {
+                "operationId": "openapi",
+                "summary": "This document",
+                "security": [],
+                "responses": {
+                    "200": {
+                        "description": "the OpenAPI 3 document",
+                        "content": {JSON: {"schema": {"type": "object"}}},
+                    }
+                },
+            }
+        },
+    }
+
+
+def document() -> dict[str, Any]:
+    """The OpenAPI 3.0 document of the daemon's HTTP API (a new dict each call)."""
+    return {
+        "openapi": "3.0.3",
+        "info": {
+            "title": "queue-daemon",
+            "version": "1",
+            "description": "Multi-tenant job queue daemon; the contract is API.md.",
+        },
+        "paths": _paths(),
+        "components": {
+            "schemas": _SCHEMAS,
+            "responses": _RESPONSES,
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+        },
+        "security": [{"bearer": []}],
+    }
+
+
+@functools.cache
+def document_bytes() -> bytes:
+    """``document()`` serialized once, as served."""
+    return orjson.dumps(document())
+
+
+async def serve(request: web.Request) -> web.Response:
+    """``GET /openapi.json``: no authentication."""
+    return web.Response(body=document_bytes(), content_type="application/json")

@@ -1,0 +1,31 @@
+"""Per-tenant add rate: a flood is refused with 429 and Retry-After, others unaffected."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import aiohttp
+
+from tests.acceptance.daemon import DaemonFactory, deploy
+
+
+async def test_add_rate_is_limited_per_tenant(
+    daemons: DaemonFactory, pg_dsn: str, tmp_path: Path, session: aiohttp.ClientSession
+) -> None:
+    deployed = deploy(
+        daemons, pg_dsn, tmp_path, ["flood", "calm"], "--tenant-rate", "1", "--tenant-burst", "10"
+    )
+    flood, calm = deployed.api(session, "flood"), deployed.api(session, "calm")
+    await flood.add("t", [f"{n}" for n in range(10)])  # the whole burst
+    headers = {"Authorization": f"Bearer {deployed.tokens['flood']}"}
+    async with session.post(f"{deployed.url}/flood/job/t/add", data=b"x\ny", headers=headers) as r:
+        assert r.status == 429
+        assert r.content_type == "application/json"
+        assert (await r.json())["error"] == "rate_limited"
+        assert int(r.headers["Retry-After"]) >= 1
+    async with session.post(
+        f"{deployed.url}/flood/job/t/add", data=b"x\n" * 11, headers=headers
+    ) as r:
+        assert r.status == 413  # more than the burst can ever hold
+        assert (await r.json())["error"] == "too_large"
+    await calm.add("t", ["still welcome"])  # another tenant's bucket is its own

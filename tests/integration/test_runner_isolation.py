@@ -1,0 +1,223 @@
+"""Handler isolation from the daemon and from other tenants, with real processes: no
+network (a namespace of their own when the daemon is root), the daemon's files kept by
+permissions (``queue_daemon.app.protect_daemon_files``), one uid per tenant."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import tempfile
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from queue_daemon.app import protect_daemon_files
+from runners.models import HandlerSpec
+from runners.pool import RunnerPool, RunnerSettings
+from tests.integration.test_runner_python import jobs
+
+ROOT = os.geteuid() == 0
+ISOLATED = ROOT and shutil.which("unshare") is not None
+needs_root = pytest.mark.skipif(not ROOT, reason="handlers run as the daemon's uid when not root")
+needs_netns = pytest.mark.skipif(not ISOLATED, reason="needs root and util-linux unshare")
+PROCESSES = 4096
+
+# the handler runs the probe named by its payload and returns what happened
+PROBES = """\
+import json, os, socket
+
+def attempt(fn):
+    try:
+        return {"ok": True, "value": fn()}
+    except OSError as exc:
+        return {"ok": False, "error": type(exc).__name__ + ": " + str(exc)}
+
+def tcp(port):
+    with socket.create_connection(("127.0.0.1", port), timeout=2):
+        return "connected"
+
+def unix(path):
+    s = socket.socket(socket.AF_UNIX)
+    s.settimeout(2)
+    with s:
+        s.connect(path)
+        return "connected"
+
+def read(path):
+    with open(path, "rb") as f:
+        return f.read().decode(errors="replace")
+
+def handler(payload, ctx):
+    what, arg = json.loads(payload)
+    if what == "tcp":
+        return json.dumps(attempt(lambda: tcp(arg)))
+    if what == "unix":
+        return json.dumps(attempt(lambda: unix(arg)))
+    if what == "read":
+        return json.dumps(attempt(lambda: read(arg)))
+    if what == "list":
+        return json.dumps(attempt(lambda: os.listdir(arg)))
+    if what == "write":
+        with open("secret", "w") as f:
+            f.write("tenant secret")
+        return json.dumps({"ok": True, "value": os.getcwd()})
+    raise ValueError(what)
+"""
+
+
+def probes(client: str = "acme") -> HandlerSpec:
+    return HandlerSpec(version="v1", client=client, type="probe", lang="python", body=PROBES)
+
+
+async def probe(
+    pool: RunnerPool, what: str, arg: object, client: str = "acme"
+) -> dict[str, object]:
+    (result,) = await pool.run_batch(probes(client), jobs(json.dumps([what, arg])))
+    assert result.result is not None, result
+    outcome: dict[str, object] = json.loads(result.result)
+    return outcome
+
+
+@pytest.fixture
+def data_dir() -> Iterator[Path]:
+    """A daemon data directory laid out as the daemon leaves it, protected as at start."""
+    path = Path(tempfile.mkdtemp(prefix="qd-data-"))
+    journal = path / "journal-s1"
+    journal.mkdir()
+    (journal / "000001.jsonl").write_text('{"payload": "journal secret"}\n')
+    (journal / "000001.jsonl").chmod(0o644)
+    journal.chmod(0o755)
+    (path / "queue-s1.log").write_text("log secret\n")
+    (path / "queue-s1.log").chmod(0o644)
+    protect_daemon_files(path, journal, path / "queue-s1.log")
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+async def pool(data_dir: Path) -> AsyncIterator[RunnerPool]:
+    # the work root below the protected data dir, as the daemon has it (DATA_DIR/run)
+    pool = RunnerPool(RunnerSettings(work_root=data_dir / "run", processes=PROCESSES))
+    yield pool
+    await pool.close()
+
+
+@pytest.fixture
+def listener() -> Iterator[int]:
+    server = socket.create_server(("127.0.0.1", 0))
+    yield server.getsockname()[1]
+    server.close()
+
+
+@pytest.fixture
+def open_dir() -> Iterator[Path]:
+    path = Path(tempfile.mkdtemp(prefix="qd-open-"))
+    os.chmod(path, 0o777)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def unix_server(path: Path, mode: int) -> socket.socket:
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(str(path))
+    server.listen()
+    os.chmod(path, mode)
+    return server
+
+
+def test_protect_daemon_files_modes(data_dir: Path) -> None:
+    assert data_dir.stat().st_mode & 0o777 == 0o711
+    assert (data_dir / "journal-s1").stat().st_mode & 0o777 == 0o700
+    assert (data_dir / "journal-s1" / "000001.jsonl").stat().st_mode & 0o777 == 0o600
+    assert (data_dir / "queue-s1.log").stat().st_mode & 0o777 == 0o600
+
+
+@needs_netns
+async def test_no_tcp_to_the_host_loopback(pool: RunnerPool, listener: int) -> None:
+    outcome = await probe(pool, "tcp", listener)
+    assert outcome["ok"] is False, outcome
+    assert pool.sandbox.isolates_network
+
+
+@needs_netns
+async def test_no_abstract_unix_socket(pool: RunnerPool) -> None:
+    # abstract unix sockets belong to the network namespace
+    name = f"\0qd-test-{os.getpid()}"
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(name)
+    server.listen()
+    try:
+        outcome = await probe(pool, "unix", name)
+    finally:
+        server.close()
+    assert outcome["ok"] is False, outcome
+
+
+@needs_netns
+async def test_network_setting_true_keeps_the_old_behaviour(data_dir: Path, listener: int) -> None:
+    pool = RunnerPool(RunnerSettings(work_root=data_dir / "run", processes=PROCESSES, network=True))
+    try:
+        outcome = await probe(pool, "tcp", listener)
+    finally:
+        await pool.close()
+    assert outcome == {"ok": True, "value": "connected"}
+    assert not pool.sandbox.isolates_network
+
+
+@needs_root
+async def test_unix_socket_is_kept_by_its_permissions(pool: RunnerPool, open_dir: Path) -> None:
+    # a namespace does not cover filesystem sockets: a 0700/0600 socket keeps handlers out
+    private = unix_server(open_dir / "private.sock", 0o600)
+    try:
+        outcome = await probe(pool, "unix", str(open_dir / "private.sock"))
+    finally:
+        private.close()
+    assert outcome["ok"] is False and "PermissionError" in str(outcome["error"]), outcome
+
+
+@needs_root
+async def test_world_writable_unix_socket_is_reachable(pool: RunnerPool, open_dir: Path) -> None:
+    """Documents the limit: a socket file any user may write to is reachable from a handler."""
+    public = unix_server(open_dir / "public.sock", 0o777)
+    try:
+        outcome = await probe(pool, "unix", str(open_dir / "public.sock"))
+    finally:
+        public.close()
+    assert outcome == {"ok": True, "value": "connected"}
+
+
+@needs_root
+async def test_daemon_files_are_unreadable(pool: RunnerPool, data_dir: Path) -> None:
+    journal_file = data_dir / "journal-s1" / "000001.jsonl"
+    outcome = await probe(pool, "read", str(journal_file))
+    assert outcome["ok"] is False and "PermissionError" in str(outcome["error"]), outcome
+    outcome = await probe(pool, "list", str(data_dir / "journal-s1"))
+    assert outcome["ok"] is False, outcome
+    outcome = await probe(pool, "read", str(data_dir / "queue-s1.log"))
+    assert outcome["ok"] is False, outcome
+    outcome = await probe(pool, "list", str(data_dir))
+    assert outcome["ok"] is False and "PermissionError" in str(outcome["error"]), outcome
+
+
+@needs_root
+async def test_daemon_environment_is_unreadable(
+    pool: RunnerPool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("QUEUE_DAEMON_SECRET", "s3cret")
+    outcome = await probe(pool, "read", f"/proc/{os.getpid()}/environ")
+    assert outcome["ok"] is False and "PermissionError" in str(outcome["error"]), outcome
+
+
+@needs_root
+async def test_tenant_cannot_read_another_tenants_directory(pool: RunnerPool) -> None:
+    written = await probe(pool, "write", None, client="globex")
+    assert written["ok"] is True
+    home = Path(str(written["value"]))
+    assert (home / "secret").exists()  # the globex context stays warm, its dir with it
+    outcome = await probe(pool, "read", str(home / "secret"), client="acme")
+    assert outcome["ok"] is False and "PermissionError" in str(outcome["error"]), outcome
+    outcome = await probe(pool, "list", str(home), client="acme")
+    assert outcome["ok"] is False and "PermissionError" in str(outcome["error"]), outcome
