@@ -29,8 +29,9 @@ from queue_daemon.handlers import HandlerCache
 from queue_daemon.http import Services
 from queue_daemon.ids import IdGenerator
 from queue_daemon.ingester import Ingester
+from queue_daemon.limits import Limits
 from queue_daemon.queuelog import QueueLog
-from queue_daemon.quotas import RateLimiter
+from queue_daemon.quotas import RateLimiter, WaitingLimiter
 from queue_daemon.routes import build_app
 from queue_daemon.server import AppRunner
 from queue_daemon.settings import Settings
@@ -138,6 +139,7 @@ class Daemon:
         self.ingester: Ingester | None = None
         self.pool: RunnerPool | None = None
         self.worker: Worker | None = None
+        self.waiting: WaitingLimiter | None = None
         self.runner: AppRunner | None = None
         self.url = ""
 
@@ -146,7 +148,8 @@ class Daemon:
         self.store, self.embedded = store, _ = await open_store(settings)
         self.identity = identity = await sysids.acquire(store, settings)
         journal = identity.journal
-        tokens = TokenCache(store)
+        limits = Limits(settings.tenant_defaults())
+        tokens = TokenCache(store, limits)
         await tokens.reload()
         handlers = HandlerCache(store)
         ids = IdGenerator(identity.sysid)
@@ -166,6 +169,7 @@ class Daemon:
                 run_as=settings.run_as,
                 idle_timeout=settings.context_idle,
                 payload_limit=settings.payload_limit,
+                max_result_bytes=settings.result_limit,
             )
         )
         self.worker = worker = Worker(
@@ -185,6 +189,7 @@ class Daemon:
                 retention=settings.retention,
                 payload_limit=settings.payload_limit,
             ),
+            limits=limits,
         )
         supervisor = self.supervisor
         supervisor.start("ingester", ingester.run())
@@ -194,6 +199,7 @@ class Daemon:
         supervisor.start("token-cache", tokens.run(settings.token_refresh))
         supervisor.start("queue-log", queuelog.run())
 
+        self.waiting = WaitingLimiter(store, settings.waiting_refresh)
         services = Services(
             settings=settings,
             store=store,
@@ -204,6 +210,8 @@ class Daemon:
             queuelog=queuelog,
             handlers=handlers,
             rates=RateLimiter(settings.tenant_rate, settings.tenant_burst),
+            waiting=self.waiting,
+            limits=limits,
             sysid=identity.sysid,
         )
         self.runner = runner = AppRunner(build_app(services), access_log=None, handle_signals=False)
@@ -233,6 +241,8 @@ class Daemon:
                 )
             self.ingester.stop()
         await self.supervisor.cancel_all()
+        if self.waiting is not None:
+            await self.waiting.close()
         if self.queuelog is not None:
             await self.queuelog.close()
         if self.identity is not None:

@@ -10,6 +10,10 @@ Tokens are stored as HMAC-SHA256 digests keyed with a per-store secret
 enough to check guesses offline. Tokens created before that migration were
 stored as plain SHA-256 (``scheme = 'sha256'``) and keep working: the lookup
 tries both digests.
+
+Operator (admin) tokens live in the same cache under the name ``ADMIN``, which
+no client can have: they pass every tenant's routes and the ``/admin`` ones.
+The reload also brings the tenants' limit overrides (``queue_daemon.limits``).
 """
 
 from __future__ import annotations
@@ -20,12 +24,14 @@ import hmac
 import logging
 import secrets
 
+from queue_daemon.limits import Limits
 from store.errors import StoreError
 from store.protocol import Store
 
 logger = logging.getLogger(__name__)
 
 TOKEN_PREFIX = "qd_"
+ADMIN = "*admin"  # the owner of an operator token; never a valid client name
 
 
 def new_token() -> str:
@@ -53,8 +59,9 @@ class TokenCache:
 
     MISS_RELOAD_S = 0.25
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, limits: Limits | None = None) -> None:
         self._store = store
+        self._limits = limits
         self._by_hash: dict[bytes, str] = {}
         self._key: bytes | None = None  # read from the store at the first reload
         self._last_reload = -1e9
@@ -65,7 +72,12 @@ class TokenCache:
         self._last_reload = asyncio.get_running_loop().time()
         if self._key is None:
             self._key = await self._store.token_key()
-        self._by_hash = await self._store.tenant_tokens()
+        by_hash = await self._store.tenant_tokens()
+        for digest in await self._store.admin_tokens():
+            by_hash[digest] = ADMIN
+        if self._limits is not None:
+            self._limits.update(await self._store.tenant_limits())
+        self._by_hash = by_hash
         self.loaded = True
 
     async def run(self, interval: float) -> None:
@@ -79,7 +91,7 @@ class TokenCache:
                 )
 
     async def client_for(self, token: str) -> str | None:
-        """The client that owns ``token``, or None."""
+        """The client that owns ``token`` (``ADMIN`` for an operator token), or None."""
         # Lookup by digest in a dict rather than a constant-time compare: an
         # attacker cannot steer a keyed digest (nor, without a preimage, the
         # legacy SHA-256 one) towards a stored one, so the probe's timing says

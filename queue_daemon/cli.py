@@ -16,8 +16,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import orjson
+
 from queue_daemon import app
 from queue_daemon.auth import hash_token, new_token
+from queue_daemon.limits import LIMIT_KEYS, LimitsError, validate_overrides
 from queue_daemon.names import valid_client, valid_sysid
 from queue_daemon.settings import MIB, Settings
 from queue_daemon.sysid import SysidError
@@ -124,6 +127,21 @@ def build_parser() -> argparse.ArgumentParser:
         default=_env("tenant_running", "0"),
         help="jobs of one tenant running at once in this daemon (0 = no cap)",
     )
+    serve.add_argument(
+        "--tenant-waiting",
+        default=_env("tenant_waiting", "1000000"),
+        help="waiting jobs one tenant may have (0 = no limit; over it: 429 with Retry-After)",
+    )
+    serve.add_argument(
+        "--tenant-handlers",
+        default=_env("tenant_handlers", "1000"),
+        help="handlers one tenant may have (0 = no limit)",
+    )
+    serve.add_argument(
+        "--result-limit",
+        default=_env("result_limit", str(MIB)),
+        help="bytes of a job's result kept (a longer one is cut)",
+    )
 
     tenant = sub.add_parser("tenant", help="manage tenants")
     tsub = tenant.add_subparsers(dest="action", required=True)
@@ -140,6 +158,24 @@ def build_parser() -> argparse.ArgumentParser:
         "--grace", default="3600", help="seconds the previous token stays valid (default 3600)"
     )
     _common(tsub.add_parser("list", help="list tenants"))
+    limits = tsub.add_parser(
+        "limits",
+        help="show or set a tenant's limits: KEY=VALUE (KEY=default drops an override)",
+    )
+    _common(limits)
+    limits.add_argument("client")
+    limits.add_argument("changes", nargs="*", metavar="KEY=VALUE")
+
+    admin = sub.add_parser("admin", help="operator tokens")
+    asub = admin.add_subparsers(dest="action", required=True)
+    admin_token = asub.add_parser(
+        "token", help="issue a new operator token; the previous one works for the grace period"
+    )
+    _common(admin_token)
+    admin_token.add_argument(
+        "--grace", default="0", help="seconds the previous token stays valid (default 0)"
+    )
+    _common(asub.add_parser("revoke", help="end every operator token"))
 
     journal = sub.add_parser("journal", help="journal tools")
     jsub = journal.add_subparsers(dest="action", required=True)
@@ -216,7 +252,51 @@ def settings_from(args: argparse.Namespace) -> Settings:
         tenant_rate=_number(args.tenant_rate, "--tenant-rate", float, 0),
         tenant_burst=_number(args.tenant_burst, "--tenant-burst", float, 1),
         tenant_running=_number(args.tenant_running, "--tenant-running", int, 0) or None,
+        tenant_waiting=_number(args.tenant_waiting, "--tenant-waiting", int, 0),
+        tenant_handlers=_number(args.tenant_handlers, "--tenant-handlers", int, 0),
+        result_limit=_number(args.result_limit, "--result-limit", int, 0),
     )
+
+
+def _limit_changes(current: dict[str, float], changes: Sequence[str]) -> dict[str, float]:
+    """``current`` overrides with ``KEY=VALUE`` changes applied, validated."""
+    merged: dict[str, object] = dict(current)
+    for change in changes:
+        key, sep, value = change.partition("=")
+        if not sep:
+            keys = ", ".join(LIMIT_KEYS)
+            raise CliError(f"{change!r}: expected KEY=VALUE with KEY one of {keys}")
+        if value == "default":
+            merged.pop(key, None)
+            continue
+        try:
+            merged[key] = float(value) if "." in value or "e" in value.lower() else int(value)
+        except ValueError:
+            raise CliError(f"{change!r}: the value must be a number or 'default'") from None
+    try:
+        return validate_overrides(merged)
+    except LimitsError as exc:
+        raise CliError(str(exc)) from None
+
+
+async def _admin(args: argparse.Namespace) -> int:
+    grace = _number(args.grace, "--grace", float, 0) if args.action == "token" else 0.0
+    settings = Settings(data_dir=Path(args.data_dir), store=args.store or None)
+    store, embedded = await app.open_store(settings)
+    try:
+        if args.action == "token":
+            token = new_token()
+            await store.new_admin_token(hash_token(token, await store.token_key()), grace)
+            print(f"operator token issued; the previous one works for {grace:g} s more:")
+            print(token)
+        else:
+            count = await store.revoke_admin_tokens()
+            print(f"{count} operator token(s) revoked")
+        return 0
+    finally:
+        await store.close()
+        if embedded is not None:
+            await asyncio.to_thread(embedded.stop_if_last)
 
 
 async def _tenant(args: argparse.Namespace) -> int:
@@ -240,6 +320,17 @@ async def _tenant(args: argparse.Namespace) -> int:
             except NotFound:
                 raise CliError(f"no active tenant {args.client}") from None
             print(f"tenant {args.client} revoked")
+        elif args.action == "limits":
+            try:
+                overrides = await store.get_tenant_limits(args.client)
+                if args.changes:
+                    overrides = await store.set_tenant_limits(
+                        args.client, _limit_changes(overrides, args.changes)
+                    )
+            except NotFound:
+                raise CliError(f"no active tenant {args.client}") from None
+            # the overrides; every other limit is the daemon's flag
+            print(orjson.dumps({"client": args.client, "overrides": overrides}).decode())
         elif args.action == "rotate":
             token = new_token()
             try:
@@ -297,6 +388,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return asyncio.run(app.serve(settings_from(args), app.print_ready))
         if args.command == "tenant":
             return asyncio.run(_tenant(args))
+        if args.command == "admin":
+            return asyncio.run(_admin(args))
         if args.command == "stats":
             return _stats(args)
         return _journal_check(args)

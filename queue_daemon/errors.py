@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 
 class ApiError(Exception):
     """An error reply: ``status`` with ``{"error": kind, "message": message}``."""
@@ -38,3 +40,13 @@ def not_found(message: str = "not found") -> ApiError:
 
 def unavailable(message: str) -> ApiError:
     return ApiError(503, "unavailable", message, headers={"Retry-After": "1"})
+
+
+def rate_limited(message: str, retry_after: float) -> ApiError:
+    return ApiError(
+        429, "rate_limited", message, headers={"Retry-After": str(max(1, math.ceil(retry_after)))}
+    )
+
+
+def conflict(message: str) -> ApiError:
+    return ApiError(409, "conflict", message)

@@ -11,7 +11,7 @@ from queue_daemon import errors
 from queue_daemon.handlers import bad_handler, handler_body, parse_handler
 from queue_daemon.http import SERVICES, authorize, jobtype_of, json_response
 from runners.check import check_handler
-from store.errors import NotFound
+from store.errors import LimitReached, NotFound
 
 
 async def add_handler(request: web.Request) -> web.Response:
@@ -41,7 +41,15 @@ async def add_handler(request: web.Request) -> web.Response:
     )
     if problem is not None:
         raise bad_handler(problem)
-    record = await services.store.put_handler(f"{client}-{jobtype}", data)
+    max_handlers = services.limits.of(client).handlers
+    try:
+        record = await services.store.put_handler(
+            f"{client}-{jobtype}", data, max_handlers=max_handlers or None
+        )
+    except LimitReached:
+        raise errors.conflict(
+            f"this tenant has its limit of {max_handlers} handlers; delete one first"
+        ) from None
     services.handlers.invalidate(record.type)
     return json_response(handler_body(record))
 

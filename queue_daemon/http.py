@@ -20,14 +20,15 @@ from aiohttp import web
 
 from journal import Journal, JournalError
 from queue_daemon import errors
-from queue_daemon.auth import TokenCache
+from queue_daemon.auth import ADMIN, TokenCache
 from queue_daemon.errors import ApiError
 from queue_daemon.handlers import HandlerCache
 from queue_daemon.ids import IdGenerator
 from queue_daemon.ingester import Ingester
+from queue_daemon.limits import Limits
 from queue_daemon.names import valid_client, valid_type
 from queue_daemon.queuelog import QueueLog
-from queue_daemon.quotas import RateLimiter
+from queue_daemon.quotas import RateLimiter, WaitingLimiter
 from queue_daemon.settings import Settings
 from store.errors import BadCursor, Conflict, NotFound, StoreError, StoreUnavailable
 from store.models import Job, JobState, TypeStats
@@ -51,6 +52,8 @@ class Services:
     queuelog: QueueLog
     handlers: HandlerCache
     rates: RateLimiter
+    waiting: WaitingLimiter
+    limits: Limits
     sysid: str
 
 
@@ -105,13 +108,8 @@ async def error_middleware(request: web.Request, handler: Any) -> web.StreamResp
         return error_response(ApiError(500, "internal", "internal error"))
 
 
-async def authorize(request: web.Request, services: Services) -> str:
-    """Return the path's client after checking the bearer token owns it."""
-    client = request.match_info["client"]
-    if not valid_client(client):
-        raise errors.bad_name("client must match [a-z0-9_]{1,40}")
-    if services.settings.no_auth:
-        return client
+async def _token_owner(request: web.Request, services: Services) -> str:
+    """The client (or ``ADMIN``) owning the request's bearer token; 401 without one."""
     header = request.headers.get("Authorization", "")
     scheme, _, token = header.partition(" ")
     if scheme.lower() != "bearer" or not token:
@@ -121,9 +119,29 @@ async def authorize(request: web.Request, services: Services) -> str:
     owner = await services.tokens.client_for(token.strip())
     if owner is None:
         raise ApiError(401, "unauthorized", "invalid token", headers={"WWW-Authenticate": "Bearer"})
-    if owner != client:
+    return owner
+
+
+async def authorize(request: web.Request, services: Services) -> str:
+    """Return the path's client after checking the bearer token owns it (an
+    operator token owns every client)."""
+    client = request.match_info["client"]
+    if not valid_client(client):
+        raise errors.bad_name("client must match [a-z0-9_]{1,40}")
+    if services.settings.no_auth:
+        return client
+    owner = await _token_owner(request, services)
+    if owner != client and owner != ADMIN:
         raise ApiError(403, "forbidden", "this token does not belong to this client")
     return client
+
+
+async def authorize_admin(request: web.Request, services: Services) -> None:
+    """Operator routes: an admin token, or any request under ``--no-auth``."""
+    if services.settings.no_auth:
+        return
+    if await _token_owner(request, services) != ADMIN:
+        raise ApiError(403, "forbidden", "this route needs an operator token")
 
 
 def jobtype_of(request: web.Request) -> str:
@@ -235,19 +253,24 @@ async def add_jobs(request: web.Request) -> web.Response:
     now_ms = time.time_ns() // 1_000_000
     dt_ms = parse_when(request.query, now_ms)
     body = await request.read()
-    lines = split_payloads(body, request.content_type, services.settings.payload_limit)
-    wait = services.rates.take(client, len(lines))
+    limits = services.limits.of(client)
+    lines = split_payloads(body, request.content_type, limits.payload)
+    wait = services.rates.take(client, len(lines), limits.rate, limits.burst)
     if wait:
         if math.isinf(wait):
             raise errors.too_large(
-                f"{len(lines)} jobs in one request is over this tenant's burst of "
-                f"{services.rates.burst:g}"
+                f"{len(lines)} jobs in one request is over this tenant's burst of {limits.burst:g}"
             )
-        raise ApiError(
-            429,
-            "rate_limited",
-            f"over this tenant's add rate of {services.rates.rate:g} jobs/s",
-            headers={"Retry-After": str(max(1, math.ceil(wait)))},
+        raise errors.rate_limited(f"over this tenant's add rate of {limits.rate:g} jobs/s", wait)
+    if await services.waiting.take(client, len(lines), limits.waiting):
+        if len(lines) > limits.waiting:
+            raise errors.too_large(
+                f"{len(lines)} jobs in one request is over this tenant's waiting limit of "
+                f"{limits.waiting}"
+            )
+        raise errors.rate_limited(
+            f"this tenant has its limit of {limits.waiting} waiting jobs",
+            services.waiting.RETRY_AFTER_S,
         )
     ids = services.ids.next_ids(len(lines))
     stored_type = f"{client}-{jobtype}"

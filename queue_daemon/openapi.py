@@ -157,6 +157,60 @@ _SCHEMAS: dict[str, Schema] = {
         "additionalProperties": False,
         "properties": {"deleted": {"type": "string", "pattern": TYPE_PATTERN}},
     },
+    "Limits": {
+        "type": "object",
+        "description": "a tenant's limits; 0 means no limit for running, waiting, rate, handlers",
+        "additionalProperties": False,
+        "properties": {
+            "running": {"type": "integer", "minimum": 0},
+            "waiting": {"type": "integer", "minimum": 0},
+            "rate": {"type": "number", "minimum": 0},
+            "burst": {"type": "number", "minimum": 1},
+            "payload": {"type": "integer", "minimum": 1},
+            "result": {"type": "integer", "minimum": 0},
+            "handlers": {"type": "integer", "minimum": 0},
+        },
+    },
+    "TenantLimits": {
+        "type": "object",
+        "required": ["client", "overrides", "effective"],
+        "additionalProperties": False,
+        "properties": {
+            "client": {"type": "string", "pattern": CLIENT_PATTERN},
+            "overrides": _ref("Limits"),
+            "effective": _ref("Limits"),
+        },
+    },
+    "Tenants": {
+        "type": "object",
+        "required": ["tenants", "defaults"],
+        "additionalProperties": False,
+        "properties": {
+            "tenants": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "required": [
+                        "client",
+                        "state",
+                        "created_at",
+                        "live_tokens",
+                        "grace_until",
+                        "limits",
+                    ],
+                    "properties": {
+                        "client": {"type": "string", "pattern": CLIENT_PATTERN},
+                        "state": {"type": "string", "enum": ["active", "revoked"]},
+                        "created_at": {"type": "string"},
+                        "live_tokens": {"type": "integer", "minimum": 0},
+                        "grace_until": _nullable({"type": "string"}),
+                        "limits": _ref("Limits"),
+                    },
+                },
+            },
+            "defaults": _ref("Limits"),
+        },
+    },
     "Health": {
         "type": "object",
         "required": ["sysid", "store", "journal", "ingest_lag", "ingested"],
@@ -211,13 +265,19 @@ _RESPONSES: dict[str, Schema] = {
         **_error("missing or invalid bearer token", ["unauthorized"]),
         "headers": {"WWW-Authenticate": {"schema": {"type": "string"}}},
     },
-    "Forbidden": _error("the token belongs to another client", ["forbidden"]),
+    "Forbidden": _error(
+        "the token belongs to another client (or is not an operator token)", ["forbidden"]
+    ),
     "NotFound": _error("no such job or handler (of this client)", ["not_found"]),
     "MethodNotAllowed": _error("the route has no such method", ["method_not_allowed"]),
     "Conflict": _error("only a waiting job can be cancelled", ["conflict"]),
+    "HandlerLimit": _error("the tenant has its limit of handlers", ["conflict"]),
+    "BadLimits": _error("a bad name, or limits that are not valid", ["bad_name", "bad_request"]),
     "TooLarge": _error("a payload, handler source or body over its limit", ["too_large"]),
     "RateLimited": _error(
-        "over the tenant's add rate; retry after Retry-After", ["rate_limited"], retry_after=True
+        "over the tenant's add rate or waiting limit; retry after Retry-After",
+        ["rate_limited"],
+        retry_after=True,
     ),
     "Unavailable": _error(
         "the store or the journal cannot be reached; nothing was done",
@@ -361,7 +421,7 @@ def _paths() -> dict[str, Any]:
                 "addHandler",
                 "Add (or replace) the handler of a jobtype",
                 _ok("the stored handler, with its version id", "Handler"),
-                {"400": "BadHandler", "413": "TooLarge"},
+                {"400": "BadHandler", "409": "HandlerLimit", "413": "TooLarge"},
                 parameters=[
                     _param(
                         "lang",
@@ -398,6 +458,40 @@ def _paths() -> dict[str, Any]:
                 "The handler of a jobtype",
                 _ok("the stored handler", "Handler"),
                 {"400": "BadName", "404": "NotFound"},
+            ),
+        },
+        "/admin/tenants": {
+            "get": _tenant_op(
+                "adminTenants",
+                "Every tenant, with its limit overrides, and the daemon's default limits"
+                " (operator token)",
+                _ok("the tenants", "Tenants"),
+                {},
+            ),
+        },
+        "/admin/tenants/{client}/limits": {
+            "parameters": [_CLIENT],
+            "get": _tenant_op(
+                "adminGetLimits",
+                "A tenant's limit overrides and effective limits (operator token)",
+                _ok("the limits", "TenantLimits"),
+                {"400": "BadName", "404": "NotFound"},
+            ),
+            "post": _tenant_op(
+                "adminSetLimits",
+                "Replace a tenant's limit overrides; a key set to null follows the default"
+                " (operator token)",
+                _ok("the limits now", "TenantLimits"),
+                {"400": "BadLimits", "404": "NotFound"},
+                requestBody={
+                    "required": True,
+                    "content": {
+                        JSON: {
+                            "schema": {"type": "object"},
+                            "example": {"waiting": 10000, "rate": 50},
+                        }
+                    },
+                },
             ),
         },
         "/healthz": {

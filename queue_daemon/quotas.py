@@ -1,15 +1,30 @@
-"""Per-tenant add-rate limits: a token bucket per client, refilled continuously.
+"""Per-tenant admission of adds: the add rate and the number of waiting jobs.
 
-Adding ``n`` jobs takes ``n`` tokens; a request that does not fit is refused
-whole with ``429`` and a ``Retry-After`` that says when it would fit.
+The rate is a token bucket per client, refilled continuously: adding ``n``
+jobs takes ``n`` tokens; a request that does not fit is refused whole with
+``429`` and a ``Retry-After`` that says when it would fit.
+
+The waiting limit counts a tenant's waiting and scheduled jobs in the store
+(at most limit + 1 index entries) when the tenant adds, at most about once a
+second, and adds what this daemon accepted since; so with several daemons, or
+jobs not yet ingested, a tenant may exceed it by what is added within one
+refresh. While the store cannot be reached the last count stands.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
 import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+
+from store.errors import StoreError
+from store.protocol import Store
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
@@ -27,20 +42,93 @@ class RateLimiter:
         self._clock = clock
         self._buckets: dict[str, _Bucket] = {}
 
-    def take(self, client: str, n: int) -> float:
+    def take(
+        self, client: str, n: int, rate: float | None = None, burst: float | None = None
+    ) -> float:
         """Take ``n`` tokens from ``client``'s bucket: 0.0 if taken, else the
-        seconds until they would be available (nothing is taken then)."""
-        if self.rate <= 0:
+        seconds until they would be available (nothing is taken then).
+        ``rate`` and ``burst`` override the limiter's own for this client."""
+        rate = self.rate if rate is None else rate
+        burst = self.burst if burst is None else max(burst, 1.0)
+        if rate <= 0:
             return 0.0
         now = self._clock()
         bucket = self._buckets.get(client)
         if bucket is None:
-            bucket = self._buckets[client] = _Bucket(self.burst, now)
-        bucket.tokens = min(self.burst, bucket.tokens + (now - bucket.at) * self.rate)
+            bucket = self._buckets[client] = _Bucket(burst, now)
+        bucket.tokens = min(burst, bucket.tokens + (now - bucket.at) * rate)
         bucket.at = now
         if n <= bucket.tokens:
             bucket.tokens -= n
             return 0.0
-        if n > self.burst:
+        if n > burst:
             return math.inf  # can never fit: the caller says so
-        return (n - bucket.tokens) / self.rate
+        return (n - bucket.tokens) / rate
+
+
+@dataclass(slots=True)
+class _Waiting:
+    count: int = 0  # waiting jobs in the store at the last count
+    added: int = 0  # jobs this daemon accepted since that count began
+    next_at: float = 0.0  # when to count again
+    counting: asyncio.Task[None] | None = None
+
+
+class WaitingLimiter:
+    """Refuses adds that would take a tenant over its waiting limit."""
+
+    RETRY_AFTER_S = 1.0
+    FIRST_COUNT_WAIT_S = 1.0  # a tenant's first add waits this long for its count
+
+    def __init__(
+        self, store: Store, interval: float = 1.0, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self._store = store
+        self._interval = interval
+        self._clock = clock
+        self._tenants: dict[str, _Waiting] = {}
+
+    async def take(self, client: str, n: int, limit: int) -> float:
+        """0.0 when ``n`` more waiting jobs fit under ``limit`` (0 = none), and
+        they are counted; else seconds to wait before trying again."""
+        if limit <= 0:
+            return 0.0
+        state = self._tenants.get(client)
+        if state is None:
+            state = self._tenants[client] = _Waiting()
+            task = self._count(client, state, limit)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(task), self.FIRST_COUNT_WAIT_S)
+        elif state.counting is None and self._clock() >= state.next_at:
+            self._count(client, state, limit)
+        if state.count + state.added + n > limit:
+            return self.RETRY_AFTER_S
+        state.added += n
+        return 0.0
+
+    def _count(self, client: str, state: _Waiting, limit: int) -> asyncio.Task[None]:
+        task = asyncio.ensure_future(self._recount(client, state, limit))
+        state.counting = task
+        return task
+
+    async def _recount(self, client: str, state: _Waiting, limit: int) -> None:
+        began = self._clock()
+        added_before = state.added
+        try:
+            count = await self._store.count_waiting(client, limit + 1)
+        except StoreError as exc:
+            logger.debug("waiting count of %s failed: %s", client, exc)
+        else:
+            state.count = count
+            state.added -= added_before  # those are in the count, or in the journal still
+        finally:
+            took = self._clock() - began
+            # a long count (a deep backlog) is repeated less often
+            state.next_at = self._clock() + max(self._interval, 20 * took)
+            state.counting = None
+
+    async def close(self) -> None:
+        tasks = [s.counting for s in self._tenants.values() if s.counting is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from queue_daemon import handler_routes, http, openapi
+from queue_daemon import admin_routes, handler_routes, http, openapi
 from queue_daemon.http import SERVICES, Services, error_middleware
 
 
@@ -22,6 +22,9 @@ def build_app(services: Services) -> web.Application:
     router.add_post("/{client}/handler/add/{type}", handler_routes.add_handler)
     router.add_post("/{client}/handler/del/{type}", handler_routes.delete_handler)
     router.add_get("/{client}/handler/get/{type}", handler_routes.get_handler)
+    router.add_get("/admin/tenants", admin_routes.list_tenants)
+    router.add_get("/admin/tenants/{client}/limits", admin_routes.get_limits)
+    router.add_post("/admin/tenants/{client}/limits", admin_routes.set_limits)
     router.add_get("/healthz", http.healthz)
     router.add_get("/openapi.json", openapi.serve)
     return app

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from queue_daemon.limits import TenantLimits
+
 MIB = 1 << 20
 
 
@@ -36,6 +38,22 @@ class Settings:
     tenant_rate: float = 100_000.0  # jobs/s one tenant may add (0 = unlimited)
     tenant_burst: float = 200_000.0  # jobs one tenant may add at once above the rate
     tenant_running: int | None = None  # jobs of one tenant running at once per daemon
+    tenant_waiting: int = 1_000_000  # waiting + scheduled jobs of one tenant (0 = no limit)
+    tenant_handlers: int = 1000  # live handlers of one tenant (0 = no limit)
+    result_limit: int = MIB  # bytes of a job's result kept
+    waiting_refresh: float = 1.0  # seconds between counts of an adding tenant's waiting jobs
+
+    def tenant_defaults(self) -> TenantLimits:
+        """Every tenant's limits unless the store holds overrides for it."""
+        return TenantLimits(
+            running=self.tenant_running or 0,
+            waiting=self.tenant_waiting,
+            rate=self.tenant_rate,
+            burst=self.tenant_burst,
+            payload=self.payload_limit,
+            result=self.result_limit,
+            handlers=self.tenant_handlers,
+        )
 
     def journal_dir(self, sysid: str) -> Path:
         return self.journal if self.journal is not None else self.data_dir / f"journal-{sysid}"

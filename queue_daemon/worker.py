@@ -20,10 +20,12 @@ from datetime import UTC, datetime
 from journal import Journal, JournalError
 from queue_daemon.handlers import HandlerCache
 from queue_daemon.ids import IdGenerator
+from queue_daemon.limits import Limits, TenantLimits
 from queue_daemon.names import valid_type
 from queue_daemon.outcomes import Policy, code_of, no_handler, put_back, release_for
 from queue_daemon.queuelog import QueueLog
 from runners.models import HandlerSpec, JobInput, JobResult
+from runners.output import clip
 from runners.pool import RunnerPool
 from scheduler import Scheduler
 from store.errors import StoreError
@@ -74,6 +76,7 @@ class Worker:
         queuelog: QueueLog,
         sysid: str,
         settings: WorkerSettings,
+        limits: Limits | None = None,
     ) -> None:
         self._store = store
         self._journal = journal
@@ -88,6 +91,11 @@ class Worker:
             tenant_cap=settings.tenant_cap,
             max_batch=settings.max_batch,
         )
+        # per-tenant limits: running caps go to the scheduler, the rest apply here
+        self._limits = limits or Limits(
+            TenantLimits(running=settings.tenant_cap or 0, payload=settings.payload_limit)
+        )
+        self._limits.on_change(self._limits_changed)
         self._running: dict[str, ClaimedJob] = {}
         self._batches: set[asyncio.Task[None]] = set()
         self._wake = asyncio.Event()
@@ -101,6 +109,11 @@ class Worker:
         self._claiming = 0  # claims in flight
         self.started = 0
         self.finished = 0
+
+    def _limits_changed(self, limits: Limits) -> None:
+        self._scheduler.set_tenant_caps(
+            {client: t.running or None for client, t in limits.overridden().items()}
+        )
 
     # notifications from the store's listener
     def on_jobs(self) -> None:
@@ -302,24 +315,33 @@ class Worker:
         now = datetime.now(UTC)
         releases: list[Release] = []
         follow: dict[str, list[str]] = defaultdict(list)
+        limits = self._limits.of(spec.client)
         for job in jobs:
             result = by_id.get(job.id)
             if result is None or not result.ran:
                 releases.append(put_back(job))
                 continue
-            releases.append(release_for(job, result.exitcode, result.result, policy, now=now))
+            text = result.result
+            if text is not None:
+                text = clip(text, limits.result)
+            releases.append(release_for(job, result.exitcode, text, policy, now=now))
             if result.log:
                 self._queuelog.log(job.type, job.id, result.log)
-            self._follow_ons(spec, job, result, follow)
+            self._follow_ons(spec, job, result, follow, limits)
         if follow and not await self._write_follow_ons(spec.client, follow):
             # follow-on jobs could not be made durable: run the jobs again later
             releases = [put_back(job) for job in jobs]
         return releases
 
     def _follow_ons(
-        self, spec: HandlerSpec, job: ClaimedJob, result: JobResult, follow: dict[str, list[str]]
+        self,
+        spec: HandlerSpec,
+        job: ClaimedJob,
+        result: JobResult,
+        follow: dict[str, list[str]],
+        limits: TenantLimits,
     ) -> None:
-        limit = self._settings.payload_limit
+        limit = limits.payload
         for name, payload in result.emits:
             if not valid_type(name) or "\n" in payload or "\x00" in payload:
                 logger.warning(

@@ -23,9 +23,10 @@ class Scheduler:
     """Chooses which waiting jobtype to claim next, and how many of it.
 
     `concurrency` caps the jobs running at once in this daemon, `tenant_cap`
-    (None: no cap) the running jobs of one tenant, `max_batch` the jobs one
-    pick may claim. The caller reports every claim with `jobs_started` and
-    every job that stops running with `jobs_stopped`.
+    (None: no cap) the running jobs of one tenant unless `set_tenant_caps`
+    gave that tenant a cap of its own, `max_batch` the jobs one pick may
+    claim. The caller reports every claim with `jobs_started` and every job
+    that stops running with `jobs_stopped`.
     """
 
     __slots__ = (
@@ -34,6 +35,7 @@ class Scheduler:
         "_running",
         "_seq",
         "_tenant_cap",
+        "_tenant_caps",
         "_tenant_picked",
         "_tenant_running",
         "_type_picked",
@@ -51,6 +53,7 @@ class Scheduler:
             raise SchedulerError(f"max_batch must be >= 1, got {max_batch}")
         self._concurrency = concurrency
         self._tenant_cap = tenant_cap
+        self._tenant_caps: dict[str, int | None] = {}
         self._max_batch = max_batch
         self._running = 0
         self._type_running: dict[str, int] = {}
@@ -79,6 +82,20 @@ class Scheduler:
         """How many more jobs may start before `concurrency` is reached."""
         return max(0, self._concurrency - self._running)
 
+    def set_tenant_caps(self, caps: Mapping[str, int | None]) -> None:
+        """Per-tenant caps on running jobs (None: no cap), replacing earlier
+        ones; tenants not named keep the default `tenant_cap`."""
+        for tenant, cap in caps.items():
+            if cap is not None and cap < 1:
+                raise SchedulerError(f"cap of {tenant!r} must be >= 1 or None, got {cap}")
+        self._tenant_caps = dict(caps)
+
+    def _cap_of(self, tenant: str) -> int | None:
+        caps = self._tenant_caps
+        if caps and tenant in caps:
+            return caps[tenant]
+        return self._tenant_cap
+
     def select_jobtype(
         self, waiting: Mapping[str, int], warm: Set[str] = frozenset()
     ) -> Pick | None:
@@ -102,7 +119,6 @@ class Scheduler:
                 else:
                     group.append(jobtype)
 
-        cap = self._tenant_cap
         tenant_running = self._tenant_running
         tenant_picked = self._tenant_picked
         best_tenant = ""
@@ -110,6 +126,7 @@ class Scheduler:
         eligible = 0
         for tenant in groups:
             running = tenant_running.get(tenant, 0)
+            cap = self._cap_of(tenant)
             if cap is not None and running >= cap:
                 continue
             key = (running, tenant_picked.get(tenant, _NEVER))
@@ -136,6 +153,7 @@ class Scheduler:
         # Leave room for the other waiting tenants: they take the next picks.
         fair_share = max(1, free // eligible)
         limit = min(self._max_batch, free, fair_share, waiting[best_type])
+        cap = self._cap_of(best_tenant)
         if cap is not None:
             limit = min(limit, cap - best_tenant_key[0])
 

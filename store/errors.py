@@ -23,3 +23,7 @@ class SysidTaken(StoreError):
 
 class BadCursor(StoreError):
     """A paging cursor that the store did not produce."""
+
+
+class LimitReached(StoreError):
+    """A tenant's limit forbids the operation (e.g. its number of handlers)."""

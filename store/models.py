@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import NamedTuple
 
@@ -70,6 +70,7 @@ class Tenant:
     revoked_at: datetime | None
     live_tokens: int = 0  # tokens that work now (0 once revoked; 2 during a rotation's grace)
     grace_until: datetime | None = None  # the soonest end of a live token's grace period
+    limits: dict[str, float] = field(default_factory=dict)  # overrides of the daemon defaults
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -16,7 +16,7 @@ import orjson
 
 from store import queries
 from store.cursor import decode_cursor, encode_cursor
-from store.errors import Conflict, NotFound, StoreError, SysidTaken
+from store.errors import Conflict, LimitReached, NotFound, StoreError, SysidTaken
 from store.listen import listen_forever
 from store.migrate import applied_migrations as _applied_versions
 from store.migrate import migrate as apply_migrations
@@ -341,6 +341,7 @@ class PgStore:
                 revoked_at=row["revoked_at"],
                 live_tokens=row["live_tokens"],
                 grace_until=row["grace_until"],
+                limits=orjson.loads(row["limits"]),
             )
             for row in rows
         ]
@@ -353,6 +354,55 @@ class PgStore:
         """token_hash -> client for every live token (database clock)."""
         rows = await self._fetch(queries.TENANT_TOKENS)
         return {bytes(row["token_hash"]): row["client"] for row in rows}
+
+    async def tenant_limits(self) -> dict[str, dict[str, float]]:
+        """client -> its limit overrides, for active tenants that have any."""
+        rows = await self._fetch(queries.TENANT_LIMITS)
+        return {row["client"]: orjson.loads(row["limits"]) for row in rows}
+
+    async def get_tenant_limits(self, client: str) -> dict[str, float]:
+        """NotFound if no such active tenant."""
+        row = await self._fetchrow(queries.GET_TENANT_LIMITS, client)
+        if row is None:
+            raise NotFound(f"no active tenant {client!r}")
+        limits: dict[str, float] = orjson.loads(row["limits"])
+        return limits
+
+    async def set_tenant_limits(self, client: str, limits: dict[str, float]) -> dict[str, float]:
+        """Replace ``client``'s overrides; NotFound if no such active tenant."""
+        row = await self._fetchrow(queries.SET_TENANT_LIMITS, client, orjson.dumps(limits).decode())
+        if row is None:
+            raise NotFound(f"no active tenant {client!r}")
+        stored: dict[str, float] = orjson.loads(row["limits"])
+        return stored
+
+    async def count_waiting(self, client: str, cap: int) -> int:
+        """``client``'s waiting and scheduled jobs, counting at most ``cap``."""
+        async with self._conn() as conn:
+            count: int = await conn.fetchval(
+                queries.COUNT_WAITING_CAPPED, f"{client}-", f"{client}.", cap
+            )
+        return count
+
+    async def new_admin_token(self, token_hash: bytes, grace: float) -> None:
+        """Make ``token_hash`` the current operator token; the previous one stays
+        live for ``grace`` seconds, older ones end now."""
+        async with self._conn() as conn, conn.transaction():
+            await conn.execute(queries.LOCK_ADMIN_TOKENS)
+            await conn.execute(queries.ADMIN_DROP_OLD)
+            await conn.execute(queries.ADMIN_EXPIRE_CURRENT, float(grace))
+            await conn.execute(queries.INSERT_ADMIN_TOKEN, token_hash)
+
+    async def revoke_admin_tokens(self) -> int:
+        """End every operator token; how many there were."""
+        async with self._conn() as conn:
+            status: str = await conn.execute(queries.REVOKE_ADMIN_TOKENS)
+        return int(status.split()[-1])
+
+    async def admin_tokens(self) -> set[bytes]:
+        """Digests of the live operator tokens (database clock)."""
+        rows = await self._fetch(queries.ADMIN_TOKENS)
+        return {bytes(row["token_hash"]) for row in rows}
 
     async def token_key(self) -> bytes:
         """The per-store HMAC key for token hashes (created by migration 0004)."""
@@ -515,10 +565,24 @@ class PgStore:
         self._last_handler_ns = now
         return f"h{now:016x}{secrets.token_hex(4)}"
 
-    async def put_handler(self, type: str, data: dict[str, object]) -> HandlerRecord:
-        row = await self._fetchrow(
-            queries.PUT_HANDLER, self._handler_id(), type, orjson.dumps(data).decode()
-        )
+    async def put_handler(
+        self, type: str, data: dict[str, object], max_handlers: int | None = None
+    ) -> HandlerRecord:
+        """Store a new version of ``type``'s handler. With ``max_handlers``, a
+        type that has no live handler yet is refused (``LimitReached``) when its
+        tenant already has that many."""
+        body = orjson.dumps(data).decode()
+        if max_handlers is None:
+            row = await self._fetchrow(queries.PUT_HANDLER, self._handler_id(), type, body)
+        else:
+            client = type.partition("-")[0]
+            async with self._conn() as conn, conn.transaction():
+                await conn.execute(queries.LOCK_CLIENT_HANDLERS, client)
+                if not await conn.fetchval(queries.HANDLER_LIVE, type):
+                    live = await conn.fetchval(queries.COUNT_HANDLERS, client)
+                    if live >= max_handlers:
+                        raise LimitReached(f"{client} has {live} handlers, its limit")
+                row = await conn.fetchrow(queries.PUT_HANDLER, self._handler_id(), type, body)
         assert row is not None  # INSERT ... RETURNING
         return _handler(row)
 

@@ -61,6 +61,34 @@ class Store(Protocol):
         """token_hash -> client for every live token: its tenant is active and
         its grace (if any) has not ended by the database clock."""
 
+    async def tenant_limits(self) -> dict[str, dict[str, float]]:
+        """client -> its limit overrides, for active tenants that have any."""
+        ...
+
+    async def get_tenant_limits(self, client: str) -> dict[str, float]:
+        """NotFound if no such active tenant."""
+        ...
+
+    async def set_tenant_limits(self, client: str, limits: dict[str, float]) -> dict[str, float]:
+        """Replace ``client``'s overrides; NotFound if no such active tenant."""
+        ...
+
+    async def count_waiting(self, client: str, cap: int) -> int:
+        """``client``'s waiting and scheduled jobs, counting at most ``cap``."""
+        ...
+
+    async def new_admin_token(self, token_hash: bytes, grace: float) -> None:
+        """New current operator token; the previous one stays live for ``grace`` s."""
+        ...
+
+    async def revoke_admin_tokens(self) -> int:
+        """End every operator token; how many there were."""
+        ...
+
+    async def admin_tokens(self) -> set[bytes]:
+        """Digests of the live operator tokens."""
+        ...
+
     async def token_key(self) -> bytes:
         """The per-store secret key of the keyed token hash."""
 
@@ -125,8 +153,12 @@ class Store(Protocol):
         changes, until the store is closed (a dedicated connection; reconnects)."""
 
     # handlers
-    async def put_handler(self, type: str, data: dict[str, object]) -> HandlerRecord:
-        """Store a new version of the handler of ``type`` (client-type) and notify."""
+    async def put_handler(
+        self, type: str, data: dict[str, object], max_handlers: int | None = None
+    ) -> HandlerRecord:
+        """Store a new version of the handler of ``type`` (client-type) and notify.
+        LimitReached if ``type`` has no live handler and its tenant already has
+        ``max_handlers``."""
 
     async def get_handler(self, type: str) -> HandlerRecord:
         """The newest version; NotFound if none (or deleted)."""

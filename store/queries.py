@@ -195,7 +195,7 @@ WHERE client = $1 AND expires_at IS NULL
 """
 
 LIST_TENANTS = f"""
-SELECT t.client, t.created_at, t.revoked_at,
+SELECT t.client, t.created_at, t.revoked_at, t.limits::text AS limits,
        coalesce(newest.token_hash, ''::bytea) AS token_hash,
        coalesce(live.n, 0) AS live_tokens,
        live.grace_until
@@ -231,6 +231,50 @@ WHERE t.revoked_at IS NULL AND {_LIVE}
 """
 
 TOKEN_KEY = "SELECT value FROM secrets WHERE name = 'token_hmac_key'"
+
+# Overrides of the daemon-wide limits for every active tenant that has any
+# (0005_limits_admin.sql).
+TENANT_LIMITS = """
+SELECT client, limits::text AS limits FROM tenants
+WHERE revoked_at IS NULL AND limits <> '{}'::jsonb
+"""
+
+# $1 client, $2 the new overrides (a JSON object, text): replaces them all.
+SET_TENANT_LIMITS = """
+UPDATE tenants SET limits = $2::jsonb
+WHERE client = $1 AND revoked_at IS NULL
+RETURNING limits::text AS limits
+"""
+
+GET_TENANT_LIMITS = """
+SELECT limits::text AS limits FROM tenants WHERE client = $1 AND revoked_at IS NULL
+"""
+
+# $1 token hash: the new current operator token (no expiry).
+INSERT_ADMIN_TOKEN = "INSERT INTO admin_tokens (token_hash) VALUES ($1)"
+
+# $1 grace seconds. Older previous tokens go; the current one expires after
+# the grace; then INSERT_ADMIN_TOKEN adds the new one. Serialised by a lock.
+LOCK_ADMIN_TOKENS = "LOCK TABLE admin_tokens IN SHARE ROW EXCLUSIVE MODE"
+ADMIN_DROP_OLD = "DELETE FROM admin_tokens WHERE expires_at IS NOT NULL"
+ADMIN_EXPIRE_CURRENT = """
+UPDATE admin_tokens SET expires_at = now() + make_interval(secs => $1)
+WHERE expires_at IS NULL
+"""
+REVOKE_ADMIN_TOKENS = "DELETE FROM admin_tokens"
+
+ADMIN_TOKENS = """
+SELECT token_hash FROM admin_tokens WHERE expires_at IS NULL OR expires_at > now()
+"""
+
+# $1 lower bound of the tenant's stored types ('client-'), $2 the upper bound
+# ('client.'), $3 the cap: counts waiting and scheduled jobs (lock '') on
+# jobs_waiting_idx, reading at most $3 entries.
+COUNT_WAITING_CAPPED = """
+SELECT count(*) FROM (
+    SELECT 1 FROM jobs WHERE type >= $1 AND type < $2 AND lock = '' LIMIT $3
+) w
+"""
 
 # --- sysids -------------------------------------------------------------------
 
@@ -448,6 +492,12 @@ UPDATE handlers SET deleted_at = now()
 WHERE type = $1 AND deleted_at IS NULL
 RETURNING pg_notify('qd_handlers', type)
 """
+
+# $1 client: serialises handler adds of one tenant, so the handler limit holds.
+LOCK_CLIENT_HANDLERS = "SELECT pg_advisory_xact_lock(hashtext('qd_handlers:' || $1))"
+
+# $1 stored jobtype: whether it has a live handler.
+HANDLER_LIVE = "SELECT EXISTS (SELECT 1 FROM handlers WHERE type = $1 AND deleted_at IS NULL)"
 
 COUNT_HANDLERS = """
 SELECT count(DISTINCT type) FROM handlers

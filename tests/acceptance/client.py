@@ -7,7 +7,7 @@ import io
 import json
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import aiohttp
@@ -35,6 +35,7 @@ class Reply:
     status: int
     content_type: str
     body: bytes
+    headers: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def json(self) -> Any:
@@ -94,7 +95,7 @@ class Api:
             method, self.url + path, data=body, params=params, headers=sent
         ) as response:
             body = await response.read()
-            return Reply(response.status, response.content_type, body)
+            return Reply(response.status, response.content_type, body, dict(response.headers))
 
     # --- routes -------------------------------------------------------------
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from datetime import datetime
 
 import aiohttp
 import pytest
@@ -16,7 +17,7 @@ import pytest
 from tests.acceptance.client import Reply, assert_error, until
 from tests.acceptance.daemon import DaemonFactory, Deployment, deploy, run_cli, store_args
 
-GRACE = 2.0
+GRACE = 4.0
 
 
 @pytest.fixture(scope="module")
@@ -50,17 +51,20 @@ async def test_rotated_token_works_at_once_and_the_old_one_until_the_grace_ends(
     old = deployment.api(session, "a")
     assert (await old.stats()).status == 200
     code, out, err = cli(deployment, "tenant", "rotate", "a", "--grace", str(GRACE))
-    rotated_at = time.monotonic()
     assert code == 0, err
     token = out.strip().splitlines()[-1].strip()
     assert token.startswith("qd_") and token != deployment.tokens["a"]
     new = old.as_("a", token)
 
     assert (await new.stats()).status == 200, "the new token must work at once"
-    assert (await old.stats()).status == 200, "the old token must work during the grace"
-    assert_error(await new.as_("b", token).stats(), 403)  # still a's alone
     line = listed(deployment, "a")
     assert line[1] == "active" and "tokens=2" in line, line
+    # the grace ends by the database's clock (the same machine's): the CLI may
+    # have taken a while to exit after it began
+    grace_until = datetime.fromisoformat(line[-1].removeprefix("grace_until=")).timestamp()
+    if time.time() < grace_until - 0.5:
+        assert (await old.stats()).status == 200, "the old token must work during the grace"
+    assert_error(await new.as_("b", token).stats(), 403)  # still a's alone
     assert not any(t in " ".join(line) for t in (token, deployment.tokens["a"]))
 
     async def refused() -> Reply | None:
@@ -68,7 +72,7 @@ async def test_rotated_token_works_at_once_and_the_old_one_until_the_grace_ends(
         return reply if reply.status == 401 else None
 
     assert_error(await until(refused, GRACE + 10, "the old token to be refused"), 401)
-    assert time.monotonic() - rotated_at >= GRACE - 0.5, "refused before its grace ended"
+    assert time.time() >= grace_until - 0.5, "refused before its grace ended"
     assert (await new.stats()).status == 200
     assert (await deployment.api(session, "b").stats()).status == 200
     assert "tokens=1" in listed(deployment, "a")

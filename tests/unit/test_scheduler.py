@@ -246,6 +246,26 @@ def test_capped_tenant_gets_none_while_slots_are_free() -> None:
     assert scheduler.select_jobtype(waiting) == Pick(jobtype="a-y", limit=1)
 
 
+def test_per_tenant_caps_override_the_default() -> None:
+    scheduler = Scheduler(concurrency=10, tenant_cap=4)
+    scheduler.set_tenant_caps({"a": 1, "b": None})
+    waiting = {"a-x": 100, "b-x": 100, "c-x": 100}
+    picks = {}
+    for _ in range(3):
+        pick = scheduler.select_jobtype(waiting)
+        assert pick is not None
+        picks[pick.jobtype] = pick.limit
+        scheduler.jobs_started(pick.jobtype, pick.limit)
+    assert picks["a-x"] == 1  # its own cap
+    assert picks["c-x"] <= 4  # the default cap
+    assert scheduler.running_of_tenant("b") > 0  # no cap: the rest of its fair share
+    assert scheduler.select_jobtype({"a-x": 100}) is None  # a is at its cap
+    scheduler.set_tenant_caps({})  # back to the default for everyone
+    assert scheduler.select_jobtype({"a-x": 100}) is not None
+    with pytest.raises(SchedulerError):
+        scheduler.set_tenant_caps({"a": 0})
+
+
 def test_none_when_full_or_nothing_waiting() -> None:
     scheduler = Scheduler(concurrency=2)
     assert scheduler.select_jobtype({}) is None
