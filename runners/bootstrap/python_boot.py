@@ -162,6 +162,38 @@ def shape(value: Any) -> tuple[Any, str | None]:
     return 200, dumps_value(value)
 
 
+class BoundedBuffer(io.BytesIO):
+    """A job's captured stdout: keeps the first ``KEEP`` bytes and counts
+    the rest, so a handler that prints without end costs no memory (it runs
+    on until its timeout, and its output says how much was dropped)."""
+
+    KEEP = MAX_TEXT - 1024  # room for the note in one frame's text
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.dropped = 0
+
+    def write(self, data: Any) -> int:
+        size = len(data)
+        room = self.KEEP - self.tell()
+        if size <= room:
+            return super().write(data)
+        if room > 0:
+            super().write(bytes(data[:room]))
+        self.dropped += size - max(room, 0)
+        return size
+
+    def take(self) -> str:
+        """What was printed (and a note of what was dropped); then empty."""
+        text = self.getvalue().decode("utf-8", "replace") if self.tell() else ""
+        if self.dropped:
+            text += f"\n[output over {self.KEEP} bytes: {self.dropped} bytes dropped]"
+        self.seek(0)
+        self.truncate()
+        self.dropped = 0
+        return text
+
+
 class Context:
     """The ``ctx`` a handler gets: id, attempt, type, emit(type, payload)."""
 
@@ -193,7 +225,7 @@ class Handler:
         self.before_each: CodeType | None = None
         self.after_each: CodeType | None = None
         self.function: Any = None
-        self._capture: tuple[io.BytesIO, io.TextIOWrapper] | None = None
+        self._capture: tuple[BoundedBuffer, io.TextIOWrapper] | None = None
 
     def load(self, init: Message) -> str | None:
         """None when the handler is ready, else the ``fatal`` message."""
@@ -231,11 +263,11 @@ class Handler:
         self.after_each = parts["afterEach"]
         return None
 
-    def capture(self) -> tuple[io.BytesIO, io.TextIOWrapper]:
+    def capture(self) -> tuple[BoundedBuffer, io.TextIOWrapper]:
         """The stdout a job prints to: reused while the handler leaves it intact."""
         pair = self._capture
-        if pair is None or pair[1].closed or pair[0].closed or pair[0].tell():
-            data = io.BytesIO()
+        if pair is None or pair[1].closed or pair[0].closed or pair[0].tell() or pair[0].dropped:
+            data = BoundedBuffer()
             text = io.TextIOWrapper(data, encoding="utf-8", errors="replace", write_through=True)
             pair = self._capture = (data, text)
         return pair
@@ -263,9 +295,7 @@ class Handler:
         except Exception:  # the handler closed or broke its stdout
             output = ""
         else:
-            output = capture.getvalue().decode("utf-8", "replace") if capture.tell() else ""
-            capture.seek(0)
-            capture.truncate()
+            output = capture.take()
         message["exitcode"] = code
         message["result"] = (
             result if result is None or len(result) <= MAX_TEXT else result[:MAX_TEXT]

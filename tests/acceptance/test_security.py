@@ -1,0 +1,195 @@
+"""The README's security model, attacked end to end.
+
+A daemon as a user runs it (the embedded PostgreSQL, no --store) with two
+tenants; ``mallory``'s handlers try what the security model says they cannot
+do, and each attempt must fail. The probes run as real handlers through the
+HTTP API; paths and pids come in the payload, as an attacker could guess them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from store.embedded import stop_server
+from tests.acceptance.client import Api, Handlers, wait_done
+from tests.acceptance.daemon import (
+    DaemonFactory,
+    DaemonProcess,
+    add_tenant,
+    reachable_dir,
+)
+
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="per-tenant users need root")
+
+PROBE = """
+import json, os, socket
+
+def handler(payload, ctx):
+    ask = json.loads(payload)
+    what, target = ask["what"], ask.get("target")
+    try:
+        if what == "read":
+            with open(target, "rb") as f:
+                value = f.read(64).decode("latin-1")
+        elif what == "list":
+            value = sorted(os.listdir(target))
+        elif what == "write-temp":
+            import tempfile
+            fd, value = tempfile.mkstemp(prefix="secret-")
+            os.write(fd, b"mallory-cannot-see-this")
+            os.close(fd)
+        elif what == "unix":
+            s = socket.socket(socket.AF_UNIX)
+            s.settimeout(2)
+            s.connect(target)
+            value = "connected"
+        elif what == "tcp":
+            s = socket.create_connection(tuple(target), timeout=2)
+            value = "connected"
+        else:
+            value = None
+        return json.dumps({"ok": True, "value": value})
+    except Exception as exc:
+        return json.dumps({"ok": False, "error": type(exc).__name__ + ": " + str(exc)})
+"""
+
+
+class Site:
+    def __init__(self, daemon: DaemonProcess, data_dir: Path, tokens: dict[str, str]) -> None:
+        self.daemon = daemon
+        self.data_dir = data_dir
+        self.tokens = tokens
+
+
+@pytest.fixture(scope="module")
+def site(module_daemons: DaemonFactory) -> Iterator[Site]:
+    root = reachable_dir("qd-security-")
+    data_dir = root / "data"
+    try:
+        tokens = {
+            client: add_tenant(client, store=None, data_dir=data_dir, cwd=root)
+            for client in ("alice", "mallory")
+        }
+        daemon = module_daemons.start(data_dir, None, "--context-idle", "120")
+        yield Site(daemon, data_dir, tokens)
+        daemon.close()
+    finally:
+        stop_server(data_dir / "pg")
+        shutil.rmtree(root, ignore_errors=True)
+
+
+async def probe(site: Site, session: aiohttp.ClientSession, client: str, **ask: Any) -> Any:
+    api = Api(session, site.daemon.url, client, site.tokens[client])
+    handlers = Handlers(api)
+    if (await handlers.get("probe")).status != 200:
+        await handlers.add("probe", "python", PROBE, timeout=10)
+    [job_id] = await api.add("probe", [json.dumps(ask)])
+    job = await wait_done(api, job_id, within=30)
+    assert job["code"] == "ok", job
+    return json.loads(job["result"])
+
+
+def exists(path: str) -> bool:
+    return Path(path).exists()
+
+
+def refused(outcome: Any) -> None:
+    assert outcome["ok"] is False, f"the handler got through: {outcome}"
+
+
+@needs_root
+async def test_another_tenants_temp_files_are_unreadable(
+    site: Site, session: aiohttp.ClientSession
+) -> None:
+    written = await probe(site, session, "alice", what="write-temp")
+    assert written["ok"] is True, written
+    secret = written["value"]
+    assert exists(secret)  # alice's context stays warm, its temp dir with it
+    outcome = await probe(site, session, "mallory", what="read", target=secret)
+    refused(outcome)
+    assert "PermissionError" in outcome["error"], outcome
+    refused(await probe(site, session, "mallory", what="list", target=str(Path(secret).parent)))
+
+
+@needs_root
+async def test_the_journal_queue_log_and_data_dir_are_unreadable(
+    site: Site, session: aiohttp.ClientSession
+) -> None:
+    [journal] = sorted(site.data_dir.glob("journal-*"))
+    segment = next(p for p in journal.iterdir() if p.is_file())
+    [log] = sorted(site.data_dir.glob("queue-*.log"))
+    for what, target in (
+        ("list", site.data_dir),
+        ("list", journal),
+        ("read", segment),
+        ("read", log),
+        ("read", site.data_dir / "pg.secret"),
+        ("list", site.data_dir / "pg"),
+    ):
+        outcome = await probe(site, session, "mallory", what=what, target=str(target))
+        refused(outcome)
+
+
+@needs_root
+async def test_the_daemons_environment_is_unreadable(
+    site: Site, session: aiohttp.ClientSession
+) -> None:
+    target = f"/proc/{site.daemon.pid}/environ"
+    outcome = await probe(site, session, "mallory", what="read", target=target)
+    refused(outcome)
+    assert "PermissionError" in outcome["error"], outcome
+
+
+@needs_root
+async def test_postgresql_cannot_be_reached(site: Site, session: aiohttp.ClientSession) -> None:
+    # postmaster.pid: line 4 the port, line 5 the socket directory
+    lines = (site.data_dir / "pg" / "postmaster.pid").read_text().splitlines()
+    port, socket_dir = int(lines[3]), lines[4] or str(site.data_dir / "pg")
+    socket_path = Path(socket_dir) / f".s.PGSQL.{port}"
+    assert socket_path.exists(), socket_path
+    refused(await probe(site, session, "mallory", what="unix", target=str(socket_path)))
+    refused(await probe(site, session, "mallory", what="tcp", target=["127.0.0.1", port]))
+    refused(await probe(site, session, "mallory", what="read", target=str(socket_path)))
+
+
+def rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise AssertionError("no VmRSS")
+
+
+@pytest.mark.parametrize(
+    ("lang", "body"),
+    [
+        (
+            "python",
+            "def handler(payload, ctx):\n    while True:\n        print('x' * 65536)\n",
+        ),
+        ("shell", "yes xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"),
+        (
+            "node",
+            "module.exports = () => { for (;;) console.log('x'.repeat(65536)); };\n",
+        ),
+    ],
+)
+async def test_printing_without_end_is_cut_off_and_memory_stays_flat(
+    site: Site, session: aiohttp.ClientSession, lang: str, body: str
+) -> None:
+    api = Api(session, site.daemon.url, "mallory", site.tokens["mallory"])
+    await Handlers(api).add(f"printer-{lang}", lang, body, timeout=3, maxAttempts=1)
+    before = rss_kib(site.daemon.pid)
+    [job_id] = await api.add(f"printer-{lang}", ["go"])
+    job = await wait_done(api, job_id, within=60)
+    assert job["code"] == "error", job
+    assert "time" in (job["result"] or "").lower(), job  # cut off by its timeout, said so
+    grown_mib = (rss_kib(site.daemon.pid) - before) / 1024
+    assert grown_mib < 100, f"the daemon grew by {grown_mib:.0f} MiB"
