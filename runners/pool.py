@@ -355,6 +355,7 @@ class RunnerPool:
         while self._closing:
             await asyncio.gather(*self._closing, return_exceptions=True)
         await self._http.close()
+        await self.sandbox.close()
 
     # ------------------------------------------------------------------ introspection
 

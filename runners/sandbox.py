@@ -23,6 +23,16 @@ switches to the run-as user itself, clearing supplementary groups:
 
     unshare --net --setgid=G --setuid=U --    (before everything above)
 
+A process group does not hold a tree whose members call ``setsid()``: when the
+daemon is root and cgroup v2 is there (``runners.cgroups``), every context and
+shell job also gets a cgroup of its own, which the very first wrapper (root)
+enters before anything of the handler runs; killing a tree then also writes
+``cgroup.kill``, which nothing in the cgroup can leave or escape. With cgroups
+but no network namespace (``network=True``), ``unshare`` without ``--net``
+still does the user switch, since the wrapper must run as root:
+
+    /bin/sh -c 'echo $$ >"$1"; shift; exec "$@"' sh CGROUP/cgroup.procs
+
 A namespace does not cover unix sockets, which are files: the daemon's own
 files are kept from handlers by permissions (``queue_daemon.app``).
 """
@@ -43,6 +53,7 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
+from runners.cgroups import CgroupTree
 from runners.errors import SandboxError
 
 logger = logging.getLogger(__name__)
@@ -53,6 +64,8 @@ FALLBACK_USER = "nobody"
 BOOTSTRAP_SOURCE = Path(__file__).resolve().parent / "bootstrap"
 # moves the protocol pipes from fds 0/1 to 3/4 (dash only knows fds 0-9 in redirections)
 _FD_WRAPPER = 'unset PWD OLDPWD; exec 3<&0 4>&1 0</dev/null 1>&2; exec "$@"'
+# run as root: enters the cgroup named by $1 (its cgroup.procs), then becomes the rest
+_CGROUP_WRAPPER = 'unset PWD OLDPWD; echo $$ >"$1" || exit 126; shift; exec "$@"'
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -164,6 +177,13 @@ class Child(asyncio.subprocess.Process):
 
     _protocol: _Protocol
     _transport: asyncio.SubprocessTransport
+    cgroup: Path | None = None  # the cgroup holding its whole tree (runners.cgroups)
+
+    def kill_tree(self) -> None:
+        """SIGKILL its process group and, with a cgroup, every process it ever started."""
+        kill_group(self.pid)
+        if self.cgroup is not None:
+            CgroupTree.kill(self.cgroup)
 
     async def exited(self) -> int:
         await asyncio.shield(self._protocol.exit_seen)
@@ -218,7 +238,9 @@ class Sandbox:
         self.run_as: RunAs | None = None
         self.bootstrap_dir = work_root / "bootstrap"
         self._prlimit: str | None = None
-        self._unshare: str | None = None
+        self._unshare: str | None = None  # set when handlers get a network namespace
+        self._switch_user: str | None = None  # unshare, to switch users after the cgroup wrapper
+        self._cgroups: CgroupTree | None = None
 
     async def prepare(self) -> None:
         """Resolve the user, make the work root and copy the bootstraps; once."""
@@ -249,6 +271,39 @@ class Sandbox:
         self._prlimit = prlimit
         self.python = self._find_python()
         self._unshare = self._find_unshare()
+        self._cgroups = self._find_cgroups()
+
+    def _find_cgroups(self) -> CgroupTree | None:
+        """This daemon's cgroup for handler trees, or None (warned: ``setsid`` escapes kills)."""
+        if self.run_as is None:
+            return None  # not root: nothing to warn about beyond the run-as notice
+        self._switch_user = self._unshare or shutil.which("unshare", path=SAFE_PATH)
+        cgroups = CgroupTree.find() if self._switch_user is not None else None
+        if cgroups is None:
+            logger.warning(
+                "no cgroup v2 for handlers: a handler process that calls setsid() "
+                "survives its job's timeout and its context",
+                extra={"action": "sandbox_cgroup"},
+            )
+        return cgroups
+
+    @property
+    def contains_processes(self) -> bool:
+        """Whether every handler process tree is held (and killed) by a cgroup of its own."""
+        return self._cgroups is not None
+
+    async def close(self) -> None:
+        """Remove this sandbox's cgroup (killing anything still in it)."""
+        cgroups, self._cgroups = self._cgroups, None
+        if cgroups is not None:
+            await asyncio.to_thread(cgroups.close)
+
+    @staticmethod
+    async def release(child: Child) -> None:
+        """Once ``child`` exited: kill what is left of its tree and remove its cgroup."""
+        cgroup, child.cgroup = child.cgroup, None
+        if cgroup is not None:
+            await asyncio.to_thread(CgroupTree.remove, cgroup)
 
     def _find_unshare(self) -> str | None:
         """``unshare`` if handlers get no network and it works here, else None (warned once)."""
@@ -411,29 +466,44 @@ class Sandbox:
             argv = ["/bin/sh", "-c", _FD_WRAPPER, "sh", *argv]
             stdin, stdout = pipes
         run_as = self.owner(client)
-        if run_as is not None and self._unshare is not None:
+        cgroup: Path | None = None
+        if run_as is not None and self._cgroups is not None and self._switch_user is not None:
+            cgroup = self._cgroups.new()
+        if run_as is not None and (self._unshare is not None or cgroup is not None):
             # unshare needs root: it switches to the run-as user itself, after the namespace
+            # (and after the cgroup wrapper, which must write to root's cgroup files)
+            unshare = self._unshare or self._switch_user
+            assert unshare is not None
             argv = [
-                self._unshare,
-                "--net",
+                unshare,
+                *(["--net"] if self._unshare is not None else []),
                 f"--setgid={run_as.gid}",
                 f"--setuid={run_as.uid}",
                 "--",
                 *argv,
             ]
             run_as = None
+        if cgroup is not None:
+            argv = ["/bin/sh", "-c", _CGROUP_WRAPPER, "sh", str(cgroup / "cgroup.procs"), *argv]
         loop = asyncio.get_running_loop()
-        transport, protocol = await loop.subprocess_exec(
-            lambda: _Protocol(1 << 16, loop),
-            *argv,
-            stdin=stdin,
-            stdout=stdout,
-            stderr=subprocess.PIPE,
-            cwd=home,
-            env=scrubbed_env(home),
-            start_new_session=True,
-            user=run_as.uid if run_as else None,
-            group=run_as.gid if run_as else None,
-            extra_groups=[] if run_as else None,
-        )
-        return Child(transport, protocol, loop)
+        try:
+            transport, protocol = await loop.subprocess_exec(
+                lambda: _Protocol(1 << 16, loop),
+                *argv,
+                stdin=stdin,
+                stdout=stdout,
+                stderr=subprocess.PIPE,
+                cwd=home,
+                env=scrubbed_env(home),
+                start_new_session=True,
+                user=run_as.uid if run_as else None,
+                group=run_as.gid if run_as else None,
+                extra_groups=[] if run_as else None,
+            )
+        except BaseException:
+            if cgroup is not None:
+                await asyncio.to_thread(CgroupTree.remove, cgroup)
+            raise
+        child = Child(transport, protocol, loop)
+        child.cgroup = cgroup
+        return child
