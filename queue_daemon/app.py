@@ -166,6 +166,7 @@ class Daemon:
                 run_as=settings.run_as,
                 idle_timeout=settings.context_idle,
                 payload_limit=settings.payload_limit,
+                http_allow=settings.http_allow,
             )
         )
         self.worker = worker = Worker(

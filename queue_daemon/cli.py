@@ -21,6 +21,7 @@ from queue_daemon.auth import hash_token, new_token
 from queue_daemon.names import valid_client, valid_sysid
 from queue_daemon.settings import MIB, Settings
 from queue_daemon.sysid import SysidError
+from runners.addresses import Network, parse_networks
 from store.errors import Conflict, NotFound, StoreError
 
 ENV = "QUEUE_DAEMON_"
@@ -102,6 +103,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--run-as",
         default=_env("run_as"),
         help="one user for all handler processes when running as root (default: a uid per tenant)",
+    )
+    serve.add_argument(
+        "--http-allow",
+        default=_env("http_allow", ""),
+        help="CIDR[,CIDR...] that http handlers may reach although not public "
+        "(loopback, private, link-local...; default: none)",
     )
     serve.add_argument(
         "--context-idle",
@@ -216,7 +223,15 @@ def settings_from(args: argparse.Namespace) -> Settings:
         tenant_rate=_number(args.tenant_rate, "--tenant-rate", float, 0),
         tenant_burst=_number(args.tenant_burst, "--tenant-burst", float, 1),
         tenant_running=_number(args.tenant_running, "--tenant-running", int, 0) or None,
+        http_allow=_networks(args.http_allow, "--http-allow"),
     )
+
+
+def _networks(text: str, flag: str) -> tuple[Network, ...]:
+    try:
+        return parse_networks(text)
+    except ValueError as exc:
+        raise CliError(f"{flag}: {exc}") from None
 
 
 async def _tenant(args: argparse.Namespace) -> int:

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from runners.addresses import Network
+
 MIB = 1 << 20
 
 
@@ -36,6 +38,7 @@ class Settings:
     tenant_rate: float = 100_000.0  # jobs/s one tenant may add (0 = unlimited)
     tenant_burst: float = 200_000.0  # jobs one tenant may add at once above the rate
     tenant_running: int | None = None  # jobs of one tenant running at once per daemon
+    http_allow: tuple[Network, ...] = ()  # non-public networks http handlers may reach
 
     def journal_dir(self, sysid: str) -> Path:
         return self.journal if self.journal is not None else self.data_dir / f"journal-{sysid}"
