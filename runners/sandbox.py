@@ -55,6 +55,7 @@ from pathlib import Path
 
 from runners.cgroups import CgroupTree
 from runners.errors import SandboxError
+from runners.workdirs import OwnPart
 
 logger = logging.getLogger(__name__)
 
@@ -241,6 +242,7 @@ class Sandbox:
         self._unshare: str | None = None  # set when handlers get a network namespace
         self._switch_user: str | None = None  # unshare, to switch users after the cgroup wrapper
         self._cgroups: CgroupTree | None = None
+        self._part: OwnPart | None = None  # this sandbox's d-<id> below the work root
 
     async def prepare(self) -> None:
         """Resolve the user, make the work root and copy the bootstraps; once."""
@@ -265,6 +267,7 @@ class Sandbox:
                         "is not searchable by other users"
                     )
         self._copy_bootstraps()
+        self._part = OwnPart.claim(root)
         prlimit = self._prlimit_setting
         if prlimit == "auto":
             prlimit = shutil.which("prlimit", path=SAFE_PATH)
@@ -293,10 +296,13 @@ class Sandbox:
         return self._cgroups is not None
 
     async def close(self) -> None:
-        """Remove this sandbox's cgroup (killing anything still in it)."""
+        """Remove this sandbox's cgroup (killing anything still in it) and its directory."""
         cgroups, self._cgroups = self._cgroups, None
         if cgroups is not None:
             await asyncio.to_thread(cgroups.close)
+        part, self._part = self._part, None
+        if part is not None:
+            await asyncio.to_thread(part.release)
 
     @staticmethod
     async def release(child: Child) -> None:
@@ -431,8 +437,11 @@ class Sandbox:
         return tenant_ids(client)
 
     def make_dir(self, prefix: str, client: str) -> Path:
-        """A new private directory (0700, owned by the client's user) under the work root."""
-        path = Path(tempfile.mkdtemp(prefix=prefix, dir=self.work_root))
+        """A new private directory (0700, owned by the client's user) in this sandbox's part
+        of the work root (``runners.workdirs``)."""
+        if self._part is None:
+            raise SandboxError("the sandbox is closed")
+        path = Path(tempfile.mkdtemp(prefix=prefix, dir=self._part.path))
         owner = self.owner(client)
         if owner is not None:
             os.chown(path, owner.uid, owner.gid)

@@ -3,6 +3,7 @@ process groups, an unprivileged user when the daemon is root."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import pwd
@@ -10,6 +11,7 @@ import shutil
 import signal
 import stat
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -95,7 +97,8 @@ async def test_private_directory_and_user(pool: RunnerPool, work_root: Path) -> 
     assert result.result is not None
     cwd, uid, gid, groups = json.loads(result.result)
     home = Path(cwd)
-    assert home.parent == work_root
+    assert home.parent.parent == work_root and home.parent.name.startswith("d-")
+    assert stat.S_IMODE(os.stat(home.parent).st_mode) == 0o711  # this pool's part
     info = os.stat(home)
     assert stat.S_IMODE(info.st_mode) == 0o700
     assert "scratch" in os.listdir(home)
@@ -161,6 +164,7 @@ async def test_python_fallback_wrapper_sets_the_same_limits(work_root: Path) -> 
             assert int(lines[2]) == runner_uid()
     finally:
         Sandbox.remove_dir(home)
+        await sandbox.close()
 
 
 async def test_memory_hog_fails_and_the_context_restarts(pool: RunnerPool) -> None:
@@ -399,3 +403,53 @@ def test_cgroups_of_a_dead_daemon_are_swept() -> None:
             wrapper.wait()
         if leftover.exists():
             cgroups.remove_tree(leftover)
+
+
+async def test_private_dirs_of_a_dead_daemon_are_swept(work_root: Path, shared_dir: Path) -> None:
+    """A real process claims a part of the work root and is SIGKILLed with a context dir in it;
+    the next pool removes that part, and leaves a live owner's part alone."""
+    script = (
+        "import os, sys, time\n"
+        "from pathlib import Path\n"
+        "from runners.workdirs import OwnPart\n"
+        "part = OwnPart.claim(Path(sys.argv[1]))\n"
+        "(part.path / 'ctx-acme-x').mkdir()\n"
+        "(part.path / 'ctx-acme-x' / 'secret').write_text('left behind')\n"
+        "print(part.path, flush=True)\n"
+        "time.sleep(300)\n"
+    )
+
+    def claimer() -> tuple[subprocess.Popen[str], Path]:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", script, str(work_root)],
+            stdout=subprocess.PIPE,
+            text=True,
+            cwd=Path(__file__).resolve().parents[2],
+        )
+        assert proc.stdout is not None
+        return proc, Path(proc.stdout.readline().strip())
+
+    dead, dead_part = await asyncio.to_thread(claimer)
+    live, live_part = await asyncio.to_thread(claimer)
+    try:
+        dead.kill()
+        await asyncio.to_thread(dead.wait)
+        assert (dead_part / "ctx-acme-x" / "secret").exists()
+        pool = RunnerPool(RunnerSettings(work_root=work_root, processes=PROCESSES))
+        try:
+            await pool.sandbox.prepare()
+            assert not dead_part.exists()
+            assert not dead_part.with_name(dead_part.name + ".lock").exists()
+            assert (live_part / "ctx-acme-x" / "secret").exists()  # its owner lives
+        finally:
+            await pool.close()
+        assert sorted(os.listdir(work_root)) == sorted(
+            ["bootstrap", live_part.name, live_part.name + ".lock"]
+        )
+    finally:
+        for proc in (dead, live):
+            if proc.poll() is None:
+                proc.kill()
+            await asyncio.to_thread(proc.wait)
+            assert proc.stdout is not None
+            proc.stdout.close()
