@@ -18,10 +18,18 @@ one ``killpg``, and switches to the run-as user (``user=``, ``group=``,
 ``extra_groups=[]``) -- except when handlers get no network (the default when
 the daemon is root and util-linux ``unshare`` works): then a first wrapper,
 run as root, puts the process in a new network namespace (only a loopback
-interface, left down: no route to the host's loopback or anywhere else) and
+interface of its own: no route to the host's loopback or anywhere else) and
 switches to the run-as user itself, clearing supplementary groups:
 
     unshare --net --setgid=G --setuid=U --    (before everything above)
+
+When iproute2's ``ip`` works there, the namespace's loopback is brought up
+first (still as root, inside the namespace), so a handler can use 127.0.0.1
+within its own tree; the user switch is then a second ``unshare`` without
+namespaces:
+
+    unshare --net -- /bin/sh -c '"$1" link set lo up; …; exec "$@"' sh IP
+        unshare --setgid=G --setuid=U --
 
 A process group does not hold a tree whose members call ``setsid()``: when the
 daemon is root and cgroup v2 is there (``runners.cgroups``), every context and
@@ -67,6 +75,9 @@ BOOTSTRAP_SOURCE = Path(__file__).resolve().parent / "bootstrap"
 _FD_WRAPPER = 'unset PWD OLDPWD; exec 3<&0 4>&1 0</dev/null 1>&2; exec "$@"'
 # run as root: enters the cgroup named by $1 (its cgroup.procs), then becomes the rest
 _CGROUP_WRAPPER = 'unset PWD OLDPWD; echo $$ >"$1" || exit 126; shift; exec "$@"'
+# run as root in a new network namespace: brings its loopback up with ip ($1)
+_LOOPBACK_WRAPPER = 'unset PWD OLDPWD; "$1" link set lo up || exit 126; shift; exec "$@"'
+IP_PATH = "/usr/sbin:/sbin:" + SAFE_PATH
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -240,6 +251,7 @@ class Sandbox:
         self.bootstrap_dir = work_root / "bootstrap"
         self._prlimit: str | None = None
         self._unshare: str | None = None  # set when handlers get a network namespace
+        self._ip: str | None = None  # iproute2, to bring the namespace's loopback up
         self._switch_user: str | None = None  # unshare, to switch users after the cgroup wrapper
         self._cgroups: CgroupTree | None = None
         self._part: OwnPart | None = None  # this sandbox's d-<id> below the work root
@@ -274,7 +286,38 @@ class Sandbox:
         self._prlimit = prlimit
         self.python = self._find_python()
         self._unshare = self._find_unshare()
+        self._ip = self._find_ip()
         self._cgroups = self._find_cgroups()
+
+    def _find_ip(self) -> str | None:
+        """``ip`` if it can bring a new namespace's loopback up, else None (left down)."""
+        ip = shutil.which("ip", path=IP_PATH)
+        if self._unshare is None or ip is None:
+            return None
+        try:
+            done = subprocess.run(
+                [self._unshare, "--net", "--", ip, "link", "set", "lo", "up"],
+                env=scrubbed_env(self.work_root),
+                cwd="/",
+                capture_output=True,
+                timeout=30,
+                check=False,
+            )
+        except (OSError, subprocess.SubprocessError):
+            return None
+        if done.returncode != 0:
+            logger.info(
+                "handlers' loopback stays down: ip link set lo up fails: %s",
+                done.stderr.decode(errors="replace").strip(),
+                extra={"action": "sandbox_loopback"},
+            )
+            return None
+        return ip
+
+    @property
+    def has_loopback(self) -> bool:
+        """Whether handlers in a network namespace get its loopback up (127.0.0.1 works)."""
+        return self._unshare is not None and self._ip is not None
 
     def _find_cgroups(self) -> CgroupTree | None:
         """This daemon's cgroup for handler trees, or None (warned: ``setsid`` escapes kills)."""
@@ -483,14 +526,14 @@ class Sandbox:
             # (and after the cgroup wrapper, which must write to root's cgroup files)
             unshare = self._unshare or self._switch_user
             assert unshare is not None
-            argv = [
-                unshare,
-                *(["--net"] if self._unshare is not None else []),
-                f"--setgid={run_as.gid}",
-                f"--setuid={run_as.uid}",
-                "--",
-                *argv,
-            ]
+            switch = [unshare, f"--setgid={run_as.gid}", f"--setuid={run_as.uid}", "--"]
+            if self._unshare is None:
+                argv = [*switch, *argv]
+            elif self._ip is None:
+                argv = [unshare, "--net", *switch[1:], *argv]
+            else:
+                lo = ["/bin/sh", "-c", _LOOPBACK_WRAPPER, "sh", self._ip]
+                argv = [unshare, "--net", "--", *lo, *switch, *argv]
             run_as = None
         if cgroup is not None:
             argv = ["/bin/sh", "-c", _CGROUP_WRAPPER, "sh", str(cgroup / "cgroup.procs"), *argv]

@@ -35,7 +35,7 @@ class RunnerSettings:
     # networks http handlers may reach although they are not public (loopback, private, …)
     http_allow: tuple[Network, ...] = ()
     python: str | None = None  # interpreter of python contexts (default: the daemon's own)
-    # False: handlers run in a network namespace of their own (only a loopback, down)
+    # False: handlers run in a network namespace of their own (only its own loopback)
     # when the daemon is root and unshare works; True: they share the daemon's network
     network: bool = False
     prlimit: str | None = "auto"  # path of prlimit, "auto" (search PATH) or None (python wrapper)
