@@ -170,6 +170,7 @@ class Daemon:
                 idle_timeout=settings.context_idle,
                 payload_limit=settings.payload_limit,
                 max_result_bytes=settings.result_limit,
+                http_allow=settings.http_allow,
             )
         )
         self.worker = worker = Worker(

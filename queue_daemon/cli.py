@@ -24,6 +24,7 @@ from queue_daemon.limits import LIMIT_KEYS, LimitsError, validate_overrides
 from queue_daemon.names import valid_client, valid_sysid
 from queue_daemon.settings import MIB, Settings
 from queue_daemon.sysid import SysidError
+from runners.addresses import Network, parse_networks
 from store.errors import Conflict, NotFound, StoreError
 
 ENV = "QUEUE_DAEMON_"
@@ -105,6 +106,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--run-as",
         default=_env("run_as"),
         help="one user for all handler processes when running as root (default: a uid per tenant)",
+    )
+    serve.add_argument(
+        "--http-allow",
+        default=_env("http_allow", ""),
+        help="CIDR[,CIDR...] that http handlers may reach although not public "
+        "(loopback, private, link-local...; default: none)",
     )
     serve.add_argument(
         "--context-idle",
@@ -255,7 +262,15 @@ def settings_from(args: argparse.Namespace) -> Settings:
         tenant_waiting=_number(args.tenant_waiting, "--tenant-waiting", int, 0),
         tenant_handlers=_number(args.tenant_handlers, "--tenant-handlers", int, 0),
         result_limit=_number(args.result_limit, "--result-limit", int, 0),
+        http_allow=_networks(args.http_allow, "--http-allow"),
     )
+
+
+def _networks(text: str, flag: str) -> tuple[Network, ...]:
+    try:
+        return parse_networks(text)
+    except ValueError as exc:
+        raise CliError(f"{flag}: {exc}") from None
 
 
 def _limit_changes(current: dict[str, float], changes: Sequence[str]) -> dict[str, float]:

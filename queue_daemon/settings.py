@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from queue_daemon.limits import TenantLimits
+from runners.addresses import Network
 
 MIB = 1 << 20
 
@@ -38,6 +39,7 @@ class Settings:
     tenant_rate: float = 100_000.0  # jobs/s one tenant may add (0 = unlimited)
     tenant_burst: float = 200_000.0  # jobs one tenant may add at once above the rate
     tenant_running: int | None = None  # jobs of one tenant running at once per daemon
+    http_allow: tuple[Network, ...] = ()  # non-public networks http handlers may reach
     tenant_waiting: int = 1_000_000  # waiting + scheduled jobs of one tenant (0 = no limit)
     tenant_handlers: int = 1000  # live handlers of one tenant (0 = no limit)
     result_limit: int = MIB  # bytes of a job's result kept

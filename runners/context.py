@@ -6,7 +6,12 @@ recent lines (a full pipe would block the child), which explain a crash.
 
 Per-job timeouts need no task per frame: one timer holds the current
 deadline (moved on by every ``start``/``result`` frame) and, when it passes,
-kills the process group; the read loop then sees the end of the stream.
+kills the process tree; the read loop then sees the end of the stream.
+
+What a job starts in the background lives on after the job returns, while its
+context stays warm (it is the same tenant's, under the same limits), and is
+killed with the context: with a cgroup (``runners.cgroups``) even if it left
+the process group.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ from runners.errors import ContextFailed, FrameTooLarge, ProtocolError
 from runners.models import HandlerSpec, JobInput, JobResult
 from runners.output import OutputLimits, clip, parse_output
 from runners.ring import LineRing, drain
-from runners.sandbox import Child, Sandbox, describe_exit, kill_group
+from runners.sandbox import Child, Sandbox, describe_exit
 
 logger = logging.getLogger(__name__)
 
@@ -277,7 +282,7 @@ class Context:
             return
         self._timed_out = True
         if self._proc is not None:
-            kill_group(self._proc.pid)
+            self._proc.kill_tree()
 
     async def _failed(
         self,
@@ -321,10 +326,10 @@ class Context:
         return out
 
     async def _stop(self) -> None:
-        """Kill the whole group and reap the child."""
+        """Kill the whole tree and reap the child."""
         if self._proc is None:
             return
-        kill_group(self._proc.pid)
+        self._proc.kill_tree()
         await self._proc.exited()
 
     async def _death(self, what: str) -> str:
@@ -390,8 +395,9 @@ class Context:
                 with contextlib.suppress(TimeoutError, ConnectionError, RuntimeError):
                     self._writer.write(framing.encode({"op": "exit"}))
                     await asyncio.wait_for(proc.exited(), EXIT_GRACE)
-            kill_group(proc.pid)  # whatever it left behind in its group
+            proc.kill_tree()  # whatever it left behind in its group (and cgroup)
             await proc.exited()
+            await self._sandbox.release(proc)
         if self._writer is not None:
             self._writer.close()
         if self._read_transport is not None:

@@ -4,17 +4,29 @@ The reply's status is the job's exitcode and its body (bounded) the result;
 an endpoint that cannot be reached is 502, one that does not answer in time
 504. One shared ``aiohttp.ClientSession`` pools the connections; it never
 reads the daemon's environment (no proxy settings, no netrc).
+
+The daemon connects only to addresses its ``AddressPolicy`` allows
+(``runners.addresses``): a host name is refused when any address it resolves
+to is refused, and every socket is checked again right before it connects
+(the address actually used: no DNS rebinding, IP literals and every redirect
+hop included). A refused address ends the job with 403 (failed, not retried)
+and a result that names the address and why.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+import socket
+from collections.abc import Callable, Sequence
+from typing import Any
 from urllib.parse import urlsplit
 
 import aiohttp
+from aiohttp.abc import AbstractResolver, ResolveResult
+from aiohttp.resolver import DefaultResolver
 
-from runners.codes import BAD_GATEWAY, ERROR, TIMEOUT, valid_exitcode
+from runners.addresses import AddressPolicy, AddressRefused
+from runners.codes import BAD_GATEWAY, ERROR, FORBIDDEN, TIMEOUT, valid_exitcode
 from runners.models import HandlerSpec, JobInput, JobResult
 from runners.output import clip
 
@@ -40,18 +52,73 @@ def url_problem(url: str) -> str | None:
     return None
 
 
+class CheckedResolver(AbstractResolver):
+    """Resolves as usual, then refuses a name if any of its addresses is refused."""
+
+    def __init__(self, policy: AddressPolicy) -> None:
+        self._policy = policy
+        self._inner = DefaultResolver()
+
+    async def resolve(
+        self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET
+    ) -> list[ResolveResult]:
+        results = await self._inner.resolve(host, port, family)
+        for result in results:
+            problem = self._policy.problem(result["host"])
+            if problem is not None:
+                raise AddressRefused(f"{host} resolves to {problem}")
+        return results
+
+    async def close(self) -> None:
+        await self._inner.close()
+
+
+def checked_socket(policy: AddressPolicy) -> Callable[[Any], socket.socket]:
+    """aiohttp's ``socket_factory``: the last check, on the address about to be connected."""
+
+    def make(addr_info: Any) -> socket.socket:
+        family, type_, proto, _, address = addr_info
+        policy.check(str(address[0]))
+        return socket.socket(family=family, type=type_, proto=proto)
+
+    return make
+
+
+def refusal(exc: BaseException) -> AddressRefused | None:
+    """The address refusal behind an aiohttp error, if that is what it is."""
+    seen: BaseException | None = exc
+    for _ in range(8):
+        if seen is None:
+            return None
+        if isinstance(seen, AddressRefused):
+            return seen
+        seen = getattr(seen, "os_error", None) or seen.__cause__ or seen.__context__
+    return None
+
+
 class HttpRunner:
     """Posts each job of a batch, ``concurrency`` requests at a time."""
 
-    def __init__(self, *, max_result_bytes: int = 1 << 20, concurrency: int = 32) -> None:
+    def __init__(
+        self,
+        *,
+        max_result_bytes: int = 1 << 20,
+        concurrency: int = 32,
+        policy: AddressPolicy | None = None,
+    ) -> None:
         self._max_result = max_result_bytes
         self._concurrency = concurrency
+        self._policy = policy or AddressPolicy()
         self._session: aiohttp.ClientSession | None = None
 
     def _client(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
             self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=256),
+                connector=aiohttp.TCPConnector(
+                    limit=256,
+                    resolver=CheckedResolver(self._policy),
+                    socket_factory=checked_socket(self._policy),
+                ),
                 trust_env=False,
                 auto_decompress=True,
             )
@@ -92,6 +159,9 @@ class HttpRunner:
                 id=job.id, exitcode=TIMEOUT, result=f"timed out after {spec.timeout:g}s"
             )
         except (aiohttp.ClientError, OSError, ValueError) as exc:
+            refused = refusal(exc)
+            if refused is not None:
+                return JobResult(id=job.id, exitcode=FORBIDDEN, result=f"refused: {refused}")
             return JobResult(
                 id=job.id, exitcode=BAD_GATEWAY, result=f"request failed: {describe(exc)}"
             )

@@ -22,6 +22,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from runners.addresses import AddressPolicy
 from runners.codes import ERROR
 from runners.context import Context, failed, not_run
 from runners.errors import ContextFailed, SandboxError
@@ -78,7 +79,9 @@ class RunnerPool:
             self.sandbox, self._limits, concurrency=settings.shell_concurrency
         )
         self._http = HttpRunner(
-            max_result_bytes=settings.max_result_bytes, concurrency=settings.http_concurrency
+            max_result_bytes=settings.max_result_bytes,
+            concurrency=settings.http_concurrency,
+            policy=AddressPolicy(settings.http_allow),
         )
         self._idle: dict[ContextKey, list[Context]] = {}
         self._busy: set[Context] = set()
@@ -355,6 +358,7 @@ class RunnerPool:
         while self._closing:
             await asyncio.gather(*self._closing, return_exceptions=True)
         await self._http.close()
+        await self.sandbox.close()
 
     # ------------------------------------------------------------------ introspection
 

@@ -18,10 +18,28 @@ one ``killpg``, and switches to the run-as user (``user=``, ``group=``,
 ``extra_groups=[]``) -- except when handlers get no network (the default when
 the daemon is root and util-linux ``unshare`` works): then a first wrapper,
 run as root, puts the process in a new network namespace (only a loopback
-interface, left down: no route to the host's loopback or anywhere else) and
+interface of its own: no route to the host's loopback or anywhere else) and
 switches to the run-as user itself, clearing supplementary groups:
 
     unshare --net --setgid=G --setuid=U --    (before everything above)
+
+When iproute2's ``ip`` works there, the namespace's loopback is brought up
+first (still as root, inside the namespace), so a handler can use 127.0.0.1
+within its own tree; the user switch is then a second ``unshare`` without
+namespaces:
+
+    unshare --net -- /bin/sh -c '"$1" link set lo up; …; exec "$@"' sh IP
+        unshare --setgid=G --setuid=U --
+
+A process group does not hold a tree whose members call ``setsid()``: when the
+daemon is root and cgroup v2 is there (``runners.cgroups``), every context and
+shell job also gets a cgroup of its own, which the very first wrapper (root)
+enters before anything of the handler runs; killing a tree then also writes
+``cgroup.kill``, which nothing in the cgroup can leave or escape. With cgroups
+but no network namespace (``network=True``), ``unshare`` without ``--net``
+still does the user switch, since the wrapper must run as root:
+
+    /bin/sh -c 'echo $$ >"$1"; shift; exec "$@"' sh CGROUP/cgroup.procs
 
 A namespace does not cover unix sockets, which are files: the daemon's own
 files are kept from handlers by permissions (``queue_daemon.app``).
@@ -43,7 +61,9 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
+from runners.cgroups import CgroupTree
 from runners.errors import SandboxError
+from runners.workdirs import OwnPart
 
 logger = logging.getLogger(__name__)
 
@@ -53,6 +73,11 @@ FALLBACK_USER = "nobody"
 BOOTSTRAP_SOURCE = Path(__file__).resolve().parent / "bootstrap"
 # moves the protocol pipes from fds 0/1 to 3/4 (dash only knows fds 0-9 in redirections)
 _FD_WRAPPER = 'unset PWD OLDPWD; exec 3<&0 4>&1 0</dev/null 1>&2; exec "$@"'
+# run as root: enters the cgroup named by $1 (its cgroup.procs), then becomes the rest
+_CGROUP_WRAPPER = 'unset PWD OLDPWD; echo $$ >"$1" || exit 126; shift; exec "$@"'
+# run as root in a new network namespace: brings its loopback up with ip ($1)
+_LOOPBACK_WRAPPER = 'unset PWD OLDPWD; "$1" link set lo up || exit 126; shift; exec "$@"'
+IP_PATH = "/usr/sbin:/sbin:" + SAFE_PATH
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -164,6 +189,13 @@ class Child(asyncio.subprocess.Process):
 
     _protocol: _Protocol
     _transport: asyncio.SubprocessTransport
+    cgroup: Path | None = None  # the cgroup holding its whole tree (runners.cgroups)
+
+    def kill_tree(self) -> None:
+        """SIGKILL its process group and, with a cgroup, every process it ever started."""
+        kill_group(self.pid)
+        if self.cgroup is not None:
+            CgroupTree.kill(self.cgroup)
 
     async def exited(self) -> int:
         await asyncio.shield(self._protocol.exit_seen)
@@ -218,7 +250,11 @@ class Sandbox:
         self.run_as: RunAs | None = None
         self.bootstrap_dir = work_root / "bootstrap"
         self._prlimit: str | None = None
-        self._unshare: str | None = None
+        self._unshare: str | None = None  # set when handlers get a network namespace
+        self._ip: str | None = None  # iproute2, to bring the namespace's loopback up
+        self._switch_user: str | None = None  # unshare, to switch users after the cgroup wrapper
+        self._cgroups: CgroupTree | None = None
+        self._part: OwnPart | None = None  # this sandbox's d-<id> below the work root
 
     async def prepare(self) -> None:
         """Resolve the user, make the work root and copy the bootstraps; once."""
@@ -243,12 +279,80 @@ class Sandbox:
                         "is not searchable by other users"
                     )
         self._copy_bootstraps()
+        self._part = OwnPart.claim(root)
         prlimit = self._prlimit_setting
         if prlimit == "auto":
             prlimit = shutil.which("prlimit", path=SAFE_PATH)
         self._prlimit = prlimit
         self.python = self._find_python()
         self._unshare = self._find_unshare()
+        self._ip = self._find_ip()
+        self._cgroups = self._find_cgroups()
+
+    def _find_ip(self) -> str | None:
+        """``ip`` if it can bring a new namespace's loopback up, else None (left down)."""
+        ip = shutil.which("ip", path=IP_PATH)
+        if self._unshare is None or ip is None:
+            return None
+        try:
+            done = subprocess.run(
+                [self._unshare, "--net", "--", ip, "link", "set", "lo", "up"],
+                env=scrubbed_env(self.work_root),
+                cwd="/",
+                capture_output=True,
+                timeout=30,
+                check=False,
+            )
+        except (OSError, subprocess.SubprocessError):
+            return None
+        if done.returncode != 0:
+            logger.info(
+                "handlers' loopback stays down: ip link set lo up fails: %s",
+                done.stderr.decode(errors="replace").strip(),
+                extra={"action": "sandbox_loopback"},
+            )
+            return None
+        return ip
+
+    @property
+    def has_loopback(self) -> bool:
+        """Whether handlers in a network namespace get its loopback up (127.0.0.1 works)."""
+        return self._unshare is not None and self._ip is not None
+
+    def _find_cgroups(self) -> CgroupTree | None:
+        """This daemon's cgroup for handler trees, or None (warned: ``setsid`` escapes kills)."""
+        if self.run_as is None:
+            return None  # not root: nothing to warn about beyond the run-as notice
+        self._switch_user = self._unshare or shutil.which("unshare", path=SAFE_PATH)
+        cgroups = CgroupTree.find() if self._switch_user is not None else None
+        if cgroups is None:
+            logger.warning(
+                "no cgroup v2 for handlers: a handler process that calls setsid() "
+                "survives its job's timeout and its context",
+                extra={"action": "sandbox_cgroup"},
+            )
+        return cgroups
+
+    @property
+    def contains_processes(self) -> bool:
+        """Whether every handler process tree is held (and killed) by a cgroup of its own."""
+        return self._cgroups is not None
+
+    async def close(self) -> None:
+        """Remove this sandbox's cgroup (killing anything still in it) and its directory."""
+        cgroups, self._cgroups = self._cgroups, None
+        if cgroups is not None:
+            await asyncio.to_thread(cgroups.close)
+        part, self._part = self._part, None
+        if part is not None:
+            await asyncio.to_thread(part.release)
+
+    @staticmethod
+    async def release(child: Child) -> None:
+        """Once ``child`` exited: kill what is left of its tree and remove its cgroup."""
+        cgroup, child.cgroup = child.cgroup, None
+        if cgroup is not None:
+            await asyncio.to_thread(CgroupTree.remove, cgroup)
 
     def _find_unshare(self) -> str | None:
         """``unshare`` if handlers get no network and it works here, else None (warned once)."""
@@ -376,8 +480,11 @@ class Sandbox:
         return tenant_ids(client)
 
     def make_dir(self, prefix: str, client: str) -> Path:
-        """A new private directory (0700, owned by the client's user) under the work root."""
-        path = Path(tempfile.mkdtemp(prefix=prefix, dir=self.work_root))
+        """A new private directory (0700, owned by the client's user) in this sandbox's part
+        of the work root (``runners.workdirs``)."""
+        if self._part is None:
+            raise SandboxError("the sandbox is closed")
+        path = Path(tempfile.mkdtemp(prefix=prefix, dir=self._part.path))
         owner = self.owner(client)
         if owner is not None:
             os.chown(path, owner.uid, owner.gid)
@@ -411,29 +518,44 @@ class Sandbox:
             argv = ["/bin/sh", "-c", _FD_WRAPPER, "sh", *argv]
             stdin, stdout = pipes
         run_as = self.owner(client)
-        if run_as is not None and self._unshare is not None:
+        cgroup: Path | None = None
+        if run_as is not None and self._cgroups is not None and self._switch_user is not None:
+            cgroup = self._cgroups.new()
+        if run_as is not None and (self._unshare is not None or cgroup is not None):
             # unshare needs root: it switches to the run-as user itself, after the namespace
-            argv = [
-                self._unshare,
-                "--net",
-                f"--setgid={run_as.gid}",
-                f"--setuid={run_as.uid}",
-                "--",
-                *argv,
-            ]
+            # (and after the cgroup wrapper, which must write to root's cgroup files)
+            unshare = self._unshare or self._switch_user
+            assert unshare is not None
+            switch = [unshare, f"--setgid={run_as.gid}", f"--setuid={run_as.uid}", "--"]
+            if self._unshare is None:
+                argv = [*switch, *argv]
+            elif self._ip is None:
+                argv = [unshare, "--net", *switch[1:], *argv]
+            else:
+                lo = ["/bin/sh", "-c", _LOOPBACK_WRAPPER, "sh", self._ip]
+                argv = [unshare, "--net", "--", *lo, *switch, *argv]
             run_as = None
+        if cgroup is not None:
+            argv = ["/bin/sh", "-c", _CGROUP_WRAPPER, "sh", str(cgroup / "cgroup.procs"), *argv]
         loop = asyncio.get_running_loop()
-        transport, protocol = await loop.subprocess_exec(
-            lambda: _Protocol(1 << 16, loop),
-            *argv,
-            stdin=stdin,
-            stdout=stdout,
-            stderr=subprocess.PIPE,
-            cwd=home,
-            env=scrubbed_env(home),
-            start_new_session=True,
-            user=run_as.uid if run_as else None,
-            group=run_as.gid if run_as else None,
-            extra_groups=[] if run_as else None,
-        )
-        return Child(transport, protocol, loop)
+        try:
+            transport, protocol = await loop.subprocess_exec(
+                lambda: _Protocol(1 << 16, loop),
+                *argv,
+                stdin=stdin,
+                stdout=stdout,
+                stderr=subprocess.PIPE,
+                cwd=home,
+                env=scrubbed_env(home),
+                start_new_session=True,
+                user=run_as.uid if run_as else None,
+                group=run_as.gid if run_as else None,
+                extra_groups=[] if run_as else None,
+            )
+        except BaseException:
+            if cgroup is not None:
+                await asyncio.to_thread(CgroupTree.remove, cgroup)
+            raise
+        child = Child(transport, protocol, loop)
+        child.cgroup = cgroup
+        return child

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from runners.addresses import Network
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RunnerSettings:
@@ -30,8 +32,10 @@ class RunnerSettings:
     failure_backoff: float = 5.0  # seconds a handler that failed to load is not started again
     shell_concurrency: int = 4  # shell jobs of one batch running at once
     http_concurrency: int = 32  # requests of one batch in flight at once
+    # networks http handlers may reach although they are not public (loopback, private, …)
+    http_allow: tuple[Network, ...] = ()
     python: str | None = None  # interpreter of python contexts (default: the daemon's own)
-    # False: handlers run in a network namespace of their own (only a loopback, down)
+    # False: handlers run in a network namespace of their own (only its own loopback)
     # when the daemon is root and unshare works; True: they share the daemon's network
     network: bool = False
     prlimit: str | None = "auto"  # path of prlimit, "auto" (search PATH) or None (python wrapper)

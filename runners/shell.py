@@ -2,9 +2,9 @@
 
 Exit status 0 is 200 and any other 500, unless the command printed an
 ``S: <exitcode> [result]`` line. The jobs of a batch share one private
-directory and run a few at a time; each job's process group is killed when
-its shell exits (nothing it started in the background survives the job) or
-when its time is up (504).
+directory and run a few at a time; each job's process group (and cgroup, see
+``runners.cgroups``) is killed when its shell exits (nothing it started in the
+background survives the job) or when its time is up (504).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from runners.codes import ERROR, OK, TIMEOUT
 from runners.models import HandlerSpec, JobInput, JobResult
 from runners.output import OutputLimits, parse_output
 from runners.ring import LineRing, drain
-from runners.sandbox import Sandbox, describe_exit, kill_group
+from runners.sandbox import Sandbox, describe_exit
 
 SHELL = "/bin/sh"
 STDERR_LINES = 20  # last lines of a job's stderr kept as log lines
@@ -88,7 +88,7 @@ class ShellRunner:
         except TimeoutError:
             timed_out = True
         finally:
-            kill_group(proc.pid)  # background leftovers would hold the pipes open
+            proc.kill_tree()  # background leftovers would hold the pipes open
             # the pipes end once the group is gone (a process that left it is cut off)
             await asyncio.wait(tasks, timeout=READ_GRACE)
             for task in tasks:
@@ -96,6 +96,7 @@ class ShellRunner:
             await asyncio.gather(*tasks, return_exceptions=True)
             await proc.exited()
             proc.close()
+            await self._sandbox.release(proc)
         return self._result(spec, job, proc.returncode, timed_out, bytes(stdout), dropped, stderr)
 
     def _result(

@@ -66,7 +66,8 @@ def deployment(
     module_daemons: DaemonFactory, module_dsn: str, module_open_tmp: Path
 ) -> Iterator[Deployment]:
     # idle contexts close after 5 s: each test finds few of the earlier tests' contexts
-    args = ("--lease", "10", "--context-idle", "5")
+    # the test endpoint listens on loopback, refused to http handlers unless allowed
+    args = ("--lease", "10", "--context-idle", "5", "--http-allow", "127.0.0.1")
     deployed = deploy(module_daemons, module_dsn, module_open_tmp, [CLIENT, OTHER], *args)
     try:
         yield deployed

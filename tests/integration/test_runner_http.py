@@ -6,17 +6,29 @@ import asyncio
 import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
+from urllib.parse import quote
 
 import pytest
 from aiohttp import web
 
+from runners.addresses import parse_networks
 from runners.models import HandlerSpec, JobInput, JobResult
 from runners.pool import RunnerPool, RunnerSettings
 
 
 @pytest.fixture
 async def pool(work_root: Path) -> AsyncIterator[RunnerPool]:
-    pool = RunnerPool(RunnerSettings(work_root=work_root, max_result_bytes=1000))
+    # the test servers listen on loopback, which http handlers may reach only when allowed
+    settings = RunnerSettings(work_root=work_root, max_result_bytes=1000, http_allow=LOOPBACK)
+    pool = RunnerPool(settings)
+    yield pool
+    await pool.close()
+
+
+@pytest.fixture
+async def strict(work_root: Path) -> AsyncIterator[RunnerPool]:
+    """A pool with the default address policy: public addresses only."""
+    pool = RunnerPool(RunnerSettings(work_root=work_root))
     yield pool
     await pool.close()
 
@@ -40,9 +52,17 @@ async def big(request: web.Request) -> web.Response:
     return web.Response(text="b" * 100_000)
 
 
+LOOPBACK = parse_networks("127.0.0.1/32")
+
+
+async def redirect(request: web.Request) -> web.Response:
+    raise web.HTTPTemporaryRedirect(request.query["to"])
+
+
 @pytest.fixture
 async def server() -> AsyncIterator[str]:
     app = web.Application()
+    app.router.add_post("/redirect", redirect)
     app.router.add_post("/echo", echo)
     app.router.add_post("/status/{code}", status)
     app.router.add_post("/slow", slow)
@@ -103,3 +123,58 @@ async def test_timeout_is_504(pool: RunnerPool, server: str) -> None:
 async def test_only_http_urls(pool: RunnerPool) -> None:
     (result,) = await run(pool, "file:///etc/passwd", "x")
     assert result.exitcode == 500 and "only http and https" in str(result.result)
+
+
+async def test_loopback_is_refused_by_default(strict: RunnerPool, server: str) -> None:
+    (result,) = await run(strict, server + "/echo", "x")
+    assert (result.exitcode, result.result) == (
+        403,
+        "refused: 127.0.0.1 is a loopback address (allow it with --http-allow)",
+    )
+
+
+async def test_localhost_name_is_refused(strict: RunnerPool, server: str) -> None:
+    port = server.rsplit(":", 1)[1]
+    (result,) = await run(strict, f"http://localhost:{port}/echo", "x")
+    assert result.exitcode == 403, result
+    assert str(result.result).startswith("refused: localhost resolves to ")
+    assert "is a loopback address" in str(result.result)
+
+
+async def test_ipv4_in_ipv6_loopback_is_refused(strict: RunnerPool, server: str) -> None:
+    port = server.rsplit(":", 1)[1]
+    (result,) = await run(strict, f"http://[::ffff:127.0.0.1]:{port}/echo", "x")
+    assert result.exitcode == 403, result
+
+
+async def test_metadata_address_is_refused(strict: RunnerPool) -> None:
+    (result,) = await run(strict, "http://169.254.169.254/latest/meta-data/", "x", limit=30)
+    assert (result.exitcode, result.result) == (
+        403,
+        "refused: 169.254.169.254 is a link-local address (allow it with --http-allow)",
+    )
+
+
+@pytest.mark.parametrize("url", ["http://10.1.2.3/", "http://192.168.0.1/", "http://[fd00::1]/"])
+async def test_private_addresses_are_refused(strict: RunnerPool, url: str) -> None:
+    (result,) = await run(strict, url, "x", limit=30)
+    assert result.exitcode == 403 and "is a private address" in str(result.result), result
+
+
+async def test_allowed_range_is_reached(pool: RunnerPool, server: str) -> None:
+    (result,) = await run(pool, server + "/echo", "x")
+    assert (result.exitcode, result.result) == (200, "id-0 2 hook x")
+
+
+async def test_redirect_to_a_refused_address_is_refused(pool: RunnerPool, server: str) -> None:
+    # 127.0.0.1 is allowed, 127.0.0.2 is not: the second hop must not be connected to
+    port = server.rsplit(":", 1)[1]
+    to = quote(f"http://127.0.0.2:{port}/echo", safe="")
+    (result,) = await run(pool, f"{server}/redirect?to={to}", "x")
+    assert (result.exitcode, result.result) == (
+        403,
+        "refused: 127.0.0.2 is a loopback address (allow it with --http-allow)",
+    )
+    to = quote(server + "/echo", safe="")  # an allowed hop is followed
+    (result,) = await run(pool, f"{server}/redirect?to={to}", "x")
+    assert (result.exitcode, result.result) == (200, "id-0 2 hook x")

@@ -60,6 +60,12 @@ def handler(payload, ctx):
         return json.dumps(attempt(lambda: read(arg)))
     if what == "list":
         return json.dumps(attempt(lambda: os.listdir(arg)))
+    if what == "self":  # a server on the namespace's own loopback, and a client of it
+        def serve():
+            with socket.create_server(("127.0.0.1", 0)) as server:
+                with socket.create_connection(server.getsockname(), timeout=2):
+                    return "connected"
+        return json.dumps(attempt(serve))
     if what == "write":
         with open("secret", "w") as f:
             f.write("tenant secret")
@@ -221,3 +227,14 @@ async def test_tenant_cannot_read_another_tenants_directory(pool: RunnerPool) ->
     assert outcome["ok"] is False and "PermissionError" in str(outcome["error"]), outcome
     outcome = await probe(pool, "list", str(home), client="acme")
     assert outcome["ok"] is False and "PermissionError" in str(outcome["error"]), outcome
+
+
+@needs_netns
+async def test_own_loopback_is_up(pool: RunnerPool, listener: int) -> None:
+    await pool.sandbox.prepare()
+    if not pool.sandbox.has_loopback:
+        pytest.skip("iproute2 ip cannot bring a namespace's loopback up here")
+    outcome = await probe(pool, "self", None)
+    assert outcome == {"ok": True, "value": "connected"}
+    outcome = await probe(pool, "tcp", listener)  # still not the host's loopback
+    assert outcome["ok"] is False, outcome

@@ -3,12 +3,15 @@ process groups, an unprivileged user when the daemon is root."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import pwd
 import shutil
 import signal
 import stat
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -94,7 +97,8 @@ async def test_private_directory_and_user(pool: RunnerPool, work_root: Path) -> 
     assert result.result is not None
     cwd, uid, gid, groups = json.loads(result.result)
     home = Path(cwd)
-    assert home.parent == work_root
+    assert home.parent.parent == work_root and home.parent.name.startswith("d-")
+    assert stat.S_IMODE(os.stat(home.parent).st_mode) == 0o711  # this pool's part
     info = os.stat(home)
     assert stat.S_IMODE(info.st_mode) == 0o700
     assert "scratch" in os.listdir(home)
@@ -160,6 +164,7 @@ async def test_python_fallback_wrapper_sets_the_same_limits(work_root: Path) -> 
             assert int(lines[2]) == runner_uid()
     finally:
         Sandbox.remove_dir(home)
+        await sandbox.close()
 
 
 async def test_memory_hog_fails_and_the_context_restarts(pool: RunnerPool) -> None:
@@ -274,4 +279,177 @@ async def test_escaped_process_does_not_hang_close(work_root: Path, shared_dir: 
         await pool.close()
         assert time.monotonic() - started < 5
         escaped = int((shared_dir / "escaped").read_text())
-        os.kill(escaped, signal.SIGKILL)  # a known limit until per-context cgroups/uids
+        if pool.sandbox.contains_processes:
+            await until(lambda: pid_gone(escaped) or _zombie(escaped))
+        else:
+            os.kill(escaped, signal.SIGKILL)  # not root or no cgroup v2: the documented limit
+
+
+# a handler that leaves a sleeper in a session of its own (out of the process group)
+SETSID_SLEEPER = (
+    "import os, subprocess\n"
+    "def handler(p, ctx):\n"
+    "    where, what = p.split(' ')\n"
+    "    child = subprocess.Popen(['sleep', '300'], start_new_session=True)\n"
+    "    open(where + '/' + what, 'w').write(str(child.pid))\n"
+    "    while what == 'spin': pass\n"
+    "    return 'left ' + str(child.pid)\n"
+)
+
+
+async def contained_pool(work_root: Path) -> RunnerPool:
+    pool = RunnerPool(RunnerSettings(work_root=work_root, processes=PROCESSES))
+    await pool.sandbox.prepare()
+    if not pool.sandbox.contains_processes:
+        await pool.close()
+        pytest.skip("needs root and a cgroup v2 hierarchy with cgroup.kill")
+    return pool
+
+
+def gone(pid: int) -> bool:
+    return pid_gone(pid) or _zombie(pid)
+
+
+async def test_setsid_child_dies_with_its_timed_out_job(work_root: Path, shared_dir: Path) -> None:
+    pool = await contained_pool(work_root)
+    try:
+        (result,) = await pool.run_batch(
+            spec(SETSID_SLEEPER, timeout=1.0), jobs(f"{shared_dir} spin")
+        )
+        assert (result.exitcode, result.result) == (504, "timed out after 1s")
+        sleeper = int((shared_dir / "spin").read_text())
+        await until(lambda: gone(sleeper))
+    finally:
+        await pool.close()
+
+
+async def test_setsid_child_lives_while_the_context_is_warm(
+    work_root: Path, shared_dir: Path
+) -> None:
+    pool = await contained_pool(work_root)
+    try:
+        (result,) = await pool.run_batch(spec(SETSID_SLEEPER), jobs(f"{shared_dir} bg"))
+        assert result.exitcode == 200, result
+        sleeper = int((shared_dir / "bg").read_text())
+        assert not gone(sleeper)  # same tenant, same limits: it may run until the context stops
+        (context,) = pool.contexts()
+        pool.retire("acme", "t")  # the context stops
+        await until(lambda: context.closed)
+        await until(lambda: gone(sleeper))
+    finally:
+        await pool.close()
+
+
+async def test_setsid_child_dies_with_the_pool(work_root: Path, shared_dir: Path) -> None:
+    pool = await contained_pool(work_root)
+    try:
+        (result,) = await pool.run_batch(spec(SETSID_SLEEPER), jobs(f"{shared_dir} bg"))
+        sleeper = int((shared_dir / "bg").read_text())
+        assert result.exitcode == 200 and not gone(sleeper)
+    finally:
+        await pool.close()
+    await until(lambda: gone(sleeper))
+
+
+async def test_shell_background_session_dies_with_its_job(
+    work_root: Path, shared_dir: Path
+) -> None:
+    pool = await contained_pool(work_root)
+    body = 'setsid sleep 300 </dev/null >/dev/null 2>&1 & echo $! > "$(cat)/shell"'
+    try:
+        shell = HandlerSpec(version="v", client="acme", type="s", lang="shell", body=body)
+        (result,) = await pool.run_batch(shell, jobs(str(shared_dir)))
+        assert result.exitcode == 200, result
+        sleeper = int((shared_dir / "shell").read_text())
+        await until(lambda: gone(sleeper))
+    finally:
+        await pool.close()
+
+
+def test_cgroups_of_a_dead_daemon_are_swept() -> None:
+    if not ROOT:
+        pytest.skip("cgroups need root")
+    from runners import cgroups
+
+    mount, own = cgroups._mount_point(), cgroups._own_path()
+    if mount is None or own is None:
+        pytest.skip("no cgroup v2 hierarchy")
+    parent = mount / own.lstrip("/")
+    dead = subprocess.Popen(["true"])
+    dead.wait()  # a pid that no longer exists (as after a daemon was SIGKILLed)
+    leftover = parent / f"{cgroups.PREFIX}{dead.pid}.1"
+    run = leftover / "run-1"
+    run.mkdir(parents=True)
+    if not (run / "cgroup.kill").exists():
+        cgroups.remove_tree(leftover)
+        pytest.skip("the kernel has no cgroup.kill")
+    script = 'echo $$ > "$1"; exec setsid sleep 300'
+    wrapper = subprocess.Popen(["/bin/sh", "-c", script, "sh", str(run / "cgroup.procs")])
+    try:
+        deadline = time.monotonic() + 10
+        while (run / "cgroup.procs").read_text().split() != [str(wrapper.pid)]:
+            assert time.monotonic() < deadline, "the sleeper never entered its cgroup"
+            time.sleep(0.01)
+        tree = cgroups.CgroupTree.find()
+        assert tree is not None
+        try:
+            assert not leftover.exists()
+            assert wrapper.wait(timeout=10) == -signal.SIGKILL
+        finally:
+            tree.close()
+    finally:
+        if wrapper.poll() is None:
+            wrapper.kill()
+            wrapper.wait()
+        if leftover.exists():
+            cgroups.remove_tree(leftover)
+
+
+async def test_private_dirs_of_a_dead_daemon_are_swept(work_root: Path, shared_dir: Path) -> None:
+    """A real process claims a part of the work root and is SIGKILLed with a context dir in it;
+    the next pool removes that part, and leaves a live owner's part alone."""
+    script = (
+        "import os, sys, time\n"
+        "from pathlib import Path\n"
+        "from runners.workdirs import OwnPart\n"
+        "part = OwnPart.claim(Path(sys.argv[1]))\n"
+        "(part.path / 'ctx-acme-x').mkdir()\n"
+        "(part.path / 'ctx-acme-x' / 'secret').write_text('left behind')\n"
+        "print(part.path, flush=True)\n"
+        "time.sleep(300)\n"
+    )
+
+    def claimer() -> tuple[subprocess.Popen[str], Path]:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", script, str(work_root)],
+            stdout=subprocess.PIPE,
+            text=True,
+            cwd=Path(__file__).resolve().parents[2],
+        )
+        assert proc.stdout is not None
+        return proc, Path(proc.stdout.readline().strip())
+
+    dead, dead_part = await asyncio.to_thread(claimer)
+    live, live_part = await asyncio.to_thread(claimer)
+    try:
+        dead.kill()
+        await asyncio.to_thread(dead.wait)
+        assert (dead_part / "ctx-acme-x" / "secret").exists()
+        pool = RunnerPool(RunnerSettings(work_root=work_root, processes=PROCESSES))
+        try:
+            await pool.sandbox.prepare()
+            assert not dead_part.exists()
+            assert not dead_part.with_name(dead_part.name + ".lock").exists()
+            assert (live_part / "ctx-acme-x" / "secret").exists()  # its owner lives
+        finally:
+            await pool.close()
+        assert sorted(os.listdir(work_root)) == sorted(
+            ["bootstrap", live_part.name, live_part.name + ".lock"]
+        )
+    finally:
+        for proc in (dead, live):
+            if proc.poll() is None:
+                proc.kill()
+            await asyncio.to_thread(proc.wait)
+            assert proc.stdout is not None
+            proc.stdout.close()
