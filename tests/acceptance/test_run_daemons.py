@@ -33,7 +33,8 @@ JOBTYPE = "work"
 
 def recording_handler(log: Path, sleep: float | None) -> str:
     """Python source of a handler that records each run (start line, then run line)
-    and sleeps ``sleep`` seconds in between (None: as many as its payload says)."""
+    and sleeps ``sleep`` seconds in between (None: as many as its payload says, or
+    while the file named by a payload ``hold:PATH`` exists, at most 60 s)."""
     return (
         "import os, time\n"
         "\n"
@@ -41,7 +42,11 @@ def recording_handler(log: Path, sleep: float | None) -> str:
         "    start = time.time()\n"
         f"    with open({str(log)!r}, 'a') as f:\n"
         "        f.write(f'start {ctx.id} {start} {os.getpid()} {os.getppid()}\\n')\n"
-        f"    time.sleep({'float(payload)' if sleep is None else sleep})\n"
+        "    if payload.startswith('hold:'):\n"
+        "        while os.path.exists(payload[5:]) and time.time() < start + 60:\n"
+        "            time.sleep(0.02)\n"
+        "    else:\n"
+        f"        time.sleep({'float(payload)' if sleep is None else sleep})\n"
         "    end = time.time()\n"
         f"    with open({str(log)!r}, 'a') as f:\n"
         "        f.write(f'run {ctx.id} {start} {end} {os.getpid()} {os.getppid()}\\n')\n"
@@ -202,7 +207,12 @@ async def test_sigterm_hands_unfinished_jobs_back_at_once(
     # a quick job first: the daemon learns the type, then runs long jobs side by side
     [warm] = await api.add(JOBTYPE, ["0"])
     await wait_done(api, warm)
-    ids = await api.add(JOBTYPE, ["3", "3.0"])
+    # the long jobs run until the test lets them go: on a slow machine they must
+    # not finish in the victim before it is stopped
+    hold = log.parent / "hold"
+    hold.touch()
+    payloads = [f"hold:{hold}"] * 2
+    ids = await api.add(JOBTYPE, payloads)
 
     async def all_started() -> bool | None:
         started = {r.job_id for r in read_runs(log) if r.ppid == victim.pid}
@@ -215,10 +225,11 @@ async def test_sigterm_hands_unfinished_jobs_back_at_once(
     stopped_at = time.monotonic()
     assert victim.terminate() == 0, victim.stderr_text()[-3000:]
     assert time.monotonic() - stopped_at < 10, "SIGTERM took far longer than --drain-timeout"
+    hold.unlink()  # the reruns in the survivor end at once
     jobs = await wait_all_done(api, ids, within=15, jobtype=JOBTYPE)
     elapsed = time.monotonic() - stopped_at
     assert elapsed < 15, f"jobs done {elapsed:.1f} s after SIGTERM: not handed back at once"
-    assert [jobs[i]["result"] for i in ids] == ["ok 3", "ok 3.0"], jobs
+    assert [jobs[i]["result"] for i in ids] == [f"ok {p}" for p in payloads], jobs
     for job in jobs.values():
         assert (job["code"], job["exitcode"]) == ("ok", 200), job
         # the interrupted run does not count as an attempt
