@@ -216,6 +216,10 @@ _RESPONSES: dict[str, Schema] = {
     "MethodNotAllowed": _error("the route has no such method", ["method_not_allowed"]),
     "Conflict": _error("only a waiting job can be cancelled", ["conflict"]),
     "TooLarge": _error("a payload, handler source or body over its limit", ["too_large"]),
+    "Timeout": _error(
+        "the body did not arrive within the client timeout (the connection is closed)",
+        ["timeout"],
+    ),
     "RateLimited": _error(
         "over the tenant's add rate; retry after Retry-After", ["rate_limited"], retry_after=True
     ),
@@ -277,7 +281,7 @@ def _paths() -> dict[str, Any]:
                 "addJobs",
                 "Add jobs: one payload per line, or a JSON array of payloads",
                 _ok("the new jobs' ids, in order, once durably journalled", "Ids"),
-                {"400": "BadPayload", "413": "TooLarge", "429": "RateLimited"},
+                {"400": "BadPayload", "408": "Timeout", "413": "TooLarge", "429": "RateLimited"},
                 parameters=[
                     _param(
                         "delay",
@@ -361,7 +365,7 @@ def _paths() -> dict[str, Any]:
                 "addHandler",
                 "Add (or replace) the handler of a jobtype",
                 _ok("the stored handler, with its version id", "Handler"),
-                {"400": "BadHandler", "413": "TooLarge"},
+                {"400": "BadHandler", "408": "Timeout", "413": "TooLarge"},
                 parameters=[
                     _param(
                         "lang",
