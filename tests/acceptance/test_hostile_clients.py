@@ -370,6 +370,31 @@ async def test_raw_bytes_in_the_request_line_get_400_json(
 
 
 @pytest.mark.parametrize(
+    ("header", "status"),
+    [
+        (b"Authorization: Bearer \xff\xfe", 401),
+        (b"Authorization: Bearer a\x00b", 400),
+        (b"Authorization: \xffBearer x", 401),
+        (b"Content-Type: text/\xff", 401),
+        (b"X-Other: \xff\xfe\xfd", 401),
+    ],
+    ids=["token", "NUL in token", "scheme", "content type", "other header"],
+)
+async def test_invalid_utf8_in_a_header_gets_4xx_json(
+    deployment: Deployment, api: Api, header: bytes, status: int
+) -> None:
+    request = (
+        b"POST /hostile/job/t/add HTTP/1.1\r\nHost: test\r\nConnection: close\r\n"
+        + header
+        + b"\r\nContent-Length: 1\r\n\r\nx"
+    )
+    reply = await _exchange(deployment.url, request)
+    assert reply is not None, "closed without a reply"
+    assert_error(reply, status)
+    await _still_serving(api)
+
+
+@pytest.mark.parametrize(
     ("method", "path", "status", "kind"),
     [
         ("POST", "/hostile/job/%FF/add", 400, "bad_name"),
