@@ -9,10 +9,12 @@ import orjson
 from aiohttp import web
 
 from queue_daemon import errors
-from queue_daemon.http import SERVICES, Services, authorize_admin, json_response
+from queue_daemon.http import SERVICES, Services, authorize_admin, json_response, read_body
 from queue_daemon.limits import LimitsError, validate_overrides
 from queue_daemon.names import valid_client
 from store.errors import NotFound
+
+LIMITS_BODY_LIMIT = 64 << 10  # a limits object is a few dozen bytes
 
 
 def _iso(value: Any) -> str | None:
@@ -74,7 +76,9 @@ async def set_limits(request: web.Request) -> web.Response:
     await authorize_admin(request, services)
     client = _client(request)
     try:
-        raw = orjson.loads(await request.read())
+        raw = orjson.loads(
+            await read_body(request, LIMITS_BODY_LIMIT, services.settings.client_timeout)
+        )
     except orjson.JSONDecodeError as exc:
         raise errors.bad_request(f"body is not valid JSON: {exc}") from None
     if isinstance(raw, dict):

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import resource
 import signal
 import sys
 from collections.abc import Awaitable, Callable
@@ -91,6 +92,26 @@ def protect_daemon_files(data_dir: Path, journal: Path, queuelog: Path) -> None:
     os.chmod(data_dir, 0o711)
 
 
+def raise_open_files_limit() -> int:
+    """Raise this process's soft limit of open files to its hard limit; return it.
+
+    Every client connection holds a descriptor: at the usual soft limit of
+    1024, a thousand idle or slow connections would leave none for the
+    journal, the store pool and the handler contexts.
+    """
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == hard or resource.RLIM_INFINITY in (soft, hard):
+        return soft  # an unlimited hard limit is not a number the kernel takes back
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    except (ValueError, OSError) as exc:
+        logger.warning(
+            "open files limit stays at %d: %s", soft, exc, extra={"action": "nofile_limit"}
+        )
+        return soft
+    return hard
+
+
 class Supervisor:
     """Background tasks whose failure is logged and stops the daemon, never lost."""
 
@@ -145,6 +166,8 @@ class Daemon:
 
     async def start(self) -> None:
         settings = self.settings
+        open_files = raise_open_files_limit()
+        logger.debug("open files limit %d", open_files, extra={"action": "nofile_limit"})
         self.store, self.embedded = store, _ = await open_store(settings)
         self.identity = identity = await sysids.acquire(store, settings)
         journal = identity.journal
@@ -215,7 +238,16 @@ class Daemon:
             limits=limits,
             sysid=identity.sysid,
         )
-        self.runner = runner = AppRunner(build_app(services), access_log=None, handle_signals=False)
+        # aiohttp's keep-alive timer runs from the connection's start (and from each
+        # reply) and closes a connection still waiting for a whole request; with the
+        # client timeout it is the deadline for a request's headers, so slow or idle
+        # clients cannot hold connections (its default is an hour)
+        self.runner = runner = AppRunner(
+            build_app(services),
+            access_log=None,
+            handle_signals=False,
+            keepalive_timeout=settings.client_timeout,
+        )
         await runner.setup()
         site = web.TCPSite(runner, settings.host, settings.port, backlog=1024)
         await site.start()

@@ -10,6 +10,7 @@ import argparse
 import asyncio
 import ipaddress
 import logging
+import math
 import os
 import sys
 from collections.abc import Sequence
@@ -79,6 +80,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument(
         "--body-limit", default=_env("body_limit", str(64 * MIB)), help="bytes per request body"
+    )
+    serve.add_argument(
+        "--handler-limit",
+        default=_env("handler_limit", str(MIB)),
+        help="bytes of a handler's source (each of body, before, beforeEach, afterEach)",
+    )
+    serve.add_argument(
+        "--client-timeout",
+        default=_env("client_timeout", "30"),
+        help="seconds a client has to send a request's headers, and to keep a body coming",
     )
     serve.add_argument(
         "--drain-timeout",
@@ -215,6 +226,8 @@ def _number(value: str, flag: str, kind: type = float, minimum: float = 0) -> An
         number = kind(value)
     except ValueError:
         raise CliError(f"{flag} must be a number, not {value!r}") from None
+    if not math.isfinite(number):  # nan would pass every comparison below
+        raise CliError(f"{flag} must be a finite number, not {value!r}")
     if number < minimum:
         raise CliError(f"{flag} must be at least {minimum}")
     return number
@@ -249,6 +262,8 @@ def settings_from(args: argparse.Namespace) -> Settings:
         no_auth=args.no_auth,
         payload_limit=_number(args.payload_limit, "--payload-limit", int, 1),
         body_limit=_number(args.body_limit, "--body-limit", int, 1),
+        handler_limit=_number(args.handler_limit, "--handler-limit", int, 1),
+        client_timeout=_number(args.client_timeout, "--client-timeout", float, 0.1),
         drain_timeout=_number(args.drain_timeout, "--drain-timeout", float, 0),
         concurrency=_number(args.concurrency, "--concurrency", int, 1),
         max_batch=_number(args.max_batch, "--max-batch", int, 1),

@@ -9,13 +9,20 @@ class ApiError(Exception):
     """An error reply: ``status`` with ``{"error": kind, "message": message}``."""
 
     def __init__(
-        self, status: int, kind: str, message: str, *, headers: dict[str, str] | None = None
+        self,
+        status: int,
+        kind: str,
+        message: str,
+        *,
+        headers: dict[str, str] | None = None,
+        close: bool = False,
     ) -> None:
         super().__init__(message)
         self.status = status
         self.kind = kind
         self.message = message
         self.headers = headers or {}
+        self.close = close  # close the connection after the reply (the body was not read)
 
 
 def bad_name(message: str) -> ApiError:
@@ -32,6 +39,10 @@ def bad_request(message: str) -> ApiError:
 
 def too_large(message: str) -> ApiError:
     return ApiError(413, "too_large", message)
+
+
+def timeout(message: str) -> ApiError:
+    return ApiError(408, "timeout", message, close=True)
 
 
 def not_found(message: str = "not found") -> ApiError:

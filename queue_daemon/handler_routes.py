@@ -9,7 +9,7 @@ from aiohttp import web
 
 from queue_daemon import errors
 from queue_daemon.handlers import bad_handler, handler_body, parse_handler
-from queue_daemon.http import SERVICES, authorize, jobtype_of, json_response
+from queue_daemon.http import SERVICES, authorize, jobtype_of, json_response, read_body
 from runners.check import check_handler
 from store.errors import LimitReached, NotFound
 
@@ -18,19 +18,22 @@ async def add_handler(request: web.Request) -> web.Response:
     services = request.app[SERVICES]
     client = await authorize(request, services)
     jobtype = jobtype_of(request)
-    body = await request.read()
+    settings = services.settings
     if request.content_type == "application/json":
+        body = await read_body(request, settings.body_limit, settings.client_timeout)
         try:
             fields = orjson.loads(body)
         except orjson.JSONDecodeError as exc:
             raise bad_handler(f"body is not valid JSON: {exc}") from None
     else:
+        # the body is the source itself: no more than one source's limit is read
+        body = await read_body(request, settings.handler_limit, settings.client_timeout)
         try:
             source = body.decode("utf-8")
         except UnicodeDecodeError as exc:
             raise bad_handler(f"body is not valid UTF-8 at byte {exc.start}") from None
         fields = {"lang": request.query.get("lang", ""), "body": source}
-    data = parse_handler(fields)
+    data = parse_handler(fields, source_limit=settings.handler_limit)
     problem = await asyncio.to_thread(
         check_handler,
         str(data["lang"]),

@@ -14,7 +14,7 @@ from store.errors import NotFound
 from store.models import HandlerRecord
 from store.protocol import Store
 
-MAX_SOURCE_BYTES = 1 << 20  # each of body, before, beforeEach, afterEach
+MAX_SOURCE_BYTES = 1 << 20  # default limit of each of body, before, beforeEach, afterEach
 MAX_TIMEOUT_S = 3600.0
 MAX_ATTEMPTS = 100
 _TEXT_FIELDS = ("body", "before", "beforeEach", "afterEach")
@@ -24,7 +24,7 @@ def bad_handler(message: str) -> errors.ApiError:
     return errors.ApiError(400, "bad_handler", message)
 
 
-def parse_handler(fields: Any) -> dict[str, object]:
+def parse_handler(fields: Any, *, source_limit: int = MAX_SOURCE_BYTES) -> dict[str, object]:
     """The stored ``data`` of a handler from the fields a tenant sent, or ApiError."""
     if not isinstance(fields, dict):
         raise bad_handler("a JSON handler must be an object")
@@ -41,8 +41,8 @@ def parse_handler(fields: Any) -> dict[str, object]:
             raise bad_handler(f"{name} must be a string")
         if "\x00" in value:
             raise bad_handler(f"{name} contains a NUL character")
-        if len(value.encode("utf-8", "surrogatepass")) > MAX_SOURCE_BYTES:
-            raise errors.too_large(f"{name} is over {MAX_SOURCE_BYTES} bytes")
+        if len(value.encode("utf-8", "surrogatepass")) > source_limit:
+            raise errors.too_large(f"{name} is over {source_limit} bytes")
         data[name] = value
     if not str(data["body"]).strip():
         raise bad_handler("body is required")

@@ -6,6 +6,7 @@ handler builds an error reply itself.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import math
@@ -37,6 +38,9 @@ from store.protocol import Store
 logger = logging.getLogger(__name__)
 
 MAX_DELAY_S = 10 * 365 * 24 * 3600  # ten years ahead is the furthest a job can be scheduled
+# A body slower than this (bytes/s, on average) runs out of time once the client
+# timeout has passed: a slow upload keeps going, a trickle does not.
+MIN_BODY_RATE = 16 << 10
 
 
 @dataclass(slots=True, kw_only=True)
@@ -69,9 +73,12 @@ def json_response(
 
 
 def error_response(exc: ApiError) -> web.Response:
-    return json_response(
+    response = json_response(
         {"error": exc.kind, "message": exc.message}, status=exc.status, headers=exc.headers
     )
+    if exc.close:
+        response.force_close()
+    return response
 
 
 _HTTP_KINDS = {
@@ -246,13 +253,51 @@ def split_payloads(body: bytes, content_type: str, payload_limit: int) -> list[s
     return lines
 
 
+async def read_body(request: web.Request, limit: int, patience: float) -> bytes:
+    """The request body: at most ``limit`` bytes (else 413), in time (else 408).
+
+    aiohttp bounds neither how long a body may take nor the pauses inside it,
+    so a client sending a byte now and then would hold its request open for
+    ever. The whole body must arrive within ``patience`` seconds plus one
+    second per ``MIN_BODY_RATE`` bytes received.
+    """
+    length = request.content_length
+    if length is not None and length > limit:
+        raise errors.too_large(f"request body of {length} bytes is over the limit of {limit}")
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + patience
+    content = request.content
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        try:
+            async with asyncio.timeout_at(deadline):
+                chunk = await content.readany()
+        except TimeoutError:
+            logger.debug("slow request body", extra={"action": "client_timeout"})
+            # what is left of the body is not wanted: without this, aiohttp would go on
+            # reading it (lingering) for up to 10 s more before closing the connection
+            content.feed_eof()
+            raise errors.timeout(
+                f"the request body did not arrive in time ({size} bytes received)"
+            ) from None
+        if not chunk:
+            return b"".join(chunks)
+        size += len(chunk)
+        if size > limit:
+            raise errors.too_large(f"request body over the limit of {limit} bytes")
+        chunks.append(chunk)
+        deadline += len(chunk) / MIN_BODY_RATE
+
+
 async def add_jobs(request: web.Request) -> web.Response:
     services = request.app[SERVICES]
     client = await authorize(request, services)
     jobtype = jobtype_of(request)
     now_ms = time.time_ns() // 1_000_000
     dt_ms = parse_when(request.query, now_ms)
-    body = await request.read()
+    settings = services.settings
+    body = await read_body(request, settings.body_limit, settings.client_timeout)
     limits = services.limits.of(client)
     lines = split_payloads(body, request.content_type, limits.payload)
     wait = services.rates.take(client, len(lines), limits.rate, limits.burst)
@@ -305,7 +350,9 @@ def job_body(job: Job) -> dict[str, Any]:
 
 def _job_id(request: web.Request) -> str:
     job_id = request.match_info["id"]
-    if len(job_id) > 200:
+    # every id this daemon gives out is short printable ASCII; anything else (a NUL,
+    # a lone surrogate from the URL's percent-decoding) would only trouble the store
+    if len(job_id) > 200 or not (job_id.isascii() and job_id.isprintable()):
         raise errors.not_found("no such job")
     return job_id
 

@@ -274,6 +274,10 @@ _RESPONSES: dict[str, Schema] = {
     "HandlerLimit": _error("the tenant has its limit of handlers", ["conflict"]),
     "BadLimits": _error("a bad name, or limits that are not valid", ["bad_name", "bad_request"]),
     "TooLarge": _error("a payload, handler source or body over its limit", ["too_large"]),
+    "Timeout": _error(
+        "the body did not arrive within the client timeout (the connection is closed)",
+        ["timeout"],
+    ),
     "RateLimited": _error(
         "over the tenant's add rate or waiting limit; retry after Retry-After",
         ["rate_limited"],
@@ -337,7 +341,7 @@ def _paths() -> dict[str, Any]:
                 "addJobs",
                 "Add jobs: one payload per line, or a JSON array of payloads",
                 _ok("the new jobs' ids, in order, once durably journalled", "Ids"),
-                {"400": "BadPayload", "413": "TooLarge", "429": "RateLimited"},
+                {"400": "BadPayload", "408": "Timeout", "413": "TooLarge", "429": "RateLimited"},
                 parameters=[
                     _param(
                         "delay",
@@ -421,7 +425,7 @@ def _paths() -> dict[str, Any]:
                 "addHandler",
                 "Add (or replace) the handler of a jobtype",
                 _ok("the stored handler, with its version id", "Handler"),
-                {"400": "BadHandler", "409": "HandlerLimit", "413": "TooLarge"},
+                {"400": "BadHandler", "408": "Timeout", "409": "HandlerLimit", "413": "TooLarge"},
                 parameters=[
                     _param(
                         "lang",
@@ -482,7 +486,7 @@ def _paths() -> dict[str, Any]:
                 "Replace a tenant's limit overrides; a key set to null follows the default"
                 " (operator token)",
                 _ok("the limits now", "TenantLimits"),
-                {"400": "BadLimits", "404": "NotFound"},
+                {"400": "BadLimits", "404": "NotFound", "408": "Timeout", "413": "TooLarge"},
                 requestBody={
                     "required": True,
                     "content": {

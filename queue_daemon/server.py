@@ -14,6 +14,7 @@ from typing import Any
 
 import orjson
 from aiohttp import web
+from aiohttp.http_exceptions import LineTooLong
 from aiohttp.web_protocol import RequestHandler
 
 logger = logging.getLogger(__name__)
@@ -52,6 +53,9 @@ class _JsonErrorHandler(RequestHandler):
 
 
 def _reason(exc: BaseException | None, message: str | None) -> str:
+    if isinstance(exc, LineTooLong):
+        # its own message quotes the start of the oversized line back to the client
+        return "the request line or a header field is over 8190 bytes"
     text = str(getattr(exc, "message", "") or message or exc or "bad request")
     # the parser's messages can quote the raw request: keep them short and printable
     text = text.replace("\n", " ").replace("\r", " ")

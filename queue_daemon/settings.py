@@ -24,6 +24,10 @@ class Settings:
     no_auth: bool = False
     payload_limit: int = MIB
     body_limit: int = 64 * MIB
+    handler_limit: int = MIB  # bytes of each handler source field (body, before, …)
+    # seconds a client has to send a request's headers (from connecting, or from the
+    # previous reply on a kept-alive connection), and to start and keep sending a body
+    client_timeout: float = 30.0
     segment_bytes: int = 64 * MIB
     ingest_batch: int = 5000  # journal lines per store insert
     ingest_workers: int = 2  # concurrent reserve→insert→rsync pipelines

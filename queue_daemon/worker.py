@@ -21,11 +21,10 @@ from journal import Journal, JournalError
 from queue_daemon.handlers import HandlerCache
 from queue_daemon.ids import IdGenerator
 from queue_daemon.limits import Limits, TenantLimits
-from queue_daemon.names import valid_type
 from queue_daemon.outcomes import Policy, code_of, no_handler, put_back, release_for
 from queue_daemon.queuelog import QueueLog
 from runners.models import HandlerSpec, JobInput, JobResult
-from runners.output import clip
+from runners.output import clip, emit_problem
 from runners.pool import RunnerPool
 from scheduler import Scheduler
 from store.errors import StoreError
@@ -342,25 +341,35 @@ class Worker:
         limits: TenantLimits,
     ) -> None:
         limit = limits.payload
+        dropped = list(result.dropped)
         for name, payload in result.emits:
-            if not valid_type(name) or "\n" in payload or "\x00" in payload:
-                logger.warning(
-                    "dropped a follow-on job of job %s: bad type or payload",
-                    job.id,
-                    extra={"action": "emit_dropped", "job_id": job.id},
-                )
-            elif len(payload) > limit // 4 and len(payload.encode()) > limit:
-                logger.warning(
-                    "dropped a follow-on job of job %s: payload over %d bytes",
-                    job.id,
-                    limit,
-                    extra={"action": "emit_dropped", "job_id": job.id},
-                )
-            else:
+            # the runner checked these already; the journal's framing depends on it
+            problem = emit_problem(name, payload, limit)
+            if problem is None:
                 follow[name].append(payload)
+            else:
+                dropped.append(problem)
         if spec.then and code_of(result.exitcode) == "ok":
             payload = (result.result or "").replace("\n", " ").replace("\x00", "")
-            follow[spec.then].append(payload)
+            # an empty result still chains (``then`` as a trigger), as it always did
+            problem = emit_problem(spec.then, payload, limit) if payload else None
+            if problem is None:
+                follow[spec.then].append(payload)
+            else:
+                dropped.append(f"then {spec.then}: {problem}")
+        if dropped:
+            logger.warning(
+                "dropped %d follow-on job(s) of job %s: %s",
+                len(dropped),
+                job.id,
+                "; ".join(dropped[:3]) + ("; …" if len(dropped) > 3 else ""),
+                extra={
+                    "action": "emit_dropped",
+                    "tenant": spec.client,
+                    "job_id": job.id,
+                    "dropped": len(dropped),
+                },
+            )
 
     async def _write_follow_ons(self, client: str, follow: dict[str, list[str]]) -> bool:
         now_ms = time.time_ns() // 1_000_000

@@ -380,6 +380,7 @@ class Context:
             result=None if result is None else clip(result, self._limits.max_result_bytes),
             emits=parsed.emits,
             log=parsed.log,
+            dropped=parsed.dropped,
         )
 
     # ------------------------------------------------------------------ close

@@ -47,6 +47,8 @@ class JobResult:
     # follow-on jobs: (the tenant's own type name, payload); validated by the runner
     emits: list[tuple[str, str]] = field(default_factory=list)
     log: list[str] = field(default_factory=list)  # bounded
+    # why each follow-on job the handler asked for was rejected (bad type or payload)
+    dropped: list[str] = field(default_factory=list)
     # False when the job never started (its context died or timed out on an
     # earlier job of the batch): the daemon puts it back without counting a run
     ran: bool = True

@@ -37,6 +37,7 @@ class Parsed:
     exitcode: int | None = None  # from the last valid ``S:`` line
     result: str | None = None
     result_set: bool = False  # an ``S:`` line gave a result
+    dropped: list[str] = field(default_factory=list)  # why each rejected follow-on job was
 
 
 def emit_problem(type_: object, payload: object, payload_limit: int) -> str | None:
@@ -50,10 +51,15 @@ def emit_problem(type_: object, payload: object, payload_limit: int) -> str | No
         return "empty payload"
     if "\n" in payload or "\x00" in payload:
         return "payload contains a newline or NUL"
-    if len(payload) > payload_limit // 4:  # cheap test first: a char is at most 4 bytes
-        size = len(payload.encode("utf-8", "surrogatepass"))
-        if size > payload_limit:
-            return f"payload of {size} bytes is over the limit of {payload_limit}"
+    if payload.isascii():
+        size = len(payload)
+    else:
+        try:
+            size = len(payload.encode())
+        except UnicodeEncodeError:
+            return "payload is not valid Unicode (a lone surrogate)"
+    if size > payload_limit:
+        return f"payload of {size} bytes is over the limit of {payload_limit}"
     return None
 
 
@@ -119,6 +125,7 @@ def parse_output(
         nonlocal over
         problem = emit_problem(type_, payload, limits.payload_limit)
         if problem is not None:
+            parsed.dropped.append(problem)
             log.add(f"dropped a follow-on job: {problem}")
         elif len(parsed.emits) >= limits.max_emits:
             over += 1
@@ -136,6 +143,7 @@ def parse_output(
         if line.startswith("J: "):
             type_, bar, payload = line[3:].partition("|")
             if not bar:
+                parsed.dropped.append("no '|' in the J: line")
                 log.add("dropped a follow-on job: no '|' in the J: line")
             else:
                 add_emit(type_, payload)

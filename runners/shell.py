@@ -112,6 +112,8 @@ class ShellRunner:
         errors = [f"stderr: {line}" for line in stderr.lines()]
         if dropped:
             errors.append(f"stdout over {MAX_STDOUT} bytes: {dropped} bytes dropped")
+            # the line cut at the limit is incomplete: a J: or S: line must not count
+            stdout = stdout[: stdout.rfind(b"\n") + 1]
         parsed = parse_output(stdout.decode("utf-8", "replace"), self._limits, extra_log=errors)
         if timed_out:
             exitcode, result = TIMEOUT, f"timed out after {spec.timeout:g}s"
@@ -126,5 +128,10 @@ class ShellRunner:
             if parsed.result_set:
                 result = parsed.result
         return JobResult(
-            id=job.id, exitcode=exitcode, result=result, emits=parsed.emits, log=parsed.log
+            id=job.id,
+            exitcode=exitcode,
+            result=result,
+            emits=parsed.emits,
+            log=parsed.log,
+            dropped=parsed.dropped,
         )

@@ -67,8 +67,15 @@ function startText(id) {
   return '{"op":"start","id":' + JSON.stringify(id) + '}';
 }
 
+// JSON.stringify writes a lone surrogate as a \udXXX escape (a pair it writes as
+// is): not UTF-8, and the daemon refuses the frame. Such an escape becomes U+FFFD,
+// as invalid UTF-8 does elsewhere. It is an escape only after an even run of
+// backslashes (each pair is one escaped backslash of the text).
+const LONE_SURROGATE = /(?<!\\)((?:\\\\)*)\\ud[89a-f][0-9a-f]{2}/g;
+
 function resultText(id, exitcode, result, output, emits) {
-  return JSON.stringify({ op: 'result', id, exitcode, result, output, emits });
+  const text = JSON.stringify({ op: 'result', id, exitcode, result, output, emits });
+  return text.includes('\\ud') ? text.replace(LONE_SURROGATE, '$1\\ufffd') : text;
 }
 
 function fatal(message) {
@@ -232,13 +239,15 @@ class Ctx {
   }
 
   emit(type, payload) {
+    // as in python: a type that is no string is the caller's error, not a name to guess
+    if (typeof type !== 'string') throw new TypeError('ctx.emit: type must be a string');
     let text;
     if (typeof payload === 'string') text = payload;
     else {
       text = JSON.stringify(payload);
       if (text === undefined) text = 'null';
     }
-    this[EMITS].push([String(type), text]);
+    this[EMITS].push([type, text]);
   }
 }
 

@@ -11,6 +11,7 @@ import pytest
 
 from runners.models import HandlerSpec, JobInput, JobResult
 from runners.pool import RunnerPool, RunnerSettings
+from runners.shell import MAX_STDOUT
 
 # RLIMIT_NPROC counts every process and thread of the shared run-as uid, including
 # other contexts on this machine: the default 64 is too tight for tests that fork.
@@ -101,3 +102,13 @@ async def test_jobs_run_concurrently_in_a_private_dir(pool: RunnerPool, work_roo
     assert not exists(Path(home))  # removed after the batch
     if os.geteuid() == 0:
         assert {r.log[1] for r in results} != {"0"}
+
+
+async def test_a_line_cut_at_the_stdout_limit_is_no_follow_on_job(pool: RunnerPool) -> None:
+    # whole "y" lines up to 10 bytes before the limit, then a J: line across it:
+    # only "J: kid|zzz" of it would fit, and must not become a job with a cut payload
+    filler = MAX_STDOUT - 10
+    body = f"yes y | head -c {filler}; echo 'J: kid|{'z' * 100}'; echo 'S: 201 done'"
+    (result,) = await run(pool, body, "x", limit=60)
+    assert result.emits == []
+    assert (result.exitcode, result.result) == (200, None), "the S: line was cut off too"

@@ -69,3 +69,33 @@ def test_huge_source_is_too_large() -> None:
     with pytest.raises(ApiError) as info:
         parse_handler({"lang": "python", "body": "#" * (2 << 20)})
     assert info.value.status == 413
+
+
+@pytest.mark.parametrize("field", ["before", "beforeEach", "afterEach", "then", "eid"])
+@pytest.mark.parametrize("value", [1, 2.5, True, None, ["x"], {"a": "b"}])
+def test_fields_of_the_wrong_type_are_bad_handler(field: str, value: Any) -> None:
+    with pytest.raises(ApiError) as info:
+        parse_handler({"lang": "python", "body": "def handler(p, ctx): pass", field: value})
+    assert (info.value.status, info.value.kind) == (400, "bad_handler")
+
+
+@pytest.mark.parametrize("field", ["timeout", "maxAttempts"])
+@pytest.mark.parametrize("value", [None, "5", [5], {"n": 5}, float("nan"), float("inf")])
+def test_numbers_of_the_wrong_type_are_bad_handler(field: str, value: Any) -> None:
+    with pytest.raises(ApiError) as info:
+        parse_handler({"lang": "python", "body": "def handler(p, ctx): pass", field: value})
+    assert (info.value.status, info.value.kind) == (400, "bad_handler")
+
+
+def test_the_source_limit_is_per_field_and_in_bytes() -> None:
+    fields = {"lang": "python", "body": "#" + "é" * 50, "before": "x" * 102}  # 101, 102 bytes
+    with pytest.raises(ApiError) as info:
+        parse_handler(fields, source_limit=101)
+    assert (info.value.status, info.value.kind, info.value.message) == (
+        413,
+        "too_large",
+        "before is over 101 bytes",
+    )
+    assert parse_handler({**fields, "before": "x" * 101}, source_limit=102)["before"] == "x" * 101
+    with pytest.raises(ApiError):
+        parse_handler({"lang": "python", "body": "#" + "é" * 51}, source_limit=102)

@@ -164,3 +164,33 @@ def test_check_shell_http_and_unknown() -> None:
         assert check_handler("http", bad) is not None, bad
     problem = check_handler("cobol", "x")
     assert problem is not None and "unknown lang" in problem
+
+
+def test_every_dropped_follow_on_job_keeps_its_reason() -> None:
+    limits = OutputLimits(payload_limit=10)
+    output = "J: ok|fine\nJ: a|b|c\nJ: nobar\nJ: t|\nJ: t|" + "x" * 11 + "\nJ: bad type|p\n"
+    parsed = parse_output(output, limits, emits=[("e", "\ud800"), (None, "p"), ("e", "ok")])
+    assert parsed.emits == [("e", "ok"), ("ok", "fine"), ("a", "b|c")]
+    assert parsed.dropped == [
+        "payload is not valid Unicode (a lone surrogate)",
+        "bad type None",
+        "no '|' in the J: line",
+        "empty payload",
+        "payload of 11 bytes is over the limit of 10",
+        "bad type 'bad type'",
+    ]
+    assert parsed.log == [f"dropped a follow-on job: {reason}" for reason in parsed.dropped]
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        "#:Batch seq=1,date=2026-01-01T00:00:00.000Z,lines=1,bytes=9,crc=00000000",
+        "#:EndBatch",
+        "a|b|c|d",
+        "\r",
+        "tab\there",
+    ],
+)
+def test_payloads_that_look_like_journal_framing_are_fine(payload: str) -> None:
+    assert emit_problem("t", payload, 1 << 20) is None

@@ -1,0 +1,47 @@
+"""The flags that bound clients and handlers: defaults, flags, environment, bad values."""
+
+from __future__ import annotations
+
+import pytest
+
+from queue_daemon.cli import CliError, build_parser, settings_from
+from queue_daemon.settings import MIB
+
+
+def _settings(*argv: str) -> object:
+    return settings_from(build_parser().parse_args(["serve", *argv]))
+
+
+def test_defaults() -> None:
+    settings = settings_from(build_parser().parse_args(["serve"]))
+    assert (settings.client_timeout, settings.handler_limit) == (30.0, MIB)
+
+
+def test_flags_and_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("QUEUE_DAEMON_CLIENT_TIMEOUT", "7.5")
+    monkeypatch.setenv("QUEUE_DAEMON_HANDLER_LIMIT", "4096")
+    settings = settings_from(build_parser().parse_args(["serve"]))
+    assert (settings.client_timeout, settings.handler_limit) == (7.5, 4096)
+    # a flag wins over the environment
+    settings = settings_from(
+        build_parser().parse_args(["serve", "--client-timeout", "2", "--handler-limit", "99"])
+    )
+    assert (settings.client_timeout, settings.handler_limit) == (2.0, 99)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--client-timeout", "0"],
+        ["--client-timeout", "-1"],
+        ["--client-timeout", "soon"],
+        ["--client-timeout", "nan"],
+        ["--client-timeout", "inf"],
+        ["--lease", "nan"],
+        ["--handler-limit", "0"],
+        ["--handler-limit", "1.5"],
+    ],
+)
+def test_bad_values_are_usage_errors(argv: list[str]) -> None:
+    with pytest.raises(CliError):
+        _settings(*argv)
