@@ -81,6 +81,15 @@ class ClaimedJob:
     data: str
     attempts: int  # including this run
     create_dt: datetime
+    due_dt: datetime | None = None  # when it became eligible (before the claim set the lease)
+
+
+class ExpiredLock(NamedTuple):
+    """A running job whose lock ran out and that is eligible again."""
+
+    id: str
+    type: str  # stored jobtype, "client-type"
+    attempts: int
 
 
 class ReleaseHow(enum.StrEnum):
