@@ -33,6 +33,8 @@ _GAMMA = (1 + RELATIVE_ERROR) / (1 - RELATIVE_ERROR)
 _LOG_GAMMA = math.log(_GAMMA)
 _SMALLEST = 1e-3  # ms; anything at or below counts as zero
 MINUTE_MS = 60_000
+_NEVER_LO = 1 << 62  # first_ms before any line
+_NEVER_HI = -(1 << 62)
 CODES = ("ok", "failed", "error", "retry")
 PERCENTILES = (50, 95, 99)
 PERCENTILE_METHOD = (
@@ -119,6 +121,7 @@ class Quantiles:
 class Group:
     """What happened to the jobs of one tenant's type."""
 
+    lines: int = 0
     added: int = 0
     started: int = 0
     done: Counter[str] = field(default_factory=Counter)  # finished for good, by code
@@ -141,62 +144,75 @@ class Analysis:
     lines: int = 0
     bad: int = 0
     matched: int = 0
-    first_ms: int | None = None
-    last_ms: int | None = None
     groups: dict[tuple[str, str], Group] = field(default_factory=dict)
     added_per_minute: Counter[int] = field(default_factory=Counter)
     done_per_minute: Counter[int] = field(default_factory=Counter)
+    _lo: int = 0
+    _hi: int = 0
+    _first: int = _NEVER_LO
+    _last: int = _NEVER_HI
+    _key: tuple[str, str] = ("", "")  # the group of the previous line (lines come in runs)
+    _group: Group = field(default_factory=Group)
+
+    def __post_init__(self) -> None:
+        self._lo = -(1 << 62) if self.since is None else self.since
+        self._hi = 1 << 62 if self.until is None else self.until
 
     def feed(self, raw: bytes) -> None:
-        """One line of a logfile."""
+        """One line of a logfile (the inner loop of ``stats``: kept flat)."""
         self.lines += 1
         try:
             record = orjson.loads(raw)
             ev = record["ev"]
             t = record["t"]
-            if not isinstance(t, int) or not isinstance(ev, str):
-                raise TypeError
-            tenant = record.get("tenant")
             name = record["type"]
-            if tenant is None:  # lines of earlier versions: type "client-type"
-                tenant, _, name = name.partition("-")
-        except (orjson.JSONDecodeError, KeyError, TypeError):
+            tenant = record.get("tenant")
+        except (orjson.JSONDecodeError, KeyError, TypeError, AttributeError):
             self.bad += 1
             return
-        if (self.since is not None and t < self.since) or (
-            self.until is not None and t >= self.until
-        ):
+        if type(t) is not int or type(ev) is not str or type(name) is not str:
+            self.bad += 1
+            return
+        if tenant is None:  # lines of earlier versions: type "client-type"
+            tenant, _, name = name.partition("-")
+        if not self._lo <= t < self._hi:
             return
         if self.tenants is not None and tenant not in self.tenants:
             return
-        self.matched += 1
-        if self.first_ms is None or t < self.first_ms:
-            self.first_ms = t
-        if self.last_ms is None or t > self.last_ms:
-            self.last_ms = t
-        key = (tenant, name)
-        group = self.groups.get(key)
-        if group is None:
-            group = self.groups[key] = Group()
+        if tenant == self._key[0] and name == self._key[1]:
+            group = self._group
+        else:
+            key = (tenant, name)
+            group = self.groups.get(key)  # type: ignore[assignment]
+            if group is None:
+                group = self.groups[key] = Group()
+            self._key, self._group = key, group
         try:
-            self._event(group, ev, t, record)
+            self._count(group, ev, t, record)
         except (TypeError, ValueError):
             self.bad += 1
+            return
+        group.lines += 1
+        self.matched += 1
+        if t < self._first:
+            self._first = t
+        if t > self._last:
+            self._last = t
 
-    def _event(self, group: Group, ev: str, t: int, record: dict[str, Any]) -> None:
+    def _count(self, group: Group, ev: str, t: int, record: dict[str, Any]) -> None:
         if ev == "added":
             group.added += 1
             self.added_per_minute[t // MINUTE_MS] += 1
         elif ev == "started":
-            group.started += 1
             wait = record.get("wait_ms")
             if wait is not None:
-                group.wait.add(float(wait))
+                group.wait.add(_number(wait))
+            group.started += 1
         elif ev == "finished":
-            how = record.get("how")
             ran = record.get("run_ms")
             if ran is not None:
-                group.run.add(float(ran))
+                group.run.add(_number(ran))
+            how = record.get("how")
             if how == "archive":
                 group.done[str(record.get("code"))] += 1
                 self.done_per_minute[t // MINUTE_MS] += 1
@@ -213,6 +229,14 @@ class Analysis:
             group.purged += int(record.get("n", 0))
 
     @property
+    def first_ms(self) -> int | None:
+        return None if self._first == _NEVER_LO else self._first
+
+    @property
+    def last_ms(self) -> int | None:
+        return None if self._last == _NEVER_HI else self._last
+
+    @property
     def span_minutes(self) -> float:
         """Minutes the matched lines cover (at least one)."""
         if self.first_ms is None or self.last_ms is None:
@@ -224,6 +248,8 @@ class Analysis:
         span = self.span_minutes
         groups = []
         for (tenant, name), g in sorted(self.groups.items()):
+            if not g.lines:
+                continue  # only bad lines named it
             done = {code: g.done.get(code, 0) for code in CODES}
             done.update({code: n for code, n in g.done.items() if code not in done})
             finished = sum(done.values()) + g.cancelled
@@ -269,6 +295,12 @@ class Analysis:
                 ],
             },
         }
+
+
+def _number(value: object) -> float:
+    if type(value) is int or type(value) is float:
+        return value
+    raise TypeError(f"not a number: {value!r}")
 
 
 # --- reading ------------------------------------------------------------------

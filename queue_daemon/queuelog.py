@@ -25,6 +25,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from itertools import repeat
 from pathlib import Path
 
 import orjson
@@ -55,9 +56,21 @@ def payload_size(payload: str) -> int:
     return len(payload) if payload.isascii() else len(payload.encode())
 
 
+def payload_sizes(payloads: Sequence[str]) -> Iterable[int]:
+    if all(map(str.isascii, payloads)):
+        return map(len, payloads)
+    return map(payload_size, payloads)
+
+
 def _head(kind: str, at_ms: int, jobtype: str) -> str:
     tenant, _, name = jobtype.partition("-")
     return f'{{"ev":"{kind}","t":{at_ms},"tenant":"{tenant}","type":"{name}"'
+
+
+def _due_ms(job: ClaimedJob) -> int:
+    if job.due_ms is not None:
+        return job.due_ms
+    return int(job.create_dt.timestamp() * 1000)
 
 
 def _str(value: str | None) -> str:
@@ -66,10 +79,6 @@ def _str(value: str | None) -> str:
 
 def _int(value: int | None) -> str:
     return "null" if value is None else str(value)
-
-
-def _ms(dt: datetime) -> int:
-    return int(dt.timestamp() * 1000)
 
 
 class QueueLog:
@@ -96,17 +105,16 @@ class QueueLog:
     def added(
         self, jobtype: str, ids: Sequence[str], payloads: Sequence[str], at_ms: int, dt_ms: int
     ) -> None:
-        """One line per job accepted: its id and payload size; ``dt`` its eligible time."""
+        """One line per job accepted: its id and payload size; ``dt`` its eligible time.
+
+        The hot path of adds (1000 lines a request): the lines are joined from
+        their constant parts and each job's id and size, without a dict or a
+        format call per job."""
         head = _head("added", at_ms, jobtype) + ',"id":"'
         tail = f'{self._sys},"dt":{dt_ms}}}\n'
-        mid = '","size":'
+        sizes = map(str, payload_sizes(payloads))
         self._append(
-            "".join(
-                [
-                    head + job_id + mid + str(payload_size(p)) + tail
-                    for job_id, p in zip(ids, payloads, strict=True)
-                ]
-            )
+            "".join(map("".join, zip(repeat(head), ids, repeat('","size":'), sizes, repeat(tail))))
         )
 
     def started(self, jobtype: str, jobs: Sequence[ClaimedJob], at_ms: int | None = None) -> None:
@@ -114,16 +122,16 @@ class QueueLog:
         ``wait_ms = start - max(create time, dt)``."""
         at_ms = now_ms() if at_ms is None else at_ms
         head = _head("started", at_ms, jobtype) + ',"id":"'
-        parts = []
-        for job in jobs:
-            due = _ms(job.create_dt)
-            if job.due_dt is not None:
-                due = max(due, _ms(job.due_dt))
-            parts.append(
-                f'{head}{job.id}","attempt":{job.attempts}{self._sys},'
-                f'"wait_ms":{max(0, at_ms - due)}}}\n'
+        sys_part = self._sys
+        self._append(
+            "".join(
+                [
+                    f'{head}{job.id}","attempt":{job.attempts}{sys_part},'
+                    f'"wait_ms":{max(0, at_ms - _due_ms(job))}}}\n'
+                    for job in jobs
+                ]
             )
-        self._append("".join(parts))
+        )
 
     def finished(
         self,

@@ -81,7 +81,8 @@ class ClaimedJob:
     data: str
     attempts: int  # including this run
     create_dt: datetime
-    due_dt: datetime | None = None  # when it became eligible (before the claim set the lease)
+    # epoch ms since when it was due, max(create_dt, dt before the claim); for the queue log
+    due_ms: int | None = None
 
 
 class ExpiredLock(NamedTuple):

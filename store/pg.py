@@ -416,7 +416,7 @@ class PgStore:
                 data=row["data"],
                 attempts=row["attempts"],
                 create_dt=row["create_dt"],
-                due_dt=row["due_dt"],
+                due_ms=row["due_ms"],
             )
             for row in rows
         ]

@@ -318,15 +318,17 @@ FOR UPDATE SKIP LOCKED
 # $3 sysid, $4 lease seconds. `= ANY(ARRAY(...))` rather than `IN (...)`: the
 # array is computed first and the update then reads the primary key; with IN
 # the planner sometimes joined against a scan of the whole table (DESIGN.md).
-# due_dt: the row's dt before this update (a subquery in RETURNING reads the
-# statement's snapshot, which does not see the statement's own changes); the
-# queue log reports how long each job waited from then.
+# due_ms: since when the job was due, in epoch ms: the later of its creation
+# and its dt before this update (a subquery in RETURNING reads the statement's
+# snapshot, which does not see the statement's own changes); the queue log
+# reports how long each job waited from then.
 CLAIM = f"""
 UPDATE jobs
 SET lock = $3, dt = now() + make_interval(secs => $4), attempts = attempts + 1
 WHERE id = ANY(ARRAY({CLAIM_IDS}))
 RETURNING id, type, data, attempts, create_dt,
-          (SELECT o.dt FROM jobs o WHERE o.id = jobs.id) AS due_dt
+          (SELECT (extract(epoch FROM greatest(o.dt, o.create_dt)) * 1000)::bigint
+           FROM jobs o WHERE o.id = jobs.id) AS due_ms
 """
 
 # Waiting jobs of type $1 created more than $2 seconds ago are done with

@@ -80,8 +80,8 @@ async def test_claim_takes_oldest_dt_first_up_to_limit(store: PgStore) -> None:
     claimed = await store.claim("a-t", 3, sysid="s1", lease=LEASE)
     assert sorted(j.id for j in claimed) == ["j7", "j8", "j9"]
     # each job's eligible time before the claim (the queue log's wait is measured from it)
-    assert {j.id: j.due_dt for j in claimed} == {
-        f"j{i}": base + timedelta(seconds=10 - i) for i in (7, 8, 9)
+    assert {j.id: j.due_ms for j in claimed} == {
+        f"j{i}": int((base + timedelta(seconds=10 - i)).timestamp() * 1000) for i in (7, 8, 9)
     }
 
 

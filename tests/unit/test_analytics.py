@@ -116,7 +116,14 @@ def crafted() -> list[bytes]:
     return out
 
 
-GARBAGE = [b"not json at all\n", b"\xff\xfe\x00\n", b"[1, 2]\n", b'{"ev": "added"}\n']
+GARBAGE = [
+    b"not json at all\n",
+    b"\xff\xfe\x00\n",
+    b"[1, 2]\n",
+    b'{"ev": "added"}\n',
+    b'{"ev":"started","t":1,"tenant":"acme","type":"resize","wait_ms":"slow"}\n',
+    b'{"ev":"added","t":"now","tenant":"acme","type":"resize"}\n',
+]
 TORN = b'{"ev":"added","t":17000000'
 
 

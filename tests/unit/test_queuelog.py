@@ -47,7 +47,7 @@ async def test_every_kind_of_line_with_its_fields(tmp_path: Path) -> None:
                 data="x",
                 attempts=2,
                 create_dt=at(T0),
-                due_dt=at(T0 + 5000),
+                due_ms=T0 + 5000,
             ),
         ],
         at_ms=T0 + 7000,
