@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import random
 import resource
 import sys
@@ -127,6 +128,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.queuelog", description=__doc__)
     parser.add_argument("--lines", type=int, default=1_000_000)
     args = parser.parse_args(argv)
+    print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
     with tempfile.TemporaryDirectory(prefix="qd-bench-log-") as tmp:
         folder = Path(tmp)
         rates = asyncio.run(hot_path(folder))

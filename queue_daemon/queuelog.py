@@ -35,6 +35,7 @@ from store.models import ClaimedJob, Release, ReleaseHow
 logger = logging.getLogger(__name__)
 
 FLUSH_BYTES = 1 << 20
+_RETRY = ReleaseHow.RETRY  # a module constant: enum member lookups are slow on the hot path
 DEFAULT_MAX_BYTES = 256 << 20
 
 
@@ -145,24 +146,33 @@ class QueueLog:
         back without counting), and a ``retry`` line for each job that will run again."""
         at_ms = now_ms()
         head = _head("finished", at_ms, jobtype) + ',"id":"'
-        retry_head = _head("retry", at_ms, jobtype) + ',"id":"'
         attempts = attempts or {}
         run_ms = run_ms or {}
+        sys_part = self._sys
+        # the code/exitcode/how part repeats within a batch: built once per kind
+        # (keyed by identity of the how: hashing an enum member is a Python-level call)
+        outcomes: dict[tuple[str | None, int | None, int], tuple[str, str]] = {}
         parts = []
         for r in releases:
-            attempt = _int(attempts.get(r.id))
+            key = (r.code, r.exitcode, id(r.how))
+            outcome = outcomes.get(key)
+            if outcome is None:
+                outcome = outcomes[key] = (
+                    f',"code":{_str(r.code)},"exitcode":{_int(r.exitcode)},"run_ms":',
+                    f',"how":"{r.how.value}"}}\n',
+                )
             ran = run_ms.get(r.id)
-            ran_text = "null" if ran is None else str(round(ran, 3))
+            attempt = attempts.get(r.id)
             parts.append(
-                f'{head}{r.id}","attempt":{attempt}{self._sys},"code":{_str(r.code)},'
-                f'"exitcode":{_int(r.exitcode)},"run_ms":{ran_text},'
-                f'"how":"{r.how.value}"}}\n'
+                f'{head}{r.id}","attempt":{"null" if attempt is None else attempt}{sys_part}'
+                f"{outcome[0]}{'null' if ran is None else f'{ran:.3f}'}{outcome[1]}"
             )
-            if r.how is ReleaseHow.RETRY:
+            if r.how is _RETRY:
                 delay = int(r.delay * 1000)
                 parts.append(
-                    f'{retry_head}{r.id}","attempt":{attempt}{self._sys},"code":{_str(r.code)},'
-                    f'"exitcode":{_int(r.exitcode)},"delay_ms":{delay},"dt":{at_ms + delay}}}\n'
+                    f'{_head("retry", at_ms, jobtype)},"id":"{r.id}","attempt":{_int(attempt)}'
+                    f'{sys_part},"code":{_str(r.code)},"exitcode":{_int(r.exitcode)},'
+                    f'"delay_ms":{delay},"dt":{at_ms + delay}}}\n'
                 )
         self._append("".join(parts))
 
