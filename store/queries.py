@@ -327,7 +327,7 @@ UPDATE jobs
 SET lock = $3, dt = now() + make_interval(secs => $4), attempts = attempts + 1
 WHERE id = ANY(ARRAY({CLAIM_IDS}))
 RETURNING id, type, data, attempts, create_dt,
-          (SELECT (extract(epoch FROM greatest(o.dt, o.create_dt)) * 1000)::bigint
+          (SELECT floor(extract(epoch FROM greatest(o.dt, o.create_dt)) * 1000)::bigint
            FROM jobs o WHERE o.id = jobs.id) AS due_ms
 """
 

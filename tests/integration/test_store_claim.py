@@ -79,10 +79,26 @@ async def test_claim_takes_oldest_dt_first_up_to_limit(store: PgStore) -> None:
     await store.add_jobs([job(f"j{i}", dt=base + timedelta(seconds=10 - i)) for i in range(10)])
     claimed = await store.claim("a-t", 3, sysid="s1", lease=LEASE)
     assert sorted(j.id for j in claimed) == ["j7", "j8", "j9"]
-    # each job's eligible time before the claim (the queue log's wait is measured from it)
-    assert {j.id: j.due_ms for j in claimed} == {
-        f"j{i}": int((base + timedelta(seconds=10 - i)).timestamp() * 1000) for i in (7, 8, 9)
-    }
+
+
+async def test_claim_returns_since_when_each_job_was_due(store: PgStore) -> None:
+    """max(creation, dt before the claim): the queue log measures the wait from it."""
+    now = datetime.now(UTC)
+    created = now - timedelta(minutes=10)
+    delayed = now - timedelta(minutes=5)  # scheduled after its creation
+    backdated = now - timedelta(hours=1)  # a dt in the past counts from the creation
+    await store.add_jobs(
+        [
+            NewJob(id="delayed", type="a-t", dt=delayed, data="", create_dt=created),
+            NewJob(id="backdated", type="a-t", dt=backdated, data="", create_dt=created),
+        ]
+    )
+    claimed = await store.claim("a-t", 5, sysid="s1", lease=LEASE)
+
+    def ms(when: datetime) -> int:
+        return int(when.timestamp() * 1000)
+
+    assert {j.id: j.due_ms for j in claimed} == {"delayed": ms(delayed), "backdated": ms(created)}
 
 
 async def test_concurrent_claims_are_disjoint_and_complete(pg_dsn: str) -> None:
