@@ -17,7 +17,11 @@ from tests.acceptance.daemon import DaemonFactory, deploy, run_cli
 
 CLIENT = "logs"
 HANDLER = (
+    "import time\n"
     "def handler(payload, ctx):\n"
+    "    if payload == 'slow':\n"
+    "        time.sleep(0.3)\n"
+    "        return 200, 'slept'\n"
     "    if payload == 'flaky':\n"
     "        return (503, 'later') if ctx.attempt == 1 else (200, 'now')\n"
     "    return int(payload), 'r'\n"
@@ -75,7 +79,7 @@ async def test_the_log_has_each_event_of_a_jobs_life_and_stats_counts_it(
     await Handlers(api).add("codes", "python", HANDLER, maxAttempts=3, timeout=10)
     await Handlers(api).add("bulk", "python", HANDLER, timeout=10)
 
-    ran = await api.add("codes", ["200", "201", "204", "404", "flaky"])
+    ran = await api.add("codes", ["200", "201", "204", "404", "slow", "flaky"])
     later = await api.add("codes", ["200"], params={"delay": "3600"})
 
     async def cancelled() -> bool | None:
@@ -102,12 +106,13 @@ async def test_the_log_has_each_event_of_a_jobs_life_and_stats_counts_it(
     def life(job_id: str) -> list[tuple[str, Any]]:
         return [(r["ev"], r.get("how") or r.get("code")) for r in jobs[job_id]]
 
-    for job_id, code in zip(ran[:4], ["ok", "ok", "ok", "failed"], strict=True):
+    for job_id, code in zip(ran[:5], ["ok", "ok", "ok", "failed", "ok"], strict=True):
         assert life(job_id) == [("added", None), ("started", None), ("finished", "archive")]
         finished = jobs[job_id][-1]
         assert (finished["code"], finished["attempt"]) == (code, 1)
         assert finished["run_ms"] >= 0 and jobs[job_id][1]["wait_ms"] >= 0
-    assert life(ran[4]) == [
+    assert jobs[ran[4]][-1]["run_ms"] >= 250  # the handler slept 0.3 s
+    assert life(ran[5]) == [
         ("added", None),
         ("started", None),
         ("finished", "retry"),
@@ -115,10 +120,10 @@ async def test_the_log_has_each_event_of_a_jobs_life_and_stats_counts_it(
         ("started", None),
         ("finished", "archive"),
     ]
-    second_start = jobs[ran[4]][4]
+    second_start = jobs[ran[5]][4]
     assert second_start["attempt"] == 2
     # it waited from when its retry was due, not from its creation
-    created = jobs[ran[4]][0]["t"]
+    created = jobs[ran[5]][0]["t"]
     assert second_start["wait_ms"] < second_start["t"] - created
     assert life(later[0]) == [("added", None), ("cancelled", None)]
     assert jobs[later[0]][0]["dt"] - jobs[later[0]][0]["t"] >= 3_599_000
@@ -136,10 +141,11 @@ async def test_the_log_has_each_event_of_a_jobs_life_and_stats_counts_it(
     assert report["bad_lines"] == 0
     groups = {g["type"]: g for g in report["groups"]}
     codes = groups["codes"]
-    assert codes["added"] == 6
-    assert codes["done"] == {"ok": 4, "failed": 1, "error": 0, "retry": 0}
-    assert (codes["cancelled"], codes["retries"], codes["started"]) == (1, 1, 6)
-    assert codes["wait_ms"]["n"] == 6 and codes["run_ms"]["n"] == 6
+    assert codes["added"] == 7
+    assert codes["done"] == {"ok": 5, "failed": 1, "error": 0, "retry": 0}
+    assert (codes["cancelled"], codes["retries"], codes["started"]) == (1, 1, 7)
+    assert codes["wait_ms"]["n"] == 7 and codes["run_ms"]["n"] == 7
+    assert codes["run_ms"]["p99"] >= 250  # the slow job
     assert groups["bulk"]["added"] == BULK
     bulk_ok = sum(1 for job_id in bulk if jobs[job_id][-1].get("how") == "archive")
     assert groups["bulk"]["done"]["ok"] == bulk_ok
