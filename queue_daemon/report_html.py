@@ -102,7 +102,8 @@ def throughput_chart(report: dict[str, Any]) -> str:
     parts.append(_text(left + plot_w, height - 18, _iso(points[-1]["t"]), "end"))
     for key in ("added", "done"):
         path = " ".join(xy(p, key) for p in points)
-        parts.append(f'<polyline class="{key}" fill="none" stroke="{COLORS[key]}" '
+        dash = ' stroke-dasharray="6 3"' if key == "done" else ""
+        parts.append(f'<polyline class="{key}" fill="none" stroke="{COLORS[key]}"{dash} '
                      f'stroke-width="1.5" points="{path}"/>')  # fmt: skip
     parts.append(_legend(WIDTH - 200, 18, ["added", "done"]))
     return "".join(parts) + "</svg>"
