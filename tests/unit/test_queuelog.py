@@ -13,6 +13,7 @@ from typing import Any
 import orjson
 import pytest
 
+from queue_daemon.cli import CliError, build_parser, settings_from
 from queue_daemon.queuelog import QueueLog, Rotation, payload_size
 from store.models import ClaimedJob, ExpiredLock, Release, ReleaseHow
 
@@ -199,3 +200,33 @@ async def test_added_lines_are_valid_json(tmp_path: Path, n: int) -> None:
     log.added("a-t.x:y", [f"{i:x}-9" for i in range(n)], ['{"a":"\\n"}'] * n, T0, T0)
     await log.close()
     assert [r["type"] for r in read(path)] == ["t.x:y"] * n
+
+
+def test_rotation_flags_and_their_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    args = build_parser().parse_args(["serve"])
+    settings = settings_from(args)
+    assert (settings.logfile_max_bytes, settings.logfile_daily, settings.logfile_gzip) == (
+        256 << 20,
+        True,
+        False,
+    )
+    flags = ["serve", "--logfile-max-bytes", "1000", "--logfile-daily", "off", "--logfile-gzip"]
+    settings = settings_from(build_parser().parse_args(flags))
+    assert (settings.logfile_max_bytes, settings.logfile_daily, settings.logfile_gzip) == (
+        1000,
+        False,
+        True,
+    )
+    monkeypatch.setenv("QUEUE_DAEMON_LOGFILE_GZIP", "1")
+    monkeypatch.setenv("QUEUE_DAEMON_LOGFILE_DAILY", "off")
+    monkeypatch.setenv("QUEUE_DAEMON_LOGFILE_MAX_BYTES", "0")
+    settings = settings_from(build_parser().parse_args(["serve"]))
+    assert (settings.logfile_max_bytes, settings.logfile_daily, settings.logfile_gzip) == (
+        0,
+        False,
+        True,
+    )
+    with pytest.raises(CliError, match="--logfile-daily"):
+        settings_from(build_parser().parse_args(["serve", "--logfile-daily", "weekly"]))
+    with pytest.raises(CliError, match="--logfile-max-bytes"):
+        settings_from(build_parser().parse_args(["serve", "--logfile-max-bytes", "-1"]))
