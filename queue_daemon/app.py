@@ -160,6 +160,7 @@ class Daemon:
                 gzip=settings.logfile_gzip,
             ),
         )
+        await asyncio.to_thread(queuelog.compress_leftovers)
         await asyncio.to_thread(
             protect_daemon_files,
             settings.data_dir,

@@ -320,11 +320,21 @@ class QueueLog:
         self._open()
         logger.info("queue log rotated to %s", target.name, extra={"action": "queuelog_rotated"})
         if self.rotation.gzip:
-            if self._compressor is None:
-                self._compressor = ThreadPoolExecutor(
-                    max_workers=1, thread_name_prefix="queuelog-gzip"
-                )
-            self._compressor.submit(compress, target)
+            self._compress(target)
+
+    def _compress(self, path: Path) -> None:
+        if self._compressor is None:
+            self._compressor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="queuelog-gzip")
+        self._compressor.submit(compress, path)
+
+    def compress_leftovers(self) -> None:
+        """Compress rotated files a stopped daemon left uncompressed (blocking: the
+        listing; the compression runs in the background)."""
+        if not self.rotation.gzip:
+            return
+        for path in sorted(self.path.parent.glob(f"{self.path.name}.2*")):
+            if path.suffix not in (".gz", ".partial") and path.is_file():
+                self._compress(path)
 
 
 def _write_all(fd: int, data: bytes | memoryview) -> None:
@@ -335,9 +345,11 @@ def _write_all(fd: int, data: bytes | memoryview) -> None:
 
 
 def compress(path: Path) -> None:
-    """``path`` → ``path.gz`` (written aside, then renamed), then remove ``path``."""
+    """``path`` → ``path.gz`` (written aside, then renamed), then remove ``path``.
+    A crash in between leaves ``path`` whole; ``compress_leftovers`` finishes it."""
     target = path.with_name(path.name + ".gz")
-    partial = path.with_name(path.name + ".gz.partial")
+    # hidden (a leading dot): a glob of queue-*.log* never reads a half-written copy
+    partial = path.with_name(f".{path.name}.gz.partial")
     try:
         with path.open("rb") as src:
             fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)

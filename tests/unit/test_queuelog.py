@@ -168,6 +168,20 @@ async def test_rotation_by_day_and_gzip(tmp_path: Path) -> None:
     assert [r["id"] for r in read(path)] == ["new"]
 
 
+async def test_rotated_files_left_uncompressed_are_compressed_at_start(tmp_path: Path) -> None:
+    path = tmp_path / "queue-s1.log"
+    left = tmp_path / "queue-s1.log.20261121T000000Z"
+    left.write_bytes(b'{"ev":"added","t":1,"tenant":"a","type":"t","id":"left"}\n')
+    (tmp_path / ".queue-s1.log.20261121T000000Z.gz.partial").write_bytes(b"\x1f\x8b")
+    log = QueueLog(path, rotation=Rotation(gzip=True))
+    log.compress_leftovers()
+    await log.close()
+    names = [f.name for f in listing(tmp_path, "queue-s1.log*")]
+    assert names == ["queue-s1.log", "queue-s1.log.20261121T000000Z.gz"]
+    assert [r["id"] for r in read(tmp_path / names[1])] == ["left"]
+    assert not listing(tmp_path, ".*")  # the stale partial copy was overwritten and renamed
+
+
 async def test_a_line_over_the_size_limit_goes_in_whole(tmp_path: Path) -> None:
     path = tmp_path / "q.log"
     log = QueueLog(path, rotation=Rotation(max_bytes=50, daily=False))
