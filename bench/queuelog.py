@@ -4,8 +4,9 @@
   for requests of 1000 jobs (the add path at high rates), and the same for
   ``started`` and ``finished`` (the claim and release paths).
 - ``stats``: a log of ``--lines`` generated lines (written by ``QueueLog``
-  itself, rotated and gzipped in part) read by ``queue_daemon.analytics``;
-  lines per second and peak memory growth.
+  itself, rotated and gzipped in part) read by ``queue_daemon.analytics``:
+  lines per second, and the peak memory of ``queue-daemon stats`` for a tenth
+  of the lines and for all of them (constant memory: about the same).
 
     python -m bench.queuelog [--lines 1000000]
 """
@@ -17,6 +18,7 @@ import asyncio
 import os
 import random
 import resource
+import subprocess
 import sys
 import tempfile
 import time
@@ -24,7 +26,9 @@ from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from queue_daemon.analytics import Analysis, analyze
+import orjson
+
+from queue_daemon.analytics import Analysis, LogFile, analyze
 from queue_daemon.queuelog import QueueLog, Rotation
 from store.models import ClaimedJob, Release, ReleaseHow
 
@@ -114,14 +118,35 @@ async def write_log(folder: Path, lines: int) -> list[Path]:
     return await asyncio.to_thread(lambda: sorted(folder.glob("queue-1.log*")))
 
 
-def read_speed(paths: Sequence[Path]) -> tuple[float, int, float]:
-    """(lines per second, lines, MiB of peak RSS growth) of one pass of the analytics."""
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+def read_speed(paths: Sequence[Path]) -> tuple[float, int]:
+    """(lines per second, lines) of one pass of the analytics in this process."""
     began = time.perf_counter()
     analysis = analyze(paths, Analysis())
     elapsed = time.perf_counter() - began
-    grown = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
-    return analysis.lines / elapsed, analysis.lines, grown
+    return analysis.lines / elapsed, analysis.lines
+
+
+def parse_ceiling(paths: Sequence[Path]) -> float:
+    """Lines per second of reading and ``orjson.loads`` alone (no aggregation)."""
+    began = time.perf_counter()
+    lines = 0
+    for path in paths:
+        with LogFile(path) as log:
+            for raw in log.lines:
+                orjson.loads(raw)
+                lines += 1
+    return lines / (time.perf_counter() - began)
+
+
+def stats_rss(paths: Sequence[Path]) -> float:
+    """Peak RSS in MiB of ``queue-daemon stats --json PATHS`` in a process of its own
+    (the largest of this process's children so far: call with growing inputs)."""
+    subprocess.run(
+        [sys.executable, "-m", "queue_daemon", "stats", "--json", *map(str, paths)],
+        stdout=subprocess.DEVNULL,
+        check=True,
+    )
+    return resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -136,11 +161,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"queue log {name}(): {rate:,.0f} lines/s built on the event loop")
         paths = asyncio.run(write_log(folder, args.lines))
         size = sum(p.stat().st_size for p in paths) / (1 << 20)
-        rate, lines, grown = read_speed(paths)
+        rate, lines = read_speed(paths)
+        ceiling = parse_ceiling(paths)
         print(
             f"stats: {lines:,} lines in {len(paths)} files ({size:,.0f} MiB on disk, "
-            f"{sum(p.suffix == '.gz' for p in paths)} gzipped): {rate:,.0f} lines/s, "
-            f"peak memory +{grown:,.0f} MiB"
+            f"{sum(p.suffix == '.gz' for p in paths)} gzipped): {rate:,.0f} lines/s "
+            f"(reading and orjson.loads alone: {ceiling:,.0f} lines/s)"
+        )
+        (folder / "small").mkdir()
+        small = asyncio.run(write_log(folder / "small", args.lines // 10))
+        print(
+            f"stats peak memory: {stats_rss(small):,.0f} MiB for {args.lines // 10:,} lines, "
+            f"{stats_rss(paths):,.0f} MiB for {lines:,}"
         )
     return 0
 
