@@ -6,8 +6,9 @@ and runner pool → HTTP. Stop order (SIGTERM): stop accepting requests and
 finish the ones in flight → stop claiming; running jobs finish within the
 drain timeout or go back to the store at once → close the runner contexts →
 let the ingester catch up with what was acknowledged (bounded by the drain
-timeout) → close the journal (fsync) → release the sysid → close the pool →
-stop the embedded PostgreSQL if no other daemon uses it.
+timeout) → write the rest of the queue logfile (fsync) → close the journal
+(fsync) → release the sysid → close the pool → stop the embedded PostgreSQL
+if no other daemon uses it.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from queue_daemon.http import Services
 from queue_daemon.ids import IdGenerator
 from queue_daemon.ingester import Ingester
 from queue_daemon.limits import Limits
-from queue_daemon.queuelog import QueueLog
+from queue_daemon.queuelog import QueueLog, Rotation
 from queue_daemon.quotas import RateLimiter, WaitingLimiter
 from queue_daemon.routes import build_app
 from queue_daemon.server import AppRunner
@@ -176,7 +177,16 @@ class Daemon:
         await tokens.reload()
         handlers = HandlerCache(store)
         ids = IdGenerator(identity.sysid)
-        self.queuelog = queuelog = QueueLog(settings.logfile_path(identity.sysid))
+        self.queuelog = queuelog = QueueLog(
+            settings.logfile_path(identity.sysid),
+            sysid=identity.sysid,
+            rotation=Rotation(
+                max_bytes=settings.logfile_max_bytes,
+                daily=settings.logfile_daily,
+                gzip=settings.logfile_gzip,
+            ),
+        )
+        await asyncio.to_thread(queuelog.compress_leftovers)
         await asyncio.to_thread(
             protect_daemon_files,
             settings.data_dir,

@@ -55,6 +55,10 @@ def _common(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _flag(value: str) -> bool:
+    return str(value).strip().lower() not in ("", "0", "false", "no", "off")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="queue-daemon", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -67,12 +71,28 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--logfile", default=_env("logfile"), help="default DATA_DIR/queue-SYSID.log"
     )
+    serve.add_argument(
+        "--logfile-max-bytes",
+        default=_env("logfile_max_bytes", str(256 * MIB)),
+        help="rotate the queue logfile at this size (0 = never; default 256 MiB)",
+    )
+    serve.add_argument(
+        "--logfile-daily",
+        default=_env("logfile_daily", "on"),
+        help="on|off: also rotate the queue logfile at UTC midnight (default on)",
+    )
+    serve.add_argument(
+        "--logfile-gzip",
+        action="store_true",
+        default=_flag(_env("logfile_gzip", "")),
+        help="gzip rotated queue logfiles",
+    )
     serve.add_argument("--sysid", default=_env("sysid"), help="default: reserved in the store")
     serve.add_argument("--lease", default=_env("lease", "60"), help="seconds, default 60")
     serve.add_argument(
         "--no-auth",
         action="store_true",
-        default=str(_env("no_auth", "")).strip().lower() not in ("", "0", "false", "no", "off"),
+        default=_flag(_env("no_auth", "")),
         help="anonymous access (loopback addresses only)",
     )
     serve.add_argument(
@@ -200,24 +220,67 @@ def build_parser() -> argparse.ArgumentParser:
     check = jsub.add_parser("check", help="verify a journal and print what it holds")
     check.add_argument("path")
     check.add_argument("--log-level", default=_env("log_level", "WARNING"))
-    stats = sub.add_parser("stats", help="analytics from queue logfiles")
-    stats.add_argument("logfiles", nargs="+")
+    stats = sub.add_parser(
+        "stats",
+        help="analytics from queue logfiles (live, rotated or gzipped)",
+        description="Per tenant and type: jobs added, done by code, retries, queue wait "
+        "and run time percentiles, throughput per minute.",
+    )
+    stats.add_argument("logfiles", nargs="+", metavar="LOGFILE")
+    stats.add_argument("--since", help="from this time on (ISO-8601 or epoch ms)")
+    stats.add_argument("--until", help="before this time (ISO-8601 or epoch ms)")
+    stats.add_argument(
+        "--tenant", action="append", help="only this tenant (may be given more than once)"
+    )
+    stats.add_argument("--json", action="store_true", help="print the report as JSON")
+    stats.add_argument("--html", metavar="FILE", help="also write a report with charts to FILE")
     stats.add_argument("--log-level", default=_env("log_level", "WARNING"))
     return parser
 
 
+def _time_arg(value: str | None, flag: str) -> int | None:
+    from queue_daemon.analytics import parse_time
+
+    if value is None:
+        return None
+    try:
+        return parse_time(value)
+    except ValueError:
+        raise CliError(f"{flag} must be ISO-8601 or epoch milliseconds, not {value!r}") from None
+
+
 def _stats(args: argparse.Namespace) -> int:
-    from queue_daemon.queuelog import summarize
+    import orjson
+
+    from queue_daemon import analytics, report_html
 
     paths = [Path(p) for p in args.logfiles]
     for path in paths:
         if not path.is_file():
             raise CliError(f"{path} is not a file")
-    table = summarize(paths)
-    keys = sorted({key for counts in table.values() for key in counts})
-    print("\t".join(["type", *keys]))
-    for name, counts in table.items():
-        print("\t".join([name, *(str(counts.get(key, 0)) for key in keys)]))
+    analysis = analytics.Analysis(
+        since=_time_arg(args.since, "--since"),
+        until=_time_arg(args.until, "--until"),
+        tenants=frozenset(args.tenant) if args.tenant else None,
+    )
+
+    def unreadable(path: Path, exc: Exception) -> None:
+        print(f"queue-daemon: warning: {path}: {exc}", file=sys.stderr)
+
+    total = sum(path.stat().st_size for path in paths)
+    analytics.analyze(paths, analysis, progress=analytics.Progress(total), on_error=unreadable)
+    report = analysis.report([str(p) for p in paths])
+    if args.html:
+        try:
+            Path(args.html).write_text(report_html.render(report), encoding="utf-8")
+        except OSError as exc:
+            raise CliError(f"cannot write {args.html}: {exc.strerror or exc}") from None
+    if args.json:
+        sys.stdout.write(orjson.dumps(report, option=orjson.OPT_INDENT_2).decode() + "\n")
+    else:
+        sys.stdout.write(analytics.format_table(report))
+    if analysis.bad:
+        print(f"queue-daemon: {analysis.bad} bad lines skipped", file=sys.stderr)
     return 0
 
 
@@ -250,11 +313,17 @@ def settings_from(args: argparse.Namespace) -> Settings:
     port = _number(args.port, "--port", int)
     if port > 65535:
         raise CliError("--port must be at most 65535")
+    daily = str(args.logfile_daily).strip().lower()
+    if daily not in ("on", "off", "1", "0", "true", "false", "yes", "no"):
+        raise CliError("--logfile-daily must be on or off")
     return Settings(
         data_dir=Path(args.data_dir),
         store=args.store or None,
         journal=Path(args.journal) if args.journal else None,
         logfile=Path(args.logfile) if args.logfile else None,
+        logfile_max_bytes=_number(args.logfile_max_bytes, "--logfile-max-bytes", int, 0),
+        logfile_daily=_flag(daily),
+        logfile_gzip=args.logfile_gzip,
         host=args.host,
         port=port,
         sysid=args.sysid,

@@ -324,7 +324,7 @@ async def add_jobs(request: web.Request) -> web.Response:
     except JournalError as exc:
         logger.error("journal write failed: %s", exc, extra={"action": "journal_write_failed"})
         raise errors.unavailable("the journal cannot be written; nothing was accepted") from None
-    services.queuelog.added(stored_type, ids, now_ms)
+    services.queuelog.added(stored_type, ids, lines, now_ms, dt_ms)
     return json_response({"ids": ids})
 
 
@@ -376,6 +376,7 @@ async def cancel_job(request: web.Request) -> web.Response:
         raise errors.not_found("no such job (or not yet in the store)") from None
     except Conflict:
         raise ApiError(409, "conflict", "only a waiting job can be cancelled") from None
+    services.queuelog.cancelled(f"{client}-{job.type}", job.id)
     return json_response(job_body(job))
 
 

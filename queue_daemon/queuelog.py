@@ -1,88 +1,229 @@
-"""The queue logfile: one JSON object per line for each job added, started and finished.
+"""The queue logfile: one JSON object per line for every event of a job's life.
 
-It is the record analytics read (``queue-daemon stats``), not a durability
-mechanism: lines are buffered and written in the background, never fsynced.
+It is the record analytics read (``queue-daemon stats``, ``queue_daemon.analytics``),
+not a durability mechanism: lines are built on the event loop (plain string
+building of fields that never need JSON escaping: ids, sysids, client and type
+names, codes), buffered, and written by one background thread. The thread also
+rotates the file (by size and at UTC midnight) between whole lines, and
+``close()`` writes what is left and fsyncs, so a SIGTERM loses no line.
+
+Every line has ``ev`` (the kind), ``t`` (epoch ms), ``tenant`` and ``type`` (the
+stored jobtype ``client-type`` split at its first ``-``); the README lists each
+kind with an example.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import gzip
 import logging
 import os
+import shutil
 import time
-from collections import Counter, defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from itertools import repeat
 from pathlib import Path
 
 import orjson
 
-from store.models import Release
+from store.models import ClaimedJob, Release, ReleaseHow
 
 logger = logging.getLogger(__name__)
 
 FLUSH_BYTES = 1 << 20
+_RETRY = ReleaseHow.RETRY  # a module constant: enum member lookups are slow on the hot path
+DEFAULT_MAX_BYTES = 256 << 20
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Rotation:
+    """When the live file is renamed aside and a new one started."""
+
+    max_bytes: int = DEFAULT_MAX_BYTES  # 0 = never by size
+    daily: bool = True  # at the first write after UTC midnight
+    gzip: bool = False  # compress rotated files (in another thread)
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def payload_size(payload: str) -> int:
+    """Bytes of a payload line in UTF-8 (without encoding the common ASCII case)."""
+    return len(payload) if payload.isascii() else len(payload.encode())
+
+
+def payload_sizes(payloads: Sequence[str]) -> Iterable[int]:
+    if all(map(str.isascii, payloads)):
+        return map(len, payloads)
+    return map(payload_size, payloads)
+
+
+def _head(kind: str, at_ms: int, jobtype: str) -> str:
+    tenant, _, name = jobtype.partition("-")
+    return f'{{"ev":"{kind}","t":{at_ms},"tenant":"{tenant}","type":"{name}"'
+
+
+def _due_ms(job: ClaimedJob) -> int:
+    if job.due_ms is not None:
+        return job.due_ms
+    return int(job.create_dt.timestamp() * 1000)
+
+
+def _str(value: str | None) -> str:
+    return "null" if value is None else f'"{value}"'
+
+
+def _int(value: int | None) -> str:
+    return "null" if value is None else str(value)
 
 
 class QueueLog:
-    def __init__(self, path: Path) -> None:
+    """The append-only queue logfile of one daemon (``sysid``)."""
+
+    def __init__(self, path: Path, *, sysid: str = "", rotation: Rotation | None = None) -> None:
         self.path = path
+        self.sysid = sysid
+        self.rotation = rotation or Rotation()
         self._parts: list[str] = []
         self._size = 0
         self._wake = asyncio.Event()
-        self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="queuelog")
+        self._compressor: ThreadPoolExecutor | None = None
+        self._sys = f',"sysid":"{sysid}"'
+        # touched only by the writer thread (and here, before it starts)
+        self._fd = -1
+        self._file_bytes = 0
+        self._file_day = ""
+        self._open()
 
-    def added(self, jobtype: str, ids: Sequence[str], at_ms: int) -> None:
-        self.event("added", jobtype, ids, at_ms)
+    # --- events (on the event loop; cheap) ----------------------------------
 
-    def event(self, kind: str, jobtype: str, ids: Sequence[str], at_ms: int | None = None) -> None:
-        """One line per id: ``{"ev": kind, "t": ms, "type": …, "id": …}``."""
-        if at_ms is None:
-            at_ms = time.time_ns() // 1_000_000
-        # ids and jobtypes never need JSON escaping (see names.py and ids.py)
-        head = f'{{"ev":"{kind}","t":{at_ms},"type":"{jobtype}","id":"'
-        self._append(head + ('"}\n' + head).join(ids) + '"}\n')
+    def added(
+        self, jobtype: str, ids: Sequence[str], payloads: Sequence[str], at_ms: int, dt_ms: int
+    ) -> None:
+        """One line per job accepted: its id and payload size; ``dt`` its eligible time.
 
-    def finished(self, jobtype: str, releases: Sequence[Release]) -> None:
-        """One line per run that ended: its outcome, and whether the job is done."""
-        at_ms = time.time_ns() // 1_000_000
+        The hot path of adds (1000 lines a request): the lines are joined from
+        their constant parts and each job's id and size, without a dict or a
+        format call per job."""
+        head = _head("added", at_ms, jobtype) + ',"id":"'
+        tail = f'{self._sys},"dt":{dt_ms}}}\n'
+        sizes = map(str, payload_sizes(payloads))
+        self._append(
+            "".join(map("".join, zip(repeat(head), ids, repeat('","size":'), sizes, repeat(tail))))
+        )
+
+    def started(self, jobtype: str, jobs: Sequence[ClaimedJob], at_ms: int | None = None) -> None:
+        """One line per claimed job: its attempt and how long it waited since it was due,
+        ``wait_ms = start - max(create time, dt)``."""
+        at_ms = now_ms() if at_ms is None else at_ms
+        head = _head("started", at_ms, jobtype) + ',"id":"'
+        sys_part = self._sys
         self._append(
             "".join(
-                orjson.dumps(
-                    {
-                        "ev": "finished",
-                        "t": at_ms,
-                        "type": jobtype,
-                        "id": r.id,
-                        "code": r.code,
-                        "exitcode": r.exitcode,
-                        "how": r.how.value,
-                    }
-                ).decode()
-                + "\n"
-                for r in releases
+                [
+                    f'{head}{job.id}","attempt":{job.attempts}{sys_part},'
+                    f'"wait_ms":{max(0, at_ms - _due_ms(job))}}}\n'
+                    for job in jobs
+                ]
+            )
+        )
+
+    def finished(
+        self,
+        jobtype: str,
+        releases: Sequence[Release],
+        *,
+        attempts: Mapping[str, int] | None = None,
+        run_ms: Mapping[str, float] | None = None,
+    ) -> None:
+        """One line per run that ended (``how``: archive = done, retry, unget = put
+        back without counting), and a ``retry`` line for each job that will run again."""
+        at_ms = now_ms()
+        head = _head("finished", at_ms, jobtype) + ',"id":"'
+        attempts = attempts or {}
+        run_ms = run_ms or {}
+        sys_part = self._sys
+        # the code/exitcode/how part repeats within a batch: built once per kind
+        # (keyed by identity of the how: hashing an enum member is a Python-level call)
+        outcomes: dict[tuple[str | None, int | None, int], tuple[str, str]] = {}
+        parts = []
+        for r in releases:
+            key = (r.code, r.exitcode, id(r.how))
+            outcome = outcomes.get(key)
+            if outcome is None:
+                outcome = outcomes[key] = (
+                    f',"code":{_str(r.code)},"exitcode":{_int(r.exitcode)},"run_ms":',
+                    f',"how":"{r.how.value}"}}\n',
+                )
+            ran = run_ms.get(r.id)
+            attempt = attempts.get(r.id)
+            parts.append(
+                f'{head}{r.id}","attempt":{"null" if attempt is None else attempt}{sys_part}'
+                f"{outcome[0]}{'null' if ran is None else f'{ran:.3f}'}{outcome[1]}"
+            )
+            if r.how is _RETRY:
+                delay = int(r.delay * 1000)
+                parts.append(
+                    f'{_head("retry", at_ms, jobtype)},"id":"{r.id}","attempt":{_int(attempt)}'
+                    f'{sys_part},"code":{_str(r.code)},"exitcode":{_int(r.exitcode)},'
+                    f'"delay_ms":{delay},"dt":{at_ms + delay}}}\n'
+                )
+        self._append("".join(parts))
+
+    def expired(self, jobs: Iterable[tuple[str, str, int]]) -> None:
+        """Locks that ran out (a daemon died or stalled): ``(id, jobtype, attempts)``
+        of each job made eligible again; ``sysid`` is the daemon that expired them."""
+        at_ms = now_ms()
+        self._append(
+            "".join(
+                f'{_head("expired", at_ms, jobtype)},"id":"{job_id}","attempt":{attempts}'
+                f"{self._sys}}}\n"
+                for job_id, jobtype, attempts in jobs
+            )
+        )
+
+    def cancelled(self, jobtype: str, job_id: str) -> None:
+        self._append(f'{_head("cancelled", now_ms(), jobtype)},"id":"{job_id}"{self._sys}}}\n')
+
+    def purged(self, counts: Mapping[str, int]) -> None:
+        """Archived jobs deleted after the retention time, counted per jobtype."""
+        at_ms = now_ms()
+        self._append(
+            "".join(
+                f'{_head("purged", at_ms, jobtype)},"n":{n}{self._sys}}}\n'
+                for jobtype, n in sorted(counts.items())
             )
         )
 
     def log(self, jobtype: str, job_id: str, lines: Sequence[str]) -> None:
         """What a run printed that was neither a follow-on job nor a status line
         (already bounded by the runner): ``{"ev": "log", …, "lines": […]}``."""
+        tenant, _, name = jobtype.partition("-")
         record = {
             "ev": "log",
-            "t": time.time_ns() // 1_000_000,
-            "type": jobtype,
+            "t": now_ms(),
+            "tenant": tenant,
+            "type": name,
             "id": job_id,
             "lines": list(lines),
         }
         self._append(orjson.dumps(record).decode() + "\n")
 
     def _append(self, text: str) -> None:
+        if not text:
+            return
         self._parts.append(text)
         self._size += len(text)
         if self._size >= FLUSH_BYTES:
             self._wake.set()
+
+    # --- writing (the writer thread does the I/O) ----------------------------
 
     async def run(self, interval: float = 0.2) -> None:
         while True:
@@ -91,44 +232,140 @@ class QueueLog:
             self._wake.clear()
             await self.flush()
 
-    async def flush(self) -> None:
-        if not self._parts:
-            return
+    async def flush(self, *, sync: bool = False) -> None:
+        """Hand what is buffered to the writer thread and wait until it is written.
+
+        Buffers are taken in call order and the writer is one thread, so lines
+        reach the file in the order they were logged, even when a ``flush`` is
+        cancelled (its write still happens)."""
         data = "".join(self._parts).encode()
         self._parts.clear()
         self._size = 0
+        if not data and not sync:
+            return
         loop = asyncio.get_running_loop()
         try:
-            await loop.run_in_executor(self._executor, _write_all, self._fd, data)
+            await loop.run_in_executor(self._executor, self._write, data, sync)
         except OSError as exc:
             logger.warning("queue log write failed: %s", exc, extra={"action": "queuelog_failed"})
 
     async def close(self) -> None:
-        await self.flush()
-        os.close(self._fd)
+        """Write the rest, fsync, close; wait for compressions of rotated files."""
+        await self.flush(sync=True)
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(self._executor, self._close_fd)
         self._executor.shutdown(wait=True)
+        if self._compressor is not None:
+            await asyncio.to_thread(self._compressor.shutdown, True)
+
+    def _open(self) -> None:
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        info = os.fstat(self._fd)
+        self._file_bytes = info.st_size
+        when = info.st_mtime if info.st_size else time.time()
+        self._file_day = datetime.fromtimestamp(when, UTC).strftime("%Y%m%d")
+
+    def _close_fd(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    def _write(self, data: bytes, sync: bool) -> None:
+        view = memoryview(data)
+        while view:
+            if self._fd < 0:
+                self._open()
+            if self._due_by_day():
+                self._rotate()
+            chunk = self._fitting(view)
+            _write_all(self._fd, chunk)
+            self._file_bytes += len(chunk)
+            view = view[len(chunk) :]
+        if sync and self._fd >= 0:
+            os.fsync(self._fd)
+
+    def _due_by_day(self) -> bool:
+        if not self.rotation.daily or not self._file_bytes:
+            return False
+        return datetime.now(UTC).strftime("%Y%m%d") != self._file_day
+
+    def _fitting(self, view: memoryview) -> memoryview:
+        """The leading whole lines of ``view`` that fit the size limit; rotates
+        first when not even one line fits a non-empty file."""
+        limit = self.rotation.max_bytes
+        if not limit or self._file_bytes + len(view) <= limit:
+            return view
+        room = limit - self._file_bytes
+        cut = bytes(view[: max(room, 0)]).rfind(b"\n") + 1 if room > 0 else 0
+        if cut:
+            return view[:cut]
+        if self._file_bytes:
+            self._rotate()
+            return self._fitting(view)
+        # an empty file and a first line over the limit: the line goes in whole
+        end = bytes(view).find(b"\n") + 1
+        return view[: end or len(view)]
+
+    def _rotate(self) -> None:
+        """Rename the live file aside as ``NAME.YYYYmmddTHHMMSSZ`` and start a new one."""
+        os.fsync(self._fd)
+        self._close_fd()
+        stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+        target = self.path.with_name(f"{self.path.name}.{stamp}")
+        n = 1
+        while target.exists() or target.with_name(target.name + ".gz").exists():
+            target = self.path.with_name(f"{self.path.name}.{stamp}-{n}")
+            n += 1
+        os.rename(self.path, target)
+        self._open()
+        logger.info("queue log rotated to %s", target.name, extra={"action": "queuelog_rotated"})
+        if self.rotation.gzip:
+            self._compress(target)
+
+    def _compress(self, path: Path) -> None:
+        if self._compressor is None:
+            self._compressor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="queuelog-gzip")
+        self._compressor.submit(compress, path)
+
+    def compress_leftovers(self) -> None:
+        """Compress rotated files a stopped daemon left uncompressed (blocking: the
+        listing; the compression runs in the background)."""
+        if not self.rotation.gzip:
+            return
+        for path in sorted(self.path.parent.glob(f"{self.path.name}.2*")):
+            if path.suffix not in (".gz", ".partial") and path.is_file():
+                self._compress(path)
 
 
-def _write_all(fd: int, data: bytes) -> None:
+def _write_all(fd: int, data: bytes | memoryview) -> None:
     view = memoryview(data)
     while view:
         written = os.write(fd, view)
         view = view[written:]
 
 
-def summarize(paths: Iterable[Path]) -> dict[str, dict[str, int]]:
-    """Per jobtype: counts of each event (and each outcome code for finished jobs)."""
-    table: dict[str, Counter[str]] = defaultdict(Counter)
-    for path in paths:
-        with path.open("rb") as lines:
-            for raw in lines:
-                try:
-                    record = orjson.loads(raw)
-                except orjson.JSONDecodeError:
-                    table["(unreadable)"]["lines"] += 1
-                    continue
-                key = record.get("ev", "?")
-                if key == "finished" and record.get("code"):
-                    key = f"finished_{record['code']}"
-                table[str(record.get("type", "?"))][key] += 1
-    return {name: dict(counts) for name, counts in sorted(table.items())}
+def compress(path: Path) -> None:
+    """``path`` → ``path.gz`` (written aside, then renamed), then remove ``path``.
+    A crash in between leaves ``path`` whole; ``compress_leftovers`` finishes it."""
+    target = path.with_name(path.name + ".gz")
+    # hidden (a leading dot): a glob of queue-*.log* never reads a half-written copy
+    partial = path.with_name(f".{path.name}.gz.partial")
+    try:
+        with path.open("rb") as src:
+            fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb") as out:
+                shutil.copyfileobj(src, out, 1 << 20)
+                out.flush()
+            with open(partial, "rb") as done:
+                os.fsync(done.fileno())
+        os.rename(partial, target)
+        os.unlink(path)
+    except OSError as exc:
+        logger.warning(
+            "rotated queue log %s not compressed: %s",
+            path,
+            exc,
+            extra={"action": "queuelog_gzip_failed"},
+        )
+        with contextlib.suppress(OSError):
+            os.unlink(partial)

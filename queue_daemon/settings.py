@@ -17,6 +17,9 @@ class Settings:
     store: str | None = None  # DSN; None = embedded PostgreSQL in data_dir/pg
     journal: Path | None = None  # default data_dir/journal-<sysid>
     logfile: Path | None = None  # default data_dir/queue-<sysid>.log
+    logfile_max_bytes: int = 256 * MIB  # rotate the queue logfile at this size (0 = never)
+    logfile_daily: bool = True  # and at the first write after UTC midnight
+    logfile_gzip: bool = False  # gzip rotated queue logfiles (in a background thread)
     host: str = "127.0.0.1"
     port: int = 8080
     sysid: str | None = None  # None = reserved automatically in the store

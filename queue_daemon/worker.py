@@ -166,11 +166,15 @@ class Worker:
             await self._store.renew(ids, sysid=self._sysid, lease=self._settings.lease)
 
     async def _expire(self) -> None:
-        if await self._store.expire_locks():
+        expired = await self._store.expire_locks()
+        if expired:
+            self._queuelog.expired(expired)
             self.on_jobs()
 
     async def _purge(self) -> None:
-        await self._store.purge(self._settings.retention)
+        purged = await self._store.purge(self._settings.retention)
+        if purged:
+            self._queuelog.purged(purged)
 
     async def _waiting_jobtypes(self) -> dict[str, int]:
         now = time.monotonic()
@@ -247,7 +251,7 @@ class Worker:
         for job in jobs:
             self._running[job.id] = job
         self.started += len(jobs)
-        self._queuelog.event("started", jobtype, [job.id for job in jobs])
+        self._queuelog.started(jobtype, jobs)
         task = asyncio.create_task(self._run_batch(jobtype, spec, jobs))
         self._batches.add(task)
         task.add_done_callback(self._batches.discard)
@@ -257,12 +261,13 @@ class Worker:
         self, jobtype: str, spec: HandlerSpec | None, jobs: list[ClaimedJob]
     ) -> None:
         releases: list[Release] = []
+        run_ms: dict[str, float] = {}
         try:
             if spec is None:  # deleted between the check and the claim
                 policy = Policy(job_ttl=self._settings.job_ttl)
                 releases = [no_handler(job, policy) for job in jobs]
             else:
-                releases = await self._run(spec, jobs)
+                releases = await self._run(spec, jobs, run_ms)
         except asyncio.CancelledError:
             releases = [put_back(job) for job in jobs]  # shutdown: another daemon runs them
             raise
@@ -270,7 +275,7 @@ class Worker:
             logger.exception("batch of %s failed", jobtype, extra={"action": "batch_failed"})
             releases = [put_back(job) for job in jobs]
         finally:
-            await asyncio.shield(self._finish(jobtype, jobs, releases))
+            await asyncio.shield(self._finish(jobtype, jobs, releases, run_ms))
 
     async def _expire_unhandled(self, jobtype: str) -> None:
         """Archive the jobs of a type without a handler whose time ran out."""
@@ -304,11 +309,20 @@ class Worker:
         old = self._job_seconds.get(jobtype)
         self._job_seconds[jobtype] = per_job if old is None else 0.5 * (old + per_job)
 
-    async def _run(self, spec: HandlerSpec, jobs: list[ClaimedJob]) -> list[Release]:
+    async def _run(
+        self, spec: HandlerSpec, jobs: list[ClaimedJob], run_ms: dict[str, float]
+    ) -> list[Release]:
+        """The releases of a batch's runs; ``run_ms`` gets each run's time (measured
+        by the runner, else the batch's time shared out)."""
         inputs = [JobInput(id=job.id, payload=job.data, attempt=job.attempts) for job in jobs]
         began = time.monotonic()
         results = await self._pool.run_batch(spec, inputs)
-        self._timed(jobs[0].type, time.monotonic() - began, len(jobs))
+        elapsed = time.monotonic() - began
+        self._timed(jobs[0].type, elapsed, len(jobs))
+        share = elapsed * 1000 / len(jobs)
+        for ran in results:
+            if ran.ran:
+                run_ms[ran.id] = share if ran.run_ms is None else ran.run_ms
         by_id = {result.id: result for result in results}
         policy = Policy(max_attempts=spec.max_attempts, job_ttl=self._settings.job_ttl)
         now = datetime.now(UTC)
@@ -378,13 +392,19 @@ class Worker:
                 jobtype = f"{client}-{name}"
                 ids = self._ids.next_ids(len(payloads))
                 await self._journal.write(jobtype, ids, payloads, create_ms=now_ms, dt_ms=now_ms)
-                self._queuelog.added(jobtype, ids, now_ms)
+                self._queuelog.added(jobtype, ids, payloads, now_ms, now_ms)
         except (JournalError, ValueError) as exc:
             logger.error("follow-on jobs not written: %s", exc, extra={"action": "emit_failed"})
             return False
         return True
 
-    async def _finish(self, jobtype: str, jobs: list[ClaimedJob], releases: list[Release]) -> None:
+    async def _finish(
+        self,
+        jobtype: str,
+        jobs: list[ClaimedJob],
+        releases: list[Release],
+        run_ms: dict[str, float],
+    ) -> None:
         delay = 0.05
         while releases:
             try:
@@ -401,5 +421,7 @@ class Worker:
         self._unlearn(jobtype)
         self._scheduler.jobs_stopped(jobtype, len(jobs))
         self.finished += len(jobs)
-        self._queuelog.finished(jobtype, releases)
+        self._queuelog.finished(
+            jobtype, releases, attempts={job.id: job.attempts for job in jobs}, run_ms=run_ms
+        )
         self._wake.set()

@@ -230,6 +230,7 @@ class Context:
         index = 0
         problem: str | None = None
         self._deadline = loop.time() + timeout
+        began = loop.time()  # of the running job (a job without a start: since the last result)
         self._timed_out = False
         self._timer = loop.call_at(self._deadline, self._check_deadline)
         try:
@@ -254,10 +255,13 @@ class Context:
                         raise ProtocolError(f"unexpected start of job {job_id!r}")
                     running = jobs[index]
                     index += 1
+                    began = loop.time()
                 elif op == "result":
                     if running is None or job_id != running.id:
                         raise ProtocolError(f"unexpected result of job {job_id!r}")
-                    results.append(self._job_result(running, message))
+                    now = loop.time()
+                    results.append(self._job_result(running, message, (now - began) * 1000))
+                    began = now
                     running = None
                 elif op == "done":
                     if running is not None or index < len(jobs):
@@ -341,7 +345,7 @@ class Context:
         tail = [line for line in self.output.tail(STDERR_TAIL) if line.strip()]
         return f"{text}: " + " | ".join(tail) if tail else text
 
-    def _job_result(self, job: JobInput, message: dict[str, Any]) -> JobResult:
+    def _job_result(self, job: JobInput, message: dict[str, Any], run_ms: float) -> JobResult:
         exitcode = message.get("exitcode")
         result = message.get("result")
         output = message.get("output")
@@ -355,7 +359,7 @@ class Context:
         ):  # the common case, quickly
             if result is not None:
                 result = clip(result, self._limits.max_result_bytes)
-            return JobResult(id=job.id, exitcode=exitcode, result=result)
+            return JobResult(id=job.id, exitcode=exitcode, result=result, run_ms=run_ms)
         pairs: list[tuple[object, object]] = []
         if isinstance(emits, list):
             for emit in emits:
@@ -381,6 +385,7 @@ class Context:
             emits=parsed.emits,
             log=parsed.log,
             dropped=parsed.dropped,
+            run_ms=run_ms,
         )
 
     # ------------------------------------------------------------------ close

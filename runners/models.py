@@ -52,3 +52,5 @@ class JobResult:
     # False when the job never started (its context died or timed out on an
     # earlier job of the batch): the daemon puts it back without counting a run
     ran: bool = True
+    # milliseconds from its start to its result, when the runner measured it
+    run_ms: float | None = None

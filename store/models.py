@@ -82,6 +82,16 @@ class ClaimedJob:
     data: str
     attempts: int  # including this run
     create_dt: datetime
+    # epoch ms since when it was due, max(create_dt, dt before the claim); for the queue log
+    due_ms: int | None = None
+
+
+class ExpiredLock(NamedTuple):
+    """A running job whose lock ran out and that is eligible again."""
+
+    id: str
+    type: str  # stored jobtype, "client-type"
+    attempts: int
 
 
 class ReleaseHow(enum.StrEnum):

@@ -22,6 +22,7 @@ from store.migrate import applied_migrations as _applied_versions
 from store.migrate import migrate as apply_migrations
 from store.models import (
     ClaimedJob,
+    ExpiredLock,
     HandlerRecord,
     Job,
     JobPage,
@@ -465,6 +466,7 @@ class PgStore:
                 data=row["data"],
                 attempts=row["attempts"],
                 create_dt=row["create_dt"],
+                due_ms=row["due_ms"],
             )
             for row in rows
         ]
@@ -511,21 +513,19 @@ class PgStore:
             )
         return int(status.rsplit(" ", 1)[1])
 
-    async def expire_locks(self) -> int:
-        async with self._conn() as conn:
-            status = await conn.execute(queries.EXPIRE_LOCKS)
-        return int(status.rsplit(" ", 1)[1])
+    async def expire_locks(self) -> list[ExpiredLock]:
+        rows = await self._fetch(queries.EXPIRE_LOCKS)
+        return [ExpiredLock(row["id"], row["type"], row["attempts"]) for row in rows]
 
-    async def purge(self, older_than: float) -> int:
+    async def purge(self, older_than: float) -> dict[str, int]:
         """Delete archived jobs done more than ``older_than`` seconds ago, at
         most ``PURGE_CHUNK`` rows a statement (each its own short transaction)."""
-        purged = 0
+        purged: dict[str, int] = {}
         while True:
-            async with self._conn() as conn:
-                status = await conn.execute(queries.PURGE_CHUNK, float(older_than), PURGE_CHUNK)
-            deleted = int(status.rsplit(" ", 1)[1])  # "DELETE <n>"
-            purged += deleted
-            if deleted < PURGE_CHUNK:
+            rows = await self._fetch(queries.PURGE_CHUNK, float(older_than), PURGE_CHUNK)
+            for row in rows:
+                purged[row["type"]] = purged.get(row["type"], 0) + row["n"]
+            if sum(row["n"] for row in rows) < PURGE_CHUNK:
                 return purged
 
     async def notify_jobs(self) -> None:

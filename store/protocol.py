@@ -7,6 +7,7 @@ from typing import Protocol
 
 from store.models import (
     ClaimedJob,
+    ExpiredLock,
     HandlerRecord,
     Job,
     JobPage,
@@ -138,12 +139,14 @@ class Store(Protocol):
     async def release(self, releases: Sequence[Release], *, sysid: str) -> int:
         """Apply each release to its job if locked by ``sysid``; return how many applied."""
 
-    async def expire_locks(self) -> int:
+    async def expire_locks(self) -> list[ExpiredLock]:
         """Unlock (lock '', eligible now) running jobs whose lease passed, and at
-        once those locked by a sysid whose lease lapsed or that was released."""
+        once those locked by a sysid whose lease lapsed or that was released;
+        return them."""
 
-    async def purge(self, older_than: float) -> int:
-        """Delete archived jobs done more than ``older_than`` seconds ago."""
+    async def purge(self, older_than: float) -> dict[str, int]:
+        """Delete archived jobs done more than ``older_than`` seconds ago; return
+        how many per stored jobtype."""
 
     async def notify_jobs(self) -> None:
         """Wake listening daemons: new eligible jobs may exist."""

@@ -362,11 +362,17 @@ FOR UPDATE SKIP LOCKED
 # $3 sysid, $4 lease seconds. `= ANY(ARRAY(...))` rather than `IN (...)`: the
 # array is computed first and the update then reads the primary key; with IN
 # the planner sometimes joined against a scan of the whole table (DESIGN.md).
+# due_ms: since when the job was due, in epoch ms: the later of its creation
+# and its dt before this update (a subquery in RETURNING reads the statement's
+# snapshot, which does not see the statement's own changes); the queue log
+# reports how long each job waited from then.
 CLAIM = f"""
 UPDATE jobs
 SET lock = $3, dt = now() + make_interval(secs => $4), attempts = attempts + 1
 WHERE id = ANY(ARRAY({CLAIM_IDS}))
-RETURNING id, type, data, attempts, create_dt
+RETURNING id, type, data, attempts, create_dt,
+          (SELECT floor(extract(epoch FROM greatest(o.dt, o.create_dt)) * 1000)::bigint
+           FROM jobs o WHERE o.id = jobs.id) AS due_ms
 """
 
 # Waiting jobs of type $1 created more than $2 seconds ago are done with
@@ -429,17 +435,23 @@ WHERE id = ANY(ARRAY(
       AND (j.dt < now() OR s.expires < now() OR s.released_at IS NOT NULL)
     FOR UPDATE OF j SKIP LOCKED
 ))
+RETURNING id, type, attempts
 """
 
-# $1 retention seconds, $2 chunk size: one bounded chunk per statement.
+# $1 retention seconds, $2 chunk size: one bounded chunk per statement; the
+# rows deleted, counted per jobtype (for the queue log).
 PURGE_CHUNK = """
-DELETE FROM jobs
-WHERE id = ANY(ARRAY(
-    SELECT id FROM jobs
-    WHERE lock = '__done' AND done_dt < now() - make_interval(secs => $1)
-    LIMIT $2
-    FOR UPDATE SKIP LOCKED
-))
+WITH gone AS (
+    DELETE FROM jobs
+    WHERE id = ANY(ARRAY(
+        SELECT id FROM jobs
+        WHERE lock = '__done' AND done_dt < now() - make_interval(secs => $1)
+        LIMIT $2
+        FOR UPDATE SKIP LOCKED
+    ))
+    RETURNING type
+)
+SELECT type, count(*)::int AS n FROM gone GROUP BY type
 """
 
 # For benchmarks only: $1 waiting jobs over $3 types (bench-t0 ...), eligible

@@ -15,7 +15,7 @@ import pytest
 from store import queries
 from store.errors import NotFound
 from store.migrate import available_migrations
-from store.models import JobState, NewJob, Release, ReleaseHow
+from store.models import ExpiredLock, JobState, NewJob, Release, ReleaseHow
 from store.pg import PgStore
 
 LEASE = 60.0
@@ -79,6 +79,26 @@ async def test_claim_takes_oldest_dt_first_up_to_limit(store: PgStore) -> None:
     await store.add_jobs([job(f"j{i}", dt=base + timedelta(seconds=10 - i)) for i in range(10)])
     claimed = await store.claim("a-t", 3, sysid="s1", lease=LEASE)
     assert sorted(j.id for j in claimed) == ["j7", "j8", "j9"]
+
+
+async def test_claim_returns_since_when_each_job_was_due(store: PgStore) -> None:
+    """max(creation, dt before the claim): the queue log measures the wait from it."""
+    now = datetime.now(UTC)
+    created = now - timedelta(minutes=10)
+    delayed = now - timedelta(minutes=5)  # scheduled after its creation
+    backdated = now - timedelta(hours=1)  # a dt in the past counts from the creation
+    await store.add_jobs(
+        [
+            NewJob(id="delayed", type="a-t", dt=delayed, data="", create_dt=created),
+            NewJob(id="backdated", type="a-t", dt=backdated, data="", create_dt=created),
+        ]
+    )
+    claimed = await store.claim("a-t", 5, sysid="s1", lease=LEASE)
+
+    def ms(when: datetime) -> int:
+        return int(when.timestamp() * 1000)
+
+    assert {j.id: j.due_ms for j in claimed} == {"delayed": ms(delayed), "backdated": ms(created)}
 
 
 async def test_concurrent_claims_are_disjoint_and_complete(pg_dsn: str) -> None:
@@ -185,12 +205,12 @@ async def test_expire_locks_after_lease(store: PgStore, conn: asyncpg.Connection
     await conn.execute("UPDATE jobs SET dt = now() - interval '1 second' WHERE id = 'short'")
     await conn.execute("UPDATE jobs SET lock = '__done', dt = now() - interval '1 s' "
                        "WHERE id = 'done'")  # fmt: skip
-    assert await store.expire_locks() == 1
+    assert await store.expire_locks() == [ExpiredLock("short", "a-t", 1)]
     assert (await row(conn, "short"))["lock"] == ""
     assert (await row(conn, "long"))["lock"] == "s1"
     assert (await row(conn, "done"))["lock"] == "__done"
     assert [j.id for j in await store.claim("a-t", 5, sysid="s2", lease=LEASE)] == ["short"]
-    assert await store.expire_locks() == 0
+    assert await store.expire_locks() == []
 
 
 async def test_expire_locks_of_dead_sysids_at_once(
@@ -206,7 +226,7 @@ async def test_expire_locks_of_dead_sysids_at_once(
     await conn.execute("UPDATE sysids SET expires = now() - interval '1 s' WHERE sysid = $1",
                        lapsed)  # fmt: skip
 
-    assert await store.expire_locks() == 4
+    assert len(await store.expire_locks()) == 4
     locks = [r["lock"] for r in await conn.fetch("SELECT lock FROM jobs ORDER BY lock")]
     assert locks == ["", "", "", "", live, live]
     assert len(await store.claim("a-t", 10, sysid=live, lease=60)) == 4
@@ -224,10 +244,10 @@ async def test_purge_only_old_archived_jobs(store: PgStore, conn: asyncpg.Connec
     )
     await conn.execute("UPDATE jobs SET lock = 's1', done_dt = now() - interval '1 day' "
                        "WHERE id = 'j3'")  # fmt: skip
-    assert await store.purge(3600) == 2
+    assert await store.purge(3600) == {"a-t": 2}
     ids = [r["id"] for r in await conn.fetch("SELECT id FROM jobs ORDER BY id")]
     assert ids == ["j2", "j3", "j4"]
-    assert await store.purge(3600) == 0
+    assert await store.purge(3600) == {}
 
 
 async def test_purge_goes_in_chunks(
@@ -238,7 +258,7 @@ async def test_purge_goes_in_chunks(
     await conn.execute(
         "UPDATE jobs SET lock = '__done', done_dt = now() - interval '1 day' WHERE id < 'j21'"
     )
-    assert await store.purge(60) == 21  # 7 + 7 + 7 + 0
+    assert await store.purge(60) == {"a-t": 21}  # 7 + 7 + 7 + 0
     assert await conn.fetchval("SELECT count(*) FROM jobs") == 9
 
 
