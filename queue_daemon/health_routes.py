@@ -21,7 +21,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from queue_daemon.http import SERVICES, Services, authorize_admin, json_response
 from store.errors import StoreError
 
-PING_TIMEOUT_S = 2.0  # a store that takes longer to answer SELECT 1 counts as unreachable
+PING_TIMEOUT_S = 2.0  # a store that takes longer to answer a ping counts as unreachable
 
 
 async def _ping(services: Services) -> str | None:
