@@ -49,6 +49,7 @@ logger = logging.getLogger(__name__)
 
 OTHER = "_other"  # the label value of tenants and types beyond the caps
 DEPTH_TTL_S = 5.0  # the queue depth is read from the store at most this often
+DEPTH_TIMEOUT_S = 5.0  # longer, and the scrape reports the last counts with queue_store_up 0
 DEPTH_CAP = 1_000_000  # waiting (and scheduled) jobs counted per type; the gauge saturates there
 NO_CODE = "requeued"  # the code label of a run that ended without an outcome (put back)
 
@@ -268,9 +269,10 @@ class Metrics:
     async def _read_depth(self, store: Store) -> None:
         loop = asyncio.get_running_loop()
         try:
-            self._depth = await store.queue_depth(DEPTH_CAP)
+            # bounded: a scrape must not hang on a store that does not answer
+            self._depth = await asyncio.wait_for(store.queue_depth(DEPTH_CAP), DEPTH_TIMEOUT_S)
             self._depth_ok = True
-        except StoreError as exc:
+        except (StoreError, TimeoutError) as exc:
             if self._depth_ok is not False:
                 logger.warning(
                     "queue depth not read: %s", exc, extra={"action": "metrics_depth_failed"}

@@ -210,9 +210,13 @@ async def test_readyz_is_503_with_reasons_while_the_store_is_down(
 ) -> None:
     dsn = own_pg.start()
     token = add_tenant("t", store=dsn, data_dir=data_dir, cwd=tmp_path)
+    done = run_cli("admin", "token", *store_args(dsn, data_dir), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    admin = done.stdout.strip().splitlines()[-1]
     daemon = daemons.start(data_dir, dsn, "--ready-lag", "1")
     api = Api(session, daemon.url, "t", token)
     assert (await api.readyz()).status == 200
+    assert value(await scrape(api.as_("t", admin)), "queue_store_up") == 1
 
     own_pg.stop()
     [job_id] = await api.add("later", ["kept in the journal"])
@@ -237,6 +241,15 @@ async def test_readyz_is_503_with_reasons_while_the_store_is_down(
     assert health.status == 200, health
     assert health.json["store"] == "unreachable", health
     assert health.json["ingest_lag"]["lines"] >= 1, health
+    # the metrics still answer (tokens are cached), and say the store is down
+
+    async def store_down() -> Samples | None:
+        got = await scrape(api.as_("t", admin))
+        return got if value(got, "queue_store_up") == 0 else None
+
+    down = await until(store_down, 30, "queue_store_up 0", interval=0.5)
+    assert value(down, "queue_journal_unread_lines") >= 1
+    assert value(down, "queue_ingest_lag_seconds") > 1
 
     assert own_pg.start() == dsn
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from queue_daemon.cli import CliError, build_parser, settings_from
 from queue_daemon.metrics import OTHER, LabelCap, Metrics
 from store.models import Release, ReleaseHow
 
@@ -64,3 +66,14 @@ def test_each_daemon_has_a_registry_of_its_own() -> None:
     one, two = Metrics(), Metrics()
     one.added("a", "x", 5)
     assert ("queue_jobs_added_total", (("tenant", "a"), ("type", "x"))) not in samples(two)
+
+
+def test_flags_and_environment_reach_the_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("QUEUE_DAEMON_METRICS_TENANTS", "7")
+    args = build_parser().parse_args(["serve", "--metrics-types", "0", "--ready-lag", "5"])
+    settings = settings_from(args)
+    assert (settings.metrics_tenants, settings.metrics_types, settings.ready_lag) == (7, 0, 5.0)
+    defaults = settings_from(build_parser().parse_args(["serve", "--metrics-tenants", "100"]))
+    assert (defaults.metrics_types, defaults.ready_lag) == (200, 30.0)
+    with pytest.raises(CliError, match="--ready-lag"):
+        settings_from(build_parser().parse_args(["serve", "--ready-lag", "-1"]))
