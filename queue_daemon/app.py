@@ -19,6 +19,7 @@ import os
 import resource
 import signal
 import sys
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,7 @@ from queue_daemon.http import Services
 from queue_daemon.ids import IdGenerator
 from queue_daemon.ingester import Ingester
 from queue_daemon.limits import Limits
+from queue_daemon.metrics import Metrics, Sources
 from queue_daemon.queuelog import QueueLog, Rotation
 from queue_daemon.quotas import RateLimiter, WaitingLimiter
 from queue_daemon.routes import build_app
@@ -148,6 +150,30 @@ class Supervisor:
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
+def _sources(
+    identity: sysids.Identity, ingester: Ingester, worker: Worker, pool: RunnerPool
+) -> Sources:
+    """What the metrics read from the daemon's parts when scraped."""
+    journal = identity.journal
+
+    def journal_lag() -> tuple[int, int, int | None]:
+        lag = journal.lag
+        return lag.unread_lines, lag.unread_bytes, lag.oldest_unread_ms
+
+    return Sources(
+        sysid=identity.sysid,
+        journal_lag=journal_lag,
+        journal_writable=lambda: journal.writable,
+        ingested=lambda: ingester.ingested,
+        running=lambda: worker.running,
+        contexts=pool.contexts_by_lang,
+        cold_starts=lambda: pool.cold_starts,
+        lease_age=lambda: time.monotonic() - identity.renewed_at,
+        lease_lost=lambda: identity.lost,
+        renew_failures=lambda: identity.renew_failures,
+    )
+
+
 class Daemon:
     """One daemon's parts, started and stopped in the order of the module docstring."""
 
@@ -206,6 +232,7 @@ class Daemon:
                 http_allow=settings.http_allow,
             )
         )
+        metrics = Metrics(tenants=settings.metrics_tenants, types=settings.metrics_types)
         self.worker = worker = Worker(
             store=store,
             journal=journal,
@@ -224,7 +251,9 @@ class Daemon:
                 payload_limit=settings.payload_limit,
             ),
             limits=limits,
+            metrics=metrics,
         )
+        metrics.watch(store, _sources(identity, ingester, worker, pool))
         supervisor = self.supervisor
         supervisor.start("ingester", ingester.run())
         supervisor.start("worker", worker.run())
@@ -247,6 +276,8 @@ class Daemon:
             waiting=self.waiting,
             limits=limits,
             sysid=identity.sysid,
+            identity=identity,
+            metrics=metrics,
         )
         # aiohttp's keep-alive timer runs from the connection's start (and from each
         # reply) and closes a connection still waiting for a whole request; with the

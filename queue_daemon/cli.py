@@ -180,6 +180,21 @@ def build_parser() -> argparse.ArgumentParser:
         default=_env("result_limit", str(MIB)),
         help="bytes of a job's result kept (a longer one is cut)",
     )
+    serve.add_argument(
+        "--ready-lag",
+        default=_env("ready_lag", "30"),
+        help="seconds of ingest lag over which /readyz answers 503",
+    )
+    serve.add_argument(
+        "--metrics-tenants",
+        default=_env("metrics_tenants", "100"),
+        help="tenants given a metrics label of their own; later ones are _other",
+    )
+    serve.add_argument(
+        "--metrics-types",
+        default=_env("metrics_types", "200"),
+        help="(tenant, type) pairs given a type label of their own (0 = no type labels)",
+    )
 
     tenant = sub.add_parser("tenant", help="manage tenants")
     tsub = tenant.add_subparsers(dest="action", required=True)
@@ -347,6 +362,9 @@ def settings_from(args: argparse.Namespace) -> Settings:
         tenant_handlers=_number(args.tenant_handlers, "--tenant-handlers", int, 0),
         result_limit=_number(args.result_limit, "--result-limit", int, 0),
         http_allow=_networks(args.http_allow, "--http-allow"),
+        ready_lag=_number(args.ready_lag, "--ready-lag", float, 0),
+        metrics_tenants=_number(args.metrics_tenants, "--metrics-tenants", int, 0),
+        metrics_types=_number(args.metrics_types, "--metrics-types", int, 0),
     )
 
 

@@ -27,10 +27,12 @@ from queue_daemon.handlers import HandlerCache
 from queue_daemon.ids import IdGenerator
 from queue_daemon.ingester import Ingester
 from queue_daemon.limits import Limits
+from queue_daemon.metrics import Metrics
 from queue_daemon.names import valid_client, valid_type
 from queue_daemon.queuelog import QueueLog
 from queue_daemon.quotas import RateLimiter, WaitingLimiter
 from queue_daemon.settings import Settings
+from queue_daemon.sysid import Identity
 from store.errors import BadCursor, Conflict, NotFound, StoreError, StoreUnavailable
 from store.models import Job, JobState, TypeStats
 from store.protocol import Store
@@ -59,6 +61,8 @@ class Services:
     waiting: WaitingLimiter
     limits: Limits
     sysid: str
+    identity: Identity  # the sysid's lease health
+    metrics: Metrics
 
 
 SERVICES = web.AppKey("services", Services)
@@ -291,6 +295,7 @@ async def read_body(request: web.Request, limit: int, patience: float) -> bytes:
 
 
 async def add_jobs(request: web.Request) -> web.Response:
+    began = time.perf_counter()
     services = request.app[SERVICES]
     client = await authorize(request, services)
     jobtype = jobtype_of(request)
@@ -325,6 +330,9 @@ async def add_jobs(request: web.Request) -> web.Response:
         logger.error("journal write failed: %s", exc, extra={"action": "journal_write_failed"})
         raise errors.unavailable("the journal cannot be written; nothing was accepted") from None
     services.queuelog.added(stored_type, ids, lines, now_ms, dt_ms)
+    metrics = services.metrics
+    metrics.added(client, jobtype, len(ids))  # once per request, whatever its size
+    metrics.add_took(time.perf_counter() - began)
     return json_response({"ids": ids})
 
 
@@ -426,37 +434,3 @@ async def stats(request: web.Request) -> web.Response:
     client = await authorize(request, services)
     by_type = await services.store.stats(client)
     return json_response({"types": {name: _stats_body(s) for name, s in sorted(by_type.items())}})
-
-
-async def healthz(request: web.Request) -> web.Response:
-    services = request.app[SERVICES]
-    problems = []
-    try:
-        await services.store.ping()
-        store_state = "ok"
-    except StoreError:
-        store_state = "unreachable"
-        problems.append("the store cannot be reached")
-    journal_state = "ok" if services.journal.writable else "failed"
-    if journal_state != "ok":
-        problems.append("the journal cannot be written")
-    lag = services.journal.lag
-    body: dict[str, Any] = {
-        "sysid": services.sysid,
-        "store": store_state,
-        "journal": journal_state,
-        "ingest_lag": {
-            "lines": lag.unread_lines,
-            "bytes": lag.unread_bytes,
-            "oldest_ms": None
-            if lag.oldest_unread_ms is None
-            else max(0, time.time_ns() // 1_000_000 - lag.oldest_unread_ms),
-        },
-        "ingested": services.ingester.ingested,
-    }
-    if problems:
-        body["error"] = "unavailable"
-        body["message"] = "; ".join(problems)
-        return json_response(body, status=503)
-    body["status"] = "ok"
-    return json_response(body)

@@ -233,6 +233,29 @@ _SCHEMAS: dict[str, Schema] = {
             "message": {"type": "string"},
         },
     },
+    "Check": {
+        "type": "object",
+        "required": ["ok"],
+        "properties": {
+            "ok": {"type": "boolean"},
+            "reason": {"type": "string", "description": "why the check failed"},
+        },
+    },
+    "Readiness": {
+        "type": "object",
+        "required": ["sysid", "checks"],
+        "properties": {
+            "status": {"type": "string", "enum": ["ok"]},
+            "error": {"type": "string", "enum": ["unavailable"]},
+            "message": {"type": "string", "description": "every failed check's reason"},
+            "sysid": {"type": "string"},
+            "checks": {
+                "type": "object",
+                "required": ["store", "journal", "ingest_lag", "sysid"],
+                "additionalProperties": _ref("Check"),
+            },
+        },
+    },
 }
 
 
@@ -506,6 +529,42 @@ def _paths() -> dict[str, Any]:
                 "responses": {
                     "200": _ok("healthy", "Health"),
                     "503": _ok("the store or the journal is not reachable", "Health"),
+                },
+            }
+        },
+        "/livez": {
+            "get": {
+                "operationId": "livez",
+                "summary": "Liveness: 200 while the daemon serves, with its store, journal"
+                " and ingest lag",
+                "security": [],
+                "responses": {"200": _ok("the daemon serves", "Health")},
+            }
+        },
+        "/readyz": {
+            "get": {
+                "operationId": "readyz",
+                "summary": "Readiness: store reachable, journal writable, ingest lag under"
+                " --ready-lag, sysid lease held",
+                "security": [],
+                "responses": {
+                    "200": _ok("ready", "Readiness"),
+                    "503": _ok("not ready; each failed check has a reason", "Readiness"),
+                },
+            }
+        },
+        "/metrics": {
+            "get": {
+                "operationId": "metrics",
+                "summary": "Prometheus text exposition of the daemon's metrics (operator token)",
+                "security": [{"bearer": []}],
+                "responses": {
+                    "200": {
+                        "description": "the metrics",
+                        "content": {TEXT: {"schema": {"type": "string"}}},
+                    },
+                    "401": _resp("Unauthorized"),
+                    "403": _resp("Forbidden"),
                 },
             }
         },

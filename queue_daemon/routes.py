@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from queue_daemon import admin_routes, handler_routes, http, openapi
+from queue_daemon import admin_routes, handler_routes, health_routes, http, openapi
 from queue_daemon.http import SERVICES, Services, error_middleware
 
 
@@ -25,6 +25,9 @@ def build_app(services: Services) -> web.Application:
     router.add_get("/admin/tenants", admin_routes.list_tenants)
     router.add_get("/admin/tenants/{client}/limits", admin_routes.get_limits)
     router.add_post("/admin/tenants/{client}/limits", admin_routes.set_limits)
-    router.add_get("/healthz", http.healthz)
+    router.add_get("/healthz", health_routes.healthz)
+    router.add_get("/livez", health_routes.livez)
+    router.add_get("/readyz", health_routes.readyz)
+    router.add_get("/metrics", health_routes.metrics)
     router.add_get("/openapi.json", openapi.serve)
     return app

@@ -51,6 +51,9 @@ class Settings:
     tenant_handlers: int = 1000  # live handlers of one tenant (0 = no limit)
     result_limit: int = MIB  # bytes of a job's result kept
     waiting_refresh: float = 1.0  # seconds between counts of an adding tenant's waiting jobs
+    ready_lag: float = 30.0  # seconds of ingest lag over which /readyz answers 503
+    metrics_tenants: int = 100  # tenants with a metrics label of their own; the rest: _other
+    metrics_types: int = 200  # (tenant, type) pairs with a type label of their own (0: none)
 
     def tenant_defaults(self) -> TenantLimits:
         """Every tenant's limits unless the store holds overrides for it."""

@@ -12,7 +12,8 @@ import asyncio
 import logging
 import os
 import socket
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from journal import Journal, JournalError
@@ -35,6 +36,10 @@ class Identity:
     sysid: str
     holder: str
     journal: Journal
+    # the lease's health, kept by keep_leased() for /readyz and the metrics
+    renewed_at: float = field(default_factory=time.monotonic)  # last successful lease
+    renew_failures: int = 0
+    lost: bool = False  # another daemon took the sysid over
 
 
 def holder_name() -> str:
@@ -135,13 +140,18 @@ async def keep_leased(store: Store, identity: Identity, lease: float) -> None:
         await asyncio.sleep(lease / 3)
         try:
             await store.renew_sysid(identity.sysid, holder=identity.holder, lease=lease)
+            identity.renewed_at = time.monotonic()
+            identity.lost = False
         except SysidTaken:
+            identity.renew_failures += 1
+            identity.lost = True
             logger.error(
                 "sysid %s was taken over by another daemon",
                 identity.sysid,
                 extra={"action": "sysid_lost"},
             )
         except StoreError as exc:
+            identity.renew_failures += 1
             logger.warning(
                 "sysid lease not renewed: %s", exc, extra={"action": "sysid_renew_failed"}
             )

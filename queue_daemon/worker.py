@@ -21,6 +21,7 @@ from journal import Journal, JournalError
 from queue_daemon.handlers import HandlerCache
 from queue_daemon.ids import IdGenerator
 from queue_daemon.limits import Limits, TenantLimits
+from queue_daemon.metrics import Metrics
 from queue_daemon.outcomes import Policy, code_of, no_handler, put_back, release_for
 from queue_daemon.queuelog import QueueLog
 from runners.models import HandlerSpec, JobInput, JobResult
@@ -76,6 +77,7 @@ class Worker:
         sysid: str,
         settings: WorkerSettings,
         limits: Limits | None = None,
+        metrics: Metrics | None = None,
     ) -> None:
         self._store = store
         self._journal = journal
@@ -85,6 +87,7 @@ class Worker:
         self._queuelog = queuelog
         self._sysid = sysid
         self._settings = settings
+        self._metrics = metrics or Metrics()
         self._scheduler = Scheduler(
             concurrency=settings.concurrency,
             tenant_cap=settings.tenant_cap,
@@ -230,9 +233,11 @@ class Worker:
         jobs: list[ClaimedJob] = []
         try:
             spec = await self._handlers.get(jobtype)
+            began = time.perf_counter()
             jobs = await self._store.claim(
                 jobtype, limit, sysid=self._sysid, lease=self._settings.lease
             )
+            self._metrics.claimed(jobtype, len(jobs), time.perf_counter() - began)
         finally:
             self._claiming -= 1
             if len(jobs) < limit:
@@ -285,10 +290,11 @@ class Worker:
             "no handler for this type before the job's time ran out",
         )
         if ids:
-            self._queuelog.finished(
-                jobtype,
-                [Release(id=i, how=ReleaseHow.ARCHIVE, code="error", exitcode=503) for i in ids],
-            )
+            releases = [
+                Release(id=i, how=ReleaseHow.ARCHIVE, code="error", exitcode=503) for i in ids
+            ]
+            self._queuelog.finished(jobtype, releases)
+            self._metrics.finished(jobtype, releases)
 
     def _batch_size(self, jobtype: str) -> int:
         per_job = self._job_seconds.get(jobtype)
@@ -323,6 +329,7 @@ class Worker:
         for ran in results:
             if ran.ran:
                 run_ms[ran.id] = share if ran.run_ms is None else ran.run_ms
+        self._metrics.ran(spec.lang, elapsed)
         by_id = {result.id: result for result in results}
         policy = Policy(max_attempts=spec.max_attempts, job_ttl=self._settings.job_ttl)
         now = datetime.now(UTC)
@@ -393,6 +400,7 @@ class Worker:
                 ids = self._ids.next_ids(len(payloads))
                 await self._journal.write(jobtype, ids, payloads, create_ms=now_ms, dt_ms=now_ms)
                 self._queuelog.added(jobtype, ids, payloads, now_ms, now_ms)
+                self._metrics.added(client, name, len(ids))
         except (JournalError, ValueError) as exc:
             logger.error("follow-on jobs not written: %s", exc, extra={"action": "emit_failed"})
             return False
@@ -424,4 +432,5 @@ class Worker:
         self._queuelog.finished(
             jobtype, releases, attempts={job.id: job.attempts for job in jobs}, run_ms=run_ms
         )
+        self._metrics.finished(jobtype, releases)
         self._wake.set()

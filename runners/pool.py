@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -91,6 +92,7 @@ class RunnerPool:
         self._closing: set[asyncio.Task[None]] = set()
         self._prewarming: dict[ContextKey, asyncio.Task[None]] = {}
         self._closed = False
+        self.cold_starts: Counter[str] = Counter()  # lang -> contexts a batch had to wait for
 
     # ------------------------------------------------------------------ running
 
@@ -158,6 +160,7 @@ class RunnerPool:
             await asyncio.wait({successor})  # nearly ready: better than a cold start
         await self._make_room()
         context = await self._start(spec)
+        self.cold_starts[spec.lang] += 1
         self._busy.add(context)
         logger.debug(
             "started a %s context for %s-%s (pid %s)",
@@ -365,3 +368,7 @@ class RunnerPool:
     def contexts(self) -> list[Context]:
         """Every live context, idle and busy (for tests and metrics)."""
         return [c for contexts in self._idle.values() for c in contexts] + list(self._busy)
+
+    def contexts_by_lang(self) -> Counter[str]:
+        """Live contexts (idle and busy) per language, for the metrics."""
+        return Counter(c.spec.lang for c in self.contexts())

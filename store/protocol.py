@@ -15,6 +15,7 @@ from store.models import (
     NewJob,
     Release,
     Tenant,
+    TypeDepth,
     TypeStats,
 )
 
@@ -76,6 +77,11 @@ class Store(Protocol):
 
     async def count_waiting(self, client: str, cap: int) -> int:
         """``client``'s waiting and scheduled jobs, counting at most ``cap``."""
+        ...
+
+    async def queue_depth(self, cap: int) -> dict[str, TypeDepth]:
+        """Waiting, scheduled and running jobs per stored type, store-wide (the
+        first two counted up to ``cap`` each); types with none are left out."""
         ...
 
     async def new_admin_token(self, token_hash: bytes, grace: float) -> None:

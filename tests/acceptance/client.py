@@ -142,6 +142,13 @@ class Api:
     async def healthz(self) -> Reply:
         return await self.request("GET", "/healthz", auth=False)
 
+    async def readyz(self) -> Reply:
+        return await self.request("GET", "/readyz", auth=False)
+
+    async def metrics(self) -> Reply:
+        """``GET /metrics`` with this Api's token (an operator's, to get a 200)."""
+        return await self.request("GET", "/metrics")
+
     # --- waiting --------------------------------------------------------------
 
     async def wait_job(self, job_id: str, within: float = 20.0) -> dict[str, Any]:

@@ -76,8 +76,14 @@ async def test_an_unwritable_journal_is_503_and_accepts_nothing(
     immutable.set(segment)
     reply = await api.add_raw("t", "during-1\nduring-2\n")
     assert_error(reply, 503, "unavailable")
-    health = await api.healthz()
+    ready = await api.readyz()
+    body = assert_error(ready, 503, "unavailable")
+    assert not body["checks"]["journal"]["ok"], body
+    health = await api.healthz()  # API.md: 503 when the journal cannot be written
     assert_error(health, 503, "unavailable")
+    assert health.json["journal"] == "failed", health
+    live = await api.request("GET", "/livez")  # liveness: still serving, and saying so
+    assert live.status == 200 and live.json["journal"] == "failed", live
     immutable.clear()
 
     # whether this daemon recovers by itself is its business; a restart must work

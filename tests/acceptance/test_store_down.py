@@ -30,12 +30,12 @@ def own_pg(tmp_path: Path) -> Iterator[PgServer]:
         server.stop()
 
 
-async def _wait_unhealthy(api: Api) -> Reply:
+async def _wait_unready(api: Api) -> Reply:
     async def probe() -> Reply | None:
-        reply = await api.healthz()
+        reply = await api.readyz()
         return reply if reply.status == 503 else None
 
-    return await until(probe, 20, "healthz 503 while PostgreSQL is down")
+    return await until(probe, 20, "readyz 503 while PostgreSQL is down")
 
 
 async def _add_while_down(api: Api, acked: dict[str, str]) -> None:
@@ -64,13 +64,17 @@ async def test_adds_succeed_while_postgresql_is_down_and_reach_it_later(
     acked[first] = "before"
     await api.wait_job(first)
     assert (await api.healthz()).status == 200
+    assert (await api.readyz()).status == 200
 
     own_pg.stop()
-    body = assert_error(await _wait_unhealthy(api), 503)
-    assert body["error"] == "unavailable", body
+    body = assert_error(await _wait_unready(api), 503, "unavailable")
+    assert not body["checks"]["store"]["ok"], body
     await _add_while_down(api, acked)
-    reply = await api.healthz()
+    reply = await api.healthz()  # API.md: 503 while the store cannot be reached
     assert_error(reply, 503, "unavailable")
+    assert reply.json["store"] == "unreachable", reply
+    live = await api.request("GET", "/livez")  # the daemon serves (adds succeed) meanwhile
+    assert live.status == 200 and live.json["store"] == "unreachable", live
     assert reply.json["ingest_lag"]["lines"] >= len(acked) - 1, reply
     # reads need the store: a clean 503, not a hang or a 500
     assert_error(await api.get_job(first), 503, "unavailable")

@@ -1,0 +1,391 @@
+"""Operator metrics in the Prometheus text format, on a registry of this daemon's own.
+
+Two kinds of values:
+
+- Events are counted where they happen, once per request or batch (a count
+  of n, one histogram observation), never once per job: an add of 1000 lines
+  costs the same as an add of one. A count is a dict update on the event
+  loop; a collector turns the counts into Prometheus counters and histograms
+  when scraped.
+- State the daemon keeps anyway (journal lag, contexts, the sysid lease, the
+  store's queue depth) is read when ``/metrics`` is scraped, by a collector.
+  The queue depth needs a store query: ``refresh()`` runs it at most once per
+  ``DEPTH_TTL_S`` seconds, before the text is rendered.
+
+Cardinality is bounded: the first ``tenants`` distinct tenants get a
+``tenant`` label value of their own, later ones share ``_other``; likewise the
+first ``types`` distinct (tenant, type) pairs keep their ``type``, later ones
+(and every type of an ``_other`` tenant) are ``_other``; ``types = 0`` turns
+type labels off. Values once given are kept for the daemon's life, so a
+counter's series never changes meaning.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from bisect import bisect_left
+from collections import Counter as Tally
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from operator import attrgetter
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
+
+from store.errors import StoreError
+from store.models import Release, TypeDepth
+from store.protocol import Store
+
+logger = logging.getLogger(__name__)
+
+OTHER = "_other"  # the label value of tenants and types beyond the caps
+DEPTH_TTL_S = 5.0  # the queue depth is read from the store at most this often
+DEPTH_TIMEOUT_S = 5.0  # longer, and the scrape reports the last counts with queue_store_up 0
+DEPTH_CAP = 1_000_000  # waiting (and scheduled) jobs counted per type; the gauge saturates there
+NO_CODE = "requeued"  # the code label of a run that ended without an outcome (put back)
+
+# seconds: an add is an fsync (sub-millisecond to tens of ms); a claim a store round trip
+FAST_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+RUN_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+
+_code = attrgetter("code")
+
+
+class LabelCap:
+    """Label values for tenants and (tenant, type) pairs, at most ``tenants`` and
+    ``types`` of them of their own; the rest are ``OTHER``.
+
+    Only admitted values are remembered, so memory stays bounded however many
+    names come by.
+    """
+
+    def __init__(self, tenants: int, types: int) -> None:
+        self._tenant_cap = tenants
+        self._type_cap = types
+        self._tenants: set[str] = set()
+        self._pairs: dict[tuple[str, str], tuple[str, str]] = {}
+
+    def tenant(self, client: str) -> str:
+        if client in self._tenants:
+            return client
+        if len(self._tenants) < self._tenant_cap:
+            self._tenants.add(client)
+            return client
+        return OTHER
+
+    def pair(self, client: str, jobtype: str) -> tuple[str, str]:
+        """(tenant label, type label) of a tenant's jobtype."""
+        key = (client, jobtype)
+        known = self._pairs.get(key)
+        if known is not None:
+            return known
+        tenant = self.tenant(client)
+        if tenant == OTHER or len(self._pairs) >= self._type_cap:
+            return tenant, OTHER
+        self._pairs[key] = key
+        return key
+
+    def stored(self, stored_type: str) -> tuple[str, str]:
+        """Labels of a stored jobtype ``client-type`` (client names hold no ``-``)."""
+        client, _, jobtype = stored_type.partition("-")
+        return self.pair(client, jobtype)
+
+
+@dataclass(slots=True, kw_only=True)
+class Sources:
+    """Readers of the state the collector reports at scrape time (wired by ``app``)."""
+
+    sysid: str
+    journal_lag: Callable[[], tuple[int, int, int | None]]  # lines, bytes, oldest create ms
+    journal_writable: Callable[[], bool]
+    ingested: Callable[[], int]
+    running: Callable[[], int]
+    contexts: Callable[[], Tally[str]]  # live contexts per lang
+    cold_starts: Callable[[], Tally[str]]
+    lease_age: Callable[[], float]  # seconds since the sysid lease was last taken or renewed
+    lease_lost: Callable[[], bool]
+    renew_failures: Callable[[], int]
+
+
+class _Histogram:
+    """A histogram kept as plain numbers on the event loop (the only thread that
+    touches it); the collector turns it into Prometheus' cumulative buckets."""
+
+    __slots__ = ("bounds", "counts", "total")
+
+    def __init__(self, bounds: Sequence[float]) -> None:
+        self.bounds = tuple(bounds)
+        self.counts = [0] * (len(self.bounds) + 1)  # the last one is +Inf
+        self.total = 0.0
+
+    def observe(self, seconds: float) -> None:
+        # bisect_left: the first bound >= seconds, as Prometheus' le is inclusive
+        self.counts[bisect_left(self.bounds, seconds)] += 1
+        self.total += seconds
+
+    def add_to(self, family: HistogramMetricFamily, labels: list[str]) -> None:
+        cumulative = 0
+        buckets: list[tuple[str, float]] = []
+        for bound, count in zip((*self.bounds, math.inf), self.counts, strict=True):
+            cumulative += count
+            buckets.append(("+Inf" if bound == math.inf else repr(float(bound)), cumulative))
+        family.add_metric(labels, buckets, self.total)
+
+
+class Metrics:
+    """Every metric of one daemon, on its own ``CollectorRegistry``.
+
+    The event counts are plain dicts of ints bumped on the event loop: a
+    prometheus-client ``Counter.inc`` or ``Histogram.observe`` takes a lock per
+    call (several for a histogram), which measured 5-10 times the cost of the
+    dict update on the add path. They are exposed by a collector at scrape time.
+    """
+
+    def __init__(self, *, tenants: int = 100, types: int = 200) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.labels = LabelCap(tenants, types)
+        self._added: dict[tuple[str, str], int] = {}
+        self._started: dict[tuple[str, str], int] = {}
+        self._finished: dict[tuple[str, str, str], int] = {}
+        self._add_seconds = _Histogram(FAST_BUCKETS)
+        self._claim_seconds = _Histogram(FAST_BUCKETS)
+        self._run_seconds: dict[str, _Histogram] = {}
+        self._depth: dict[str, TypeDepth] = {}
+        self._depth_at = -1e9
+        self._depth_ok: bool | None = None  # None until the first read
+        self._depth_task: asyncio.Future[None] | None = None
+        self._store: Store | None = None
+        self.registry.register(_EventCollector(self))
+
+    # --- events: once per request or batch ------------------------------------
+
+    def added(self, client: str, jobtype: str, count: int) -> None:
+        labels = self.labels.pair(client, jobtype)
+        added = self._added
+        added[labels] = added.get(labels, 0) + count
+
+    def add_took(self, seconds: float) -> None:
+        self._add_seconds.observe(seconds)
+
+    def claimed(self, stored_type: str, count: int, seconds: float) -> None:
+        self._claim_seconds.observe(seconds)
+        if count:
+            labels = self.labels.stored(stored_type)
+            self._started[labels] = self._started.get(labels, 0) + count
+
+    def ran(self, lang: str, seconds: float) -> None:
+        histogram = self._run_seconds.get(lang)
+        if histogram is None:
+            histogram = self._run_seconds[lang] = _Histogram(RUN_BUCKETS)
+        histogram.observe(seconds)
+
+    def finished(self, stored_type: str, releases: Sequence[Release]) -> None:
+        if not releases:
+            return
+        tenant, jobtype = self.labels.stored(stored_type)
+        finished = self._finished
+        # Counter(map(attrgetter)) counts in C: no Python loop per job
+        for code, count in Tally(map(_code, releases)).items():
+            key = (tenant, jobtype, code or NO_CODE)
+            finished[key] = finished.get(key, 0) + count
+
+    def event_families(self) -> Iterable[Metric]:
+        for name, documentation, labels, values in (
+            (
+                "queue_jobs_added",
+                "Jobs accepted (adds and follow-on jobs), by tenant and type",
+                ["tenant", "type"],
+                self._added,
+            ),
+            (
+                "queue_jobs_started",
+                "Jobs claimed by this daemon to run, by tenant and type",
+                ["tenant", "type"],
+                self._started,
+            ),
+            (
+                "queue_jobs_finished",
+                "Runs ended in this daemon, by tenant, type and outcome code"
+                " (ok, failed, retry, error; requeued: put back without a run)",
+                ["tenant", "type", "code"],
+                self._finished,
+            ),
+        ):
+            family = CounterMetricFamily(name, documentation, labels=labels)
+            for key, count in sorted(values.items()):
+                family.add_metric(list(key), count)
+            yield family
+        add = HistogramMetricFamily(
+            "queue_add_seconds", "Accepted add requests: from the request to the durable answer"
+        )
+        self._add_seconds.add_to(add, [])
+        yield add
+        claim = HistogramMetricFamily(
+            "queue_claim_seconds", "Claims of a batch of waiting jobs in the store"
+        )
+        self._claim_seconds.add_to(claim, [])
+        yield claim
+        run = HistogramMetricFamily(
+            "queue_batch_run_seconds", "Batches run by a handler, by language", labels=["lang"]
+        )
+        for lang, histogram in sorted(self._run_seconds.items()):
+            histogram.add_to(run, [lang])
+        yield run
+
+    # --- state: read at scrape time -------------------------------------------
+
+    def watch(self, store: Store, sources: Sources) -> None:
+        """Report ``sources`` and the store's queue depth from now on."""
+        self._store = store
+        self.registry.register(_StateCollector(self, sources))
+
+    async def refresh(self) -> None:
+        """Read the queue depth from the store unless read within ``DEPTH_TTL_S``;
+        concurrent scrapes share one query. A failure keeps the last counts and
+        reports the store as down."""
+        if self._store is None:
+            return
+        loop = asyncio.get_running_loop()
+        if loop.time() - self._depth_at < DEPTH_TTL_S:
+            return
+        if self._depth_task is None:
+            self._depth_task = asyncio.ensure_future(self._read_depth(self._store))
+        task = self._depth_task
+        try:
+            await asyncio.shield(task)
+        finally:
+            if self._depth_task is task and task.done():
+                self._depth_task = None
+
+    async def _read_depth(self, store: Store) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            # bounded: a scrape must not hang on a store that does not answer
+            self._depth = await asyncio.wait_for(store.queue_depth(DEPTH_CAP), DEPTH_TIMEOUT_S)
+            self._depth_ok = True
+        except (StoreError, TimeoutError) as exc:
+            if self._depth_ok is not False:
+                logger.warning(
+                    "queue depth not read: %s", exc, extra={"action": "metrics_depth_failed"}
+                )
+            self._depth_ok = False
+        self._depth_at = loop.time()
+
+    def render(self) -> bytes:
+        """The text exposition of every metric."""
+        return generate_latest(self.registry)
+
+    def depth_families(self) -> Iterable[Metric]:
+        depth = GaugeMetricFamily(
+            "queue_depth",
+            "Jobs not done in the store (every daemon's), by tenant, type and state;"
+            f" waiting and scheduled counts stop at {DEPTH_CAP} per type;"
+            f" read at most every {DEPTH_TTL_S:g} s",
+            labels=["tenant", "type", "state"],
+        )
+        sums: Tally[tuple[str, str, str]] = Tally()
+        for stored_type, counts in sorted(self._depth.items()):
+            tenant, jobtype = self.labels.stored(stored_type)
+            sums[(tenant, jobtype, "waiting")] += counts.waiting
+            sums[(tenant, jobtype, "scheduled")] += counts.scheduled
+            sums[(tenant, jobtype, "running")] += counts.running
+        for labels, value in sums.items():
+            depth.add_metric(list(labels), value)
+        yield depth
+        if self._depth_ok is not None:
+            up = GaugeMetricFamily(
+                "queue_store_up", "1 if the store answered the last queue depth query, else 0"
+            )
+            up.add_metric([], 1 if self._depth_ok else 0)
+            yield up
+
+
+class _EventCollector(Collector):
+    """The event counts and histograms of ``Metrics``."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self._metrics = metrics
+
+    def collect(self) -> Iterable[Metric]:
+        return self._metrics.event_families()
+
+
+class _StateCollector(Collector):
+    """The scrape-time values of ``Sources`` and the cached queue depth."""
+
+    def __init__(self, metrics: Metrics, sources: Sources) -> None:
+        self._metrics = metrics
+        self._sources = sources
+
+    def collect(self) -> Iterable[Metric]:
+        src = self._sources
+        lines, unread_bytes, oldest_ms = src.journal_lag()
+        lag_s = 0.0 if oldest_ms is None else max(0.0, time.time() - oldest_ms / 1000)
+        yield _gauge("queue_journal_unread_lines", "Journal lines not yet in the store", lines)
+        yield _gauge(
+            "queue_journal_unread_bytes", "Journal bytes not yet in the store", unread_bytes
+        )
+        yield _gauge(
+            "queue_ingest_lag_seconds",
+            "Age of the oldest journal line not yet in the store (0 when caught up)",
+            lag_s,
+        )
+        yield _gauge(
+            "queue_journal_writable",
+            "1 while the journal accepts writes",
+            1 if src.journal_writable() else 0,
+        )
+        ingested = CounterMetricFamily(
+            "queue_jobs_ingested", "Jobs this daemon moved from its journal into the store"
+        )
+        ingested.add_metric([], src.ingested())
+        yield ingested
+        yield _gauge(
+            "queue_worker_running_jobs", "Jobs running (or claimed to run) here", src.running()
+        )
+        contexts = GaugeMetricFamily(
+            "queue_runner_contexts", "Live handler contexts, by language", labels=["lang"]
+        )
+        for lang, count in sorted(src.contexts().items()):
+            contexts.add_metric([lang], count)
+        yield contexts
+        cold = CounterMetricFamily(
+            "queue_runner_cold_starts",
+            "Contexts started while a batch waited for them, by language",
+            labels=["lang"],
+        )
+        for lang, count in sorted(src.cold_starts().items()):
+            cold.add_metric([lang], count)
+        yield cold
+        info = GaugeMetricFamily("queue_sysid_info", "This daemon's sysid", labels=["sysid"])
+        info.add_metric([src.sysid], 1)
+        yield info
+        yield _gauge(
+            "queue_sysid_lease_age_seconds",
+            "Seconds since the sysid lease was last taken or renewed",
+            src.lease_age(),
+        )
+        yield _gauge(
+            "queue_sysid_lease_lost",
+            "1 if another daemon took this daemon's sysid over",
+            1 if src.lease_lost() else 0,
+        )
+        failures = CounterMetricFamily(
+            "queue_sysid_renew_failures", "Sysid lease renewals that failed"
+        )
+        failures.add_metric([], src.renew_failures())
+        yield failures
+        yield from self._metrics.depth_families()
+
+
+def _gauge(name: str, documentation: str, value: float) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, documentation, value=value)
