@@ -51,6 +51,12 @@ def handler(payload, ctx):
             s.settimeout(2)
             s.connect(target)
             value = "connected"
+        elif what == "pid":
+            value = os.getpid()
+        elif what == "kill":
+            import signal
+            os.kill(int(target), signal.SIGKILL)
+            value = "killed"
         elif what == "cmdlines":
             value = {}
             for pid in os.listdir("/proc"):
@@ -231,3 +237,19 @@ async def test_other_processes_command_lines_show_no_code_names_or_tokens(
     for token in site.tokens.values():
         assert token not in seen, "a token is visible"
     assert (await alice.cancel(job_id)).status in (200, 409)
+
+
+@needs_root
+async def test_another_tenants_processes_cannot_be_signalled_or_read(
+    site: Site, session: aiohttp.ClientSession
+) -> None:
+    mine = await probe(site, session, "alice", what="pid")
+    assert mine["ok"] is True, mine
+    pid = mine["value"]  # alice's context stays warm: the process lives on
+    outcome = await probe(site, session, "mallory", what="kill", target=pid)
+    refused(outcome)
+    assert "PermissionError" in outcome["error"], outcome
+    for part in ("environ", "mem", "cwd/."):
+        refused(await probe(site, session, "mallory", what="read", target=f"/proc/{pid}/{part}"))
+    again = await probe(site, session, "alice", what="pid")
+    assert again["value"] == pid, "alice's context was killed"
