@@ -214,7 +214,7 @@ def _flood(run: Run, kind: FloodKind) -> None:
                 add_rate=1_000.0 if quick else 2_000.0,
                 handler=kind.handler,
                 samples=samples,
-                warm=3 if quick else 5,
+                warm=2 if quick else 5,
                 pause=0.03,
                 saturate=kind.saturate,
                 warmed=kind.warmed,
