@@ -11,6 +11,8 @@ Sections (``--only`` picks some, comma-separated):
   claim    claim + archive cost (ms per batch of 100) at 10k, 100k, 1M waiting; ratio 1M/10k
   coldstart  spawn → ready of a python and a node context (RunnerPool, in-process)
   latency  add → start of one job at a time on an idle daemon, p50/p99 (python handler)
+  flood    the same for one tenant, idle and while another floods the daemon with a deep
+           backlog of 20 ms CPU jobs and keeps adding more; ratio flooded / idle (<= 2)
   run1     end to end, ONE daemon: no-op python and node jobs/s, 100,000 jobs in
            1000-line POSTs after a warm-up, first POST → all done_ok; ratio vs 12k/s
   run3     the same with THREE daemons on one store, POSTs round-robin
@@ -52,6 +54,7 @@ SECTIONS = (
     "claim",
     "coldstart",
     "latency",
+    "flood",
     "run1",
     "run3",
 )
@@ -89,6 +92,8 @@ class Options:
     run_jobs: int = 100_000
     run_conns: int = 4
     latency_samples: int = 200
+    flood_samples: int = 200
+    flood_backlog: int = 100_000
     daemon_args: list[str] = field(default_factory=list)
 
 
@@ -129,11 +134,20 @@ def parse_args(argv: list[str] | None) -> Options:
         "--latency-samples", type=int, default=None, help="jobs timed by latency (200; quick 50)"
     )
     parser.add_argument(
+        "--flood-samples", type=int, default=None, help="calm jobs timed by flood (200; quick 10)"
+    )
+    parser.add_argument(
+        "--flood-backlog",
+        type=int,
+        default=None,
+        help="flood jobs queued before measuring (100,000; quick 5,000)",
+    )
+    parser.add_argument(
         "--daemon-arg",
         action="append",
         default=[],
         metavar="FLAG",
-        help="extra flag for the daemons of run1/run3/latency, e.g. --daemon-arg=--max-batch=500",
+        help="extra flag for the daemons of run1/run3/latency/flood, e.g. --daemon-arg=--lease=30",
     )
     args = parser.parse_args(argv)
     sections = [s.strip() for group in args.only for s in group.split(",") if s.strip()]
@@ -164,6 +178,8 @@ def parse_args(argv: list[str] | None) -> Options:
         run_jobs=args.run_jobs or (10_000 if quick else 100_000),
         run_conns=max(1, args.run_conns),
         latency_samples=args.latency_samples or (50 if quick else 200),
+        flood_samples=args.flood_samples or (10 if quick else 200),
+        flood_backlog=args.flood_backlog or (5_000 if quick else 100_000),
         daemon_args=list(args.daemon_arg),
     )
 
@@ -447,6 +463,7 @@ SECTION_RUNNERS: dict[str, Callable[[Run], None]] = {
     "claim": runs.section_claim,
     "coldstart": runs.section_coldstart,
     "latency": runs.section_latency,
+    "flood": runs.section_flood,
     "run1": runs.section_run1,
     "run3": runs.section_run3,
 }

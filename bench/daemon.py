@@ -25,9 +25,9 @@ def _env() -> dict[str, str]:
     return env
 
 
-def add_tenant(dsn: str, data_dir: Path) -> str:
-    """Create the bench tenant and return its token (the last line of stdout)."""
-    argv = python("-m", "queue_daemon", "tenant", "add", TENANT, "--store", dsn)
+def add_tenant(dsn: str, data_dir: Path, client: str = TENANT) -> str:
+    """Create a tenant (the bench's by default) and return its token (the last line of stdout)."""
+    argv = python("-m", "queue_daemon", "tenant", "add", client, "--store", dsn)
     argv += ["--data-dir", str(data_dir)]
     done = subprocess.run(argv, capture_output=True, text=True, env=_env(), timeout=120)
     if done.returncode != 0 or not done.stdout.strip():

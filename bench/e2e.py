@@ -296,31 +296,39 @@ async def measure_latency(
     url: str, token: str, client: str, *, samples: int, warm: int, poll: float = 0.002
 ) -> Latency:
     type_ = "clock"
-    result = Latency([], [], [])
     async with aiohttp.ClientSession() as session:
         api = Api(session, url, token, client)
         await api.add_handler(type_, "python", PY_CLOCK)
-        for i in range(warm + samples):
-            sent = time.time()
-            (job_id,) = await api.post(type_, b'{"latency": 1}\n')
-            acked = time.time()
-            deadline = time.monotonic() + 60
-            while True:
-                job = await api.job(job_id)
-                if job is not None and job.get("state") == "done":
-                    break
-                if time.monotonic() > deadline:
-                    raise BenchError(f"latency job {job_id} not done within 60 s: {job}")
-                await asyncio.sleep(poll)
-            seen = time.time()
-            if job.get("code") != "ok":
-                raise BenchError(f"latency job {job_id} ended {job.get('code')}: {job}")
-            started = float(job["result"])
-            if i >= warm:
-                result.starts_ms.append(1000 * (started - sent))
-                result.acks_ms.append(1000 * (acked - sent))
-                result.seen_ms.append(1000 * (seen - sent))
-            await asyncio.sleep(0.05)  # idle between samples
+        return await sample_latency(api, type_, samples=samples, warm=warm, poll=poll)
+
+
+async def sample_latency(
+    api: Api, type_: str, *, samples: int, warm: int, pause: float = 0.05, poll: float = 0.002
+) -> Latency:
+    """Post one job of ``type_`` (a ``PY_CLOCK`` handler) at a time and wait for it
+    to be done, ``pause`` seconds apart; the first ``warm`` are not counted."""
+    result = Latency([], [], [])
+    for i in range(warm + samples):
+        sent = time.time()
+        (job_id,) = await api.post(type_, b'{"latency": 1}\n')
+        acked = time.time()
+        deadline = time.monotonic() + 60
+        while True:
+            job = await api.job(job_id)
+            if job is not None and job.get("state") == "done":
+                break
+            if time.monotonic() > deadline:
+                raise BenchError(f"latency job {job_id} not done within 60 s: {job}")
+            await asyncio.sleep(poll)
+        seen = time.time()
+        if job.get("code") != "ok":
+            raise BenchError(f"latency job {job_id} ended {job.get('code')}: {job}")
+        started = float(job["result"])
+        if i >= warm:
+            result.starts_ms.append(1000 * (started - sent))
+            result.acks_ms.append(1000 * (acked - sent))
+            result.seen_ms.append(1000 * (seen - sent))
+        await asyncio.sleep(pause)  # idle between samples
     return result
 
 

@@ -1,4 +1,4 @@
-"""The sections that run jobs: ``claim``, ``coldstart``, ``latency``, ``run1``, ``run3``.
+"""The sections that run jobs: ``claim``, ``coldstart``, ``latency``, ``flood``, ``run1``, ``run3``.
 
 Each end-to-end measurement gets a fresh database, a tenant and its own
 daemons (separate data dirs, one DSN), stopped again at the end of it.
@@ -10,6 +10,7 @@ import asyncio
 import statistics
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from bench import daemon
@@ -24,6 +25,8 @@ if TYPE_CHECKING:
 RUN_TARGET = 12_000.0  # jobs/s end to end, no-op handler
 PGQUEUER_RUN_REFERENCE = 8_000.0  # jobs/s pgqueuer runs no-op jobs (their published figure)
 LATENCY_TARGET_MS = 20.0  # p50, add → start on an idle daemon
+FLOOD_TARGET_RATIO = 2.0  # a flooding tenant may at most double another's add → start
+FLOOD_TENANT = "flood"  # the bench's own tenant is the calm one
 CLAIM_TARGET_RATIO = 1.5
 CLAIM_SIZES = (10_000, 100_000, 1_000_000)
 CLAIM_SIZES_QUICK = (10_000, 100_000)
@@ -154,6 +157,109 @@ def section_latency(run: Run) -> None:
             "",
             None,
             f"min {min(result.starts_ms):.1f} ms, max {max(result.starts_ms):.1f} ms",
+        )
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class FloodKind:
+    name: str  # in the row labels
+    handler: str  # the flood's python source
+    describe: str  # its jobs, for the notes
+    saturate: int  # flood jobs running at once when the flood is on
+    warmed: int  # flood jobs done before measuring (the daemon learned their run time)
+
+
+def _flood_kinds(quick: bool) -> list[FloodKind]:
+    from bench.flood import busy_handler, sleepy_handler
+
+    cpu = FloodKind("CPU flood", busy_handler(20.0), "jobs of 20 ms CPU", 4, 20 if quick else 50)
+    # 1 s each, one per batch: the daemon runs as many at once as it may run contexts
+    slots = FloodKind("context flood", sleepy_handler(1.0), "jobs idle 1 s", 48, 8)
+    return [cpu] if quick else [cpu, slots]
+
+
+def section_flood(run: Run) -> None:
+    """Each kind of flood on a daemon of its own (fresh database, data dir, contexts)."""
+    for kind in _flood_kinds(run.opts.quick):
+        print(f"  {kind.name}:", flush=True)
+        try:
+            _flood(run, kind)
+        except BenchError as exc:
+            print(f"bench: flood ({kind.name}) failed: {exc}", flush=True)
+            run.rows.append(Row(f"(flood) {kind.name}", None, "", notes=str(exc).splitlines()[0]))
+            run.failed = True
+
+
+def _flood(run: Run, kind: FloodKind) -> None:
+    from bench.flood import measure_flood
+
+    quick = run.opts.quick
+    samples = run.opts.flood_samples
+    name = "flood_" + kind.name.split()[0].lower()
+    dsn = run.fresh_database(name)
+    data_dir = run.work / name
+    data_dir.mkdir()
+    calm_token = daemon.add_tenant(dsn, data_dir)
+    flood_token = daemon.add_tenant(dsn, data_dir, FLOOD_TENANT)
+    child, url = daemon.start_daemon(name, dsn, data_dir, run.work, extra=run.opts.daemon_args)
+    try:
+        result = asyncio.run(
+            measure_flood(
+                url,
+                (FLOOD_TENANT, flood_token),
+                (daemon.TENANT, calm_token),
+                backlog=run.opts.flood_backlog,
+                post_lines=500 if quick else 1000,
+                add_rate=1_000.0 if quick else 2_000.0,
+                handler=kind.handler,
+                samples=samples,
+                warm=2 if quick else 5,
+                pause=0.03,
+                saturate=kind.saturate,
+                warmed=kind.warmed,
+            )
+        )
+    finally:
+        child.stop(grace=20)
+    base, flooded = result.baseline.starts_ms, result.flooded.starts_ms
+    before, after = result.before, result.after
+    flood_note = (
+        f"flood tenant: {result.backlog:,} {kind.describe} queued, {result.added:,} more "
+        f"added during the {result.seconds:.1f} s measured; running "
+        f"{before['running']}→{after['running']}, waiting {before['waiting']:,}→"
+        f"{after['waiting']:,}, {result.flood_done:,} done"
+    )
+    ratios = []
+    for pct, q in (("p50", 0.5), ("p99", 0.99)):
+        idle, busy = Latency.pct(base, q), Latency.pct(flooded, q)
+        ratios.append(busy / idle)
+        run.rows.append(
+            Row(
+                f"(flood) {kind.name}: calm add → start {pct}",
+                busy,
+                "ms",
+                f"idle {idle:.1f} ms",
+                busy / idle,
+                flood_note
+                if pct == "p50"
+                else (
+                    f"{samples} calm jobs one at a time, each way; under the flood min "
+                    f"{min(flooded):.1f} ms, max {max(flooded):.1f} ms, POST→200 p50 "
+                    f"{Latency.pct(result.flooded.acks_ms, 0.5):.1f} ms (idle "
+                    f"{Latency.pct(result.baseline.acks_ms, 0.5):.1f} ms)"
+                ),
+            )
+        )
+    worst = max(ratios)
+    run.rows.append(
+        Row(
+            f"(flood) {kind.name}: flooded / idle, worst of p50, p99",
+            worst,
+            "x",
+            "target <= 2",
+            worst / FLOOD_TARGET_RATIO,
+            "a tenant's flood must not raise another's add → start by more than 2x",
         )
     )
 

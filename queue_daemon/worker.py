@@ -4,6 +4,12 @@ purge old archived jobs.
 
 Backpressure: a claim never takes more jobs than the scheduler has free
 slots, so everything this daemon locks is running or about to run.
+
+Isolation: the scheduler shares slots fairly, but a batch also holds a runner
+context, and those are fewer (``max_parallel_batches``). One tenant may hold
+at most all but ``RESERVED_BATCHES_SHARE`` of them, so a flood of slow jobs
+cannot take every context: another tenant's job still gets one at once (and
+keeps its warm context instead of a cold start per job).
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ from queue_daemon.queuelog import QueueLog
 from runners.models import HandlerSpec, JobInput, JobResult
 from runners.output import clip, emit_problem
 from runners.pool import RunnerPool
-from scheduler import Scheduler
+from scheduler import Scheduler, tenant_of
 from store.errors import StoreError
 from store.models import ClaimedJob, Release, ReleaseHow
 from store.protocol import Store
@@ -49,6 +55,8 @@ NO_HANDLER_RECHECK_S = 30.0
 # here they cost PostgreSQL about 40% more CPU per job (the concurrent
 # SKIP LOCKED scans step over each other's rows) and ran fewer jobs/s.
 CLAIM_LOOPS = 1
+# Share of the parallel batches (runner contexts) no single tenant may take.
+RESERVED_BATCHES_SHARE = 8  # 1/8: 8 of the default 64
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -109,6 +117,9 @@ class Worker:
         self._learning: dict[str, int] = {}  # types still learning -> batches running
         self._no_handler: dict[str, float] = {}  # types without a handler -> when last checked
         self._claiming = 0  # claims in flight
+        self._tenant_batches: dict[str, int] = {}  # tenant -> batches claiming or running
+        parallel = settings.max_parallel_batches
+        self._tenant_batch_cap = max(1, parallel - max(1, parallel // RESERVED_BATCHES_SHARE))
         self.started = 0
         self.finished = 0
 
@@ -214,6 +225,9 @@ class Worker:
         if self._no_handler:
             cutoff = time.monotonic() - NO_HANDLER_RECHECK_S
             waiting = {t: n for t, n in waiting.items() if self._no_handler.get(t, 0) < cutoff}
+        full = {t for t, n in self._tenant_batches.items() if n >= self._tenant_batch_cap}
+        if full:  # their other jobs wait for one of their own batches to end
+            waiting = {t: n for t, n in waiting.items() if tenant_of(t) not in full}
         pick = self._scheduler.select_jobtype(waiting, self._pool.warm())
         if pick is None:
             return False
@@ -230,6 +244,8 @@ class Worker:
         # cannot hand them out too (backpressure stays exact)
         self._scheduler.jobs_started(jobtype, limit)
         self._claiming += 1
+        tenant = tenant_of(jobtype)
+        self._tenant_batches[tenant] = self._tenant_batches.get(tenant, 0) + 1
         jobs: list[ClaimedJob] = []
         try:
             spec = await self._handlers.get(jobtype)
@@ -244,6 +260,7 @@ class Worker:
                 self._scheduler.jobs_stopped(jobtype, limit - len(jobs))
                 if not jobs:
                     self._unlearn(jobtype)
+                    self._batch_ended(tenant)
         left = self._waiting.get(jobtype, 0) - len(jobs)
         if len(jobs) < limit or left <= 0:
             # taken (by us or others), or the capped count ran out: ask the store again
@@ -309,6 +326,13 @@ class Worker:
             self._learning[jobtype] = left
         else:
             self._learning.pop(jobtype, None)
+
+    def _batch_ended(self, tenant: str) -> None:
+        left = self._tenant_batches.get(tenant, 0) - 1
+        if left > 0:
+            self._tenant_batches[tenant] = left
+        else:
+            self._tenant_batches.pop(tenant, None)
 
     def _timed(self, jobtype: str, seconds: float, count: int) -> None:
         per_job = seconds / count
@@ -427,6 +451,7 @@ class Worker:
         for job in jobs:
             self._running.pop(job.id, None)
         self._unlearn(jobtype)
+        self._batch_ended(tenant_of(jobtype))
         self._scheduler.jobs_stopped(jobtype, len(jobs))
         self.finished += len(jobs)
         self._queuelog.finished(

@@ -32,6 +32,7 @@ def test_bench_quick_runs_every_section() -> None:
         "(coldstart) python context",
         "(coldstart) node context",
         "(latency) add → start, p50",
+        "(flood) CPU flood: calm add → start p50",
         "(run1) 1 daemon, python no-op",
         "(run1) 1 daemon, node no-op",
         "(run3) 3 daemons, python no-op",
