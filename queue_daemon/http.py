@@ -27,6 +27,7 @@ from queue_daemon.ids import IdGenerator
 from queue_daemon.ingester import Ingester
 from queue_daemon.limits import Limits
 from queue_daemon.names import valid_client, valid_type
+from queue_daemon.overview import Overview
 from queue_daemon.queuelog import QueueLog
 from queue_daemon.quotas import RateLimiter, WaitingLimiter
 from queue_daemon.settings import Settings
@@ -54,6 +55,7 @@ class Services:
     rates: RateLimiter
     waiting: WaitingLimiter
     limits: Limits
+    overview: Overview
     sysid: str
 
 

@@ -7,12 +7,16 @@ from typing import Protocol
 
 from store.models import (
     ClaimedJob,
+    DaemonLease,
+    FailedJob,
     HandlerRecord,
     Job,
     JobPage,
     JobState,
     NewJob,
+    QueueDepth,
     Release,
+    RunningJobs,
     Tenant,
     TypeStats,
 )
@@ -46,6 +50,29 @@ class Store(Protocol):
 
     async def cancel_job(self, client: str, job_id: str) -> Job:
         """Waiting -> done/failed/499. NotFound, or Conflict when running or done."""
+
+    # the dashboard: ``client`` None is every tenant
+    async def queue_depths(self, client: str | None, limit: int) -> list[QueueDepth]:
+        """Counts per stored jobtype, at most ``limit`` types (by name)."""
+        ...
+
+    async def running_jobs(self, client: str | None, limit: int) -> RunningJobs:
+        """How many jobs run, and the ``limit`` oldest of them."""
+        ...
+
+    async def recent_failures(
+        self, client: str | None, limit: int, result_chars: int
+    ) -> list[FailedJob]:
+        """The newest ``limit`` failed or errored jobs, results cut to ``result_chars``."""
+        ...
+
+    async def daemon_leases(self, limit: int) -> list[DaemonLease]:
+        """Sysid leases, live ones first."""
+        ...
+
+    async def archived_counts(self) -> dict[str, int]:
+        """Stored jobtype -> jobs ever archived (only grows): throughput samples."""
+        ...
 
     # tenants
     async def add_tenant(self, client: str, token_hash: bytes) -> None:

@@ -276,6 +276,114 @@ SELECT count(*) FROM (
 ) w
 """
 
+# --- the dashboard (GET /admin/overview, GET /{client}/overview) ---------------
+
+# Each query comes in two forms: every tenant (operator), and one tenant, whose
+# stored types are the C-collated range ['client-', 'client.') as in STATS
+# ($1 is that client; the other parameters follow it, and move up by one in
+# the operator's form). Two texts rather than "$1 IS NULL OR ...": a prepared
+# statement's generic plan could not use the range as an index condition.
+_ALL = "true"
+_ONE = "type >= $1 || '-' AND type < $1 || '.'"
+
+# Depth per stored type ({limit} rows at most, by type): waiting and scheduled from
+# jobs_waiting_idx, running from jobs_running_idx, done counts from type_counts
+# (0003), never from archived jobs. `archived` is the monotonic counter of
+# 0006 that the throughput samples read.
+_QUEUE_DEPTHS = """
+WITH done AS (
+    SELECT type,
+           sum(n) FILTER (WHERE code = 'ok') AS done_ok,
+           sum(n) FILTER (WHERE code = 'failed') AS done_failed,
+           sum(n) FILTER (WHERE code = 'error') AS done_error
+    FROM type_counts
+    WHERE {scope} AND n <> 0
+    GROUP BY type
+), waiting AS (
+    SELECT type,
+           count(*) FILTER (WHERE dt <= now()) AS waiting,
+           count(*) FILTER (WHERE dt > now()) AS scheduled
+    FROM jobs
+    WHERE lock = '' AND {scope}
+    GROUP BY type
+), running AS (
+    SELECT type, count(*) AS running
+    FROM jobs
+    WHERE lock <> '' AND lock <> '__done' AND {scope}
+    GROUP BY type
+)
+SELECT type,
+       coalesce(w.waiting, 0) AS waiting,
+       coalesce(w.scheduled, 0) AS scheduled,
+       coalesce(r.running, 0) AS running,
+       coalesce(d.done_ok, 0)::bigint AS done_ok,
+       coalesce(d.done_failed, 0)::bigint AS done_failed,
+       coalesce(d.done_error, 0)::bigint AS done_error
+FROM waiting w
+FULL JOIN running r USING (type)
+FULL JOIN done d USING (type)
+ORDER BY type
+LIMIT {limit}
+"""
+QUEUE_DEPTHS_ALL = _QUEUE_DEPTHS.format(scope=_ALL, limit="$1")
+QUEUE_DEPTHS_CLIENT = _QUEUE_DEPTHS.format(scope=_ONE, limit="$2")
+
+# Running jobs, oldest first ({limit} at most), with how many run in all. Reads
+# jobs_running_idx only: the running set is bounded by the daemons' concurrency.
+_RUNNING_JOBS = """
+SELECT id, type, lock AS sysid, attempts, create_dt, dt AS lease_until,
+       count(*) OVER () AS total
+FROM jobs
+WHERE lock <> '' AND lock <> '__done' AND {scope}
+ORDER BY create_dt, id
+LIMIT {limit}
+"""
+RUNNING_JOBS_ALL = _RUNNING_JOBS.format(scope=_ALL, limit="$1")
+RUNNING_JOBS_CLIENT = _RUNNING_JOBS.format(scope=_ONE, limit="$2")
+
+# The newest {limit} failed or errored jobs, their result cut to {chars}
+# characters. One descent of jobs_failed_idx (0006) per type that has such a
+# job (found in type_counts), at most {limit} entries each; then the newest
+# {limit} of those.
+_RECENT_FAILURES = """
+SELECT f.*
+FROM (
+    SELECT DISTINCT type FROM type_counts
+    WHERE code IN ('failed', 'error') AND n > 0 AND {scope}
+) t
+CROSS JOIN LATERAL (
+    SELECT j.id, j.type, j.code, j.exitcode, j.attempts, j.create_dt, j.done_dt,
+           left(j.result, {chars}) AS result,
+           coalesce(char_length(j.result) > {chars}, false) AS result_cut
+    FROM jobs j
+    WHERE j.type = t.type AND j.lock = '__done' AND j.code IN ('failed', 'error')
+    ORDER BY j.done_dt DESC
+    LIMIT {limit}
+) f
+ORDER BY f.done_dt DESC, f.id DESC
+LIMIT {limit}
+"""
+RECENT_FAILURES_ALL = _RECENT_FAILURES.format(scope=_ALL, limit="$1", chars="$2")
+RECENT_FAILURES_CLIENT = _RECENT_FAILURES.format(scope=_ONE, limit="$2", chars="$3")
+
+# Daemons' sysid leases ($1 at most): live ones first, then those that lapsed
+# or were released most recently.
+DAEMON_LEASES = """
+SELECT sysid, host, data_dir, expires, released_at,
+       CASE WHEN released_at IS NOT NULL THEN 'released'
+            WHEN expires IS NULL OR expires <= now() THEN 'expired'
+            ELSE 'live' END AS state,
+       now() AS now
+FROM sysids
+ORDER BY (released_at IS NULL AND expires > now()) DESC,
+         coalesce(released_at, expires) DESC NULLS LAST, sysid
+LIMIT $1
+"""
+
+# Jobs ever archived per stored type (0006), every code together: sampled by
+# each daemon for the throughput. type_counts has a row per (type, code).
+ARCHIVED_COUNTS = "SELECT type, sum(archived)::bigint AS archived FROM type_counts GROUP BY type"
+
 # --- sysids -------------------------------------------------------------------
 
 # $1 holder, $2 host, $3 data_dir, $4 lease seconds. DO NOTHING: a number that
