@@ -247,6 +247,7 @@ _SCHEMAS: dict[str, Schema] = {
                         "done_ok",
                         "done_failed",
                         "done_error",
+                        "capped",
                         "per_s",
                         "throughput",
                     ],
@@ -264,6 +265,10 @@ _SCHEMAS: dict[str, Schema] = {
                                 "done_failed",
                                 "done_error",
                             )
+                        },
+                        "capped": {
+                            "type": "boolean",
+                            "description": "waiting or scheduled is at the 10,000 counted",
                         },
                         "per_s": _nullable(
                             {

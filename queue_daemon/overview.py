@@ -20,6 +20,7 @@ from store.models import DaemonLease, FailedJob, QueueDepth, RunningJob
 from store.protocol import Store
 
 MAX_QUEUES = 1000  # types listed at most; "queues_cut" says when there were more
+COUNT_CAP = 10_000  # waiting (and scheduled) jobs counted per type at most; "capped" beyond
 MAX_DAEMONS = 100
 DEFAULT_LIMIT = 50  # running jobs and failures listed, unless ?limit= says otherwise
 MAX_LIMIT = 500
@@ -62,7 +63,7 @@ class Overview:
     async def _build(self, client: str | None, limit: int) -> dict[str, Any]:
         store = self.store
         depths, running, failures, daemons = await asyncio.gather(
-            store.queue_depths(client, MAX_QUEUES + 1),
+            store.queue_depths(client, MAX_QUEUES + 1, COUNT_CAP),
             store.running_jobs(client, limit),
             store.recent_failures(client, limit, RESULT_CHARS),
             store.daemon_leases(MAX_DAEMONS),
@@ -91,6 +92,7 @@ class Overview:
             "type": jobtype,
             "waiting": depth.waiting,
             "scheduled": depth.scheduled,
+            "capped": depth.capped,
             "running": depth.running,
             "done_ok": depth.done_ok,
             "done_failed": depth.done_failed,

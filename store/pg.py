@@ -307,11 +307,11 @@ class PgStore:
 
     # --- the dashboard ------------------------------------------------------
 
-    async def queue_depths(self, client: str | None, limit: int) -> list[QueueDepth]:
+    async def queue_depths(self, client: str | None, limit: int, cap: int) -> list[QueueDepth]:
         if client is None:
-            rows = await self._fetch(queries.QUEUE_DEPTHS_ALL, limit)
+            rows = await self._fetch(queries.QUEUE_DEPTHS_ALL, limit, cap)
         else:
-            rows = await self._fetch(queries.QUEUE_DEPTHS_CLIENT, client, limit)
+            rows = await self._fetch(queries.QUEUE_DEPTHS_CLIENT, client, limit, cap)
         return [QueueDepth(**dict(row.items())) for row in rows]
 
     async def running_jobs(self, client: str | None, limit: int) -> RunningJobs:

@@ -52,8 +52,9 @@ class Store(Protocol):
         """Waiting -> done/failed/499. NotFound, or Conflict when running or done."""
 
     # the dashboard: ``client`` None is every tenant
-    async def queue_depths(self, client: str | None, limit: int) -> list[QueueDepth]:
-        """Counts per stored jobtype, at most ``limit`` types (by name)."""
+    async def queue_depths(self, client: str | None, limit: int, cap: int) -> list[QueueDepth]:
+        """Counts per stored jobtype, at most ``limit`` types (by name); waiting
+        and scheduled jobs are counted up to ``cap`` each."""
         ...
 
     async def running_jobs(self, client: str | None, limit: int) -> RunningJobs:

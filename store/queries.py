@@ -286,25 +286,41 @@ SELECT count(*) FROM (
 _ALL = "true"
 _ONE = "type >= $1 || '-' AND type < $1 || '.'"
 
-# Depth per stored type ({limit} rows at most, by type): waiting and scheduled from
-# jobs_waiting_idx, running from jobs_running_idx, done counts from type_counts
-# (0003), never from archived jobs. `archived` is the monotonic counter of
-# 0006 that the throughput samples read.
+# Depth per stored type ({limit} rows at most, by type), without reading
+# archived jobs and without counting a deep queue to its end: the waiting
+# types are found by a loose scan of jobs_waiting_idx (one descent per type, as
+# in WAITING_JOBTYPES), and each type's waiting and scheduled jobs are counted
+# up to {cap} index entries each; running jobs from jobs_running_idx; done
+# counts from type_counts (0003). The cost is bounded by types x cap, not by
+# the number of jobs.
 _QUEUE_DEPTHS = """
-WITH done AS (
+WITH RECURSIVE wtypes(type) AS (
+    (SELECT type FROM jobs WHERE lock = '' AND {scope} ORDER BY type LIMIT 1)
+    UNION ALL
+    SELECT (SELECT j.type FROM jobs j
+            WHERE j.lock = '' AND j.type > wtypes.type AND {scope_j}
+            ORDER BY j.type LIMIT 1)
+    FROM wtypes
+    WHERE wtypes.type IS NOT NULL
+), waiting AS (
+    SELECT t.type,
+           (SELECT count(*) FROM (
+                SELECT 1 FROM jobs j
+                WHERE j.type = t.type AND j.lock = '' AND j.dt <= now() LIMIT {cap}
+           ) c) AS waiting,
+           (SELECT count(*) FROM (
+                SELECT 1 FROM jobs j
+                WHERE j.type = t.type AND j.lock = '' AND j.dt > now() LIMIT {cap}
+           ) c) AS scheduled
+    FROM wtypes t
+    WHERE t.type IS NOT NULL
+), done AS (
     SELECT type,
            sum(n) FILTER (WHERE code = 'ok') AS done_ok,
            sum(n) FILTER (WHERE code = 'failed') AS done_failed,
            sum(n) FILTER (WHERE code = 'error') AS done_error
     FROM type_counts
     WHERE {scope} AND n <> 0
-    GROUP BY type
-), waiting AS (
-    SELECT type,
-           count(*) FILTER (WHERE dt <= now()) AS waiting,
-           count(*) FILTER (WHERE dt > now()) AS scheduled
-    FROM jobs
-    WHERE lock = '' AND {scope}
     GROUP BY type
 ), running AS (
     SELECT type, count(*) AS running
@@ -315,6 +331,7 @@ WITH done AS (
 SELECT type,
        coalesce(w.waiting, 0) AS waiting,
        coalesce(w.scheduled, 0) AS scheduled,
+       coalesce(w.waiting >= {cap} OR w.scheduled >= {cap}, false) AS capped,
        coalesce(r.running, 0) AS running,
        coalesce(d.done_ok, 0)::bigint AS done_ok,
        coalesce(d.done_failed, 0)::bigint AS done_failed,
@@ -325,8 +342,9 @@ FULL JOIN done d USING (type)
 ORDER BY type
 LIMIT {limit}
 """
-QUEUE_DEPTHS_ALL = _QUEUE_DEPTHS.format(scope=_ALL, limit="$1")
-QUEUE_DEPTHS_CLIENT = _QUEUE_DEPTHS.format(scope=_ONE, limit="$2")
+_ONE_J = "j.type >= $1 || '-' AND j.type < $1 || '.'"
+QUEUE_DEPTHS_ALL = _QUEUE_DEPTHS.format(scope=_ALL, scope_j=_ALL, limit="$1", cap="$2")
+QUEUE_DEPTHS_CLIENT = _QUEUE_DEPTHS.format(scope=_ONE, scope_j=_ONE_J, limit="$2", cap="$3")
 
 # Running jobs, oldest first ({limit} at most), with how many run in all. Reads
 # jobs_running_idx only: the running set is bounded by the daemons' concurrency.

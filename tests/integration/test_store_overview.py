@@ -45,13 +45,19 @@ async def test_depths_running_failures_per_tenant_and_all(store: PgStore) -> Non
     await archive(store, "b-y", {"b1": "error"})
     await store.claim("a-t", 1, sysid="s7", lease=LEASE)
 
-    assert await store.queue_depths("a", 100) == [
+    assert await store.queue_depths("a", 100, 1000) == [
         QueueDepth(type="a-t", waiting=2, scheduled=1, running=1, done_ok=1, done_failed=1)
     ]
-    everything = await store.queue_depths(None, 100)
+    everything = await store.queue_depths(None, 100, 1000)
     assert [d.type for d in everything] == ["a-t", "ab-x", "b-y"]
     assert everything[2] == QueueDepth(type="b-y", waiting=1, done_error=1)
-    assert [d.type for d in await store.queue_depths(None, 2)] == ["a-t", "ab-x"]
+    assert [d.type for d in await store.queue_depths(None, 2, 1000)] == ["a-t", "ab-x"]
+    # a deep queue is counted up to the cap, and says so
+    assert await store.queue_depths("a", 100, 2) == [
+        QueueDepth(
+            type="a-t", waiting=2, scheduled=1, capped=True, running=1, done_ok=1, done_failed=1
+        )
+    ]
 
     running = await store.running_jobs("a", 50)
     assert running.total == 1 and running.oldest[0].sysid == "s7"
@@ -89,7 +95,7 @@ async def test_archived_counts_only_grow(store: PgStore) -> None:
     assert await store.archived_counts() == {"a-t": 3, "a-u": 1}
     assert await store.purge(-60) == 4  # every done job goes; the counters stay
     assert await store.archived_counts() == {"a-t": 3, "a-u": 1}
-    assert await store.queue_depths("a", 10) == [QueueDepth(type="a-t", waiting=1)]
+    assert await store.queue_depths("a", 10, 1000) == [QueueDepth(type="a-t", waiting=1)]
 
 
 async def test_daemon_leases(store: PgStore) -> None:
@@ -120,8 +126,8 @@ async def test_plans_read_indexes_not_archived_jobs(
     await conn.execute("ANALYZE jobs")
     await conn.execute("ANALYZE type_counts")
     statements = [
-        (queries.QUEUE_DEPTHS_ALL, (1001,), "jobs_waiting_idx"),
-        (queries.QUEUE_DEPTHS_CLIENT, ("bench", 1001), "jobs_waiting_idx"),
+        (queries.QUEUE_DEPTHS_ALL, (1001, 100_000), "jobs_waiting_idx"),
+        (queries.QUEUE_DEPTHS_CLIENT, ("bench", 1001, 100_000), "jobs_waiting_idx"),
         (queries.RUNNING_JOBS_ALL, (50,), "jobs_running_idx"),
         (queries.RUNNING_JOBS_CLIENT, ("bench", 50), "jobs_running_idx"),
         (queries.RECENT_FAILURES_ALL, (50, 500), "jobs_failed_idx"),
@@ -139,6 +145,6 @@ async def test_plans_read_indexes_not_archived_jobs(
     assert all(f.code == "failed" for f in failures)
     running = await store.running_jobs(None, 50)
     assert running.total == 200 and len(running.oldest) == 50
-    depths = await store.queue_depths("bench", 1000)
+    depths = await store.queue_depths("bench", 1000, 100_000)
     assert sum(d.waiting for d in depths) == 20_000 - 200
     assert sum(d.running for d in depths) == 200
