@@ -34,11 +34,13 @@ from queue_daemon.ids import IdGenerator
 from queue_daemon.ingester import Ingester
 from queue_daemon.limits import Limits
 from queue_daemon.metrics import Metrics, Sources
+from queue_daemon.overview import Overview
 from queue_daemon.queuelog import QueueLog, Rotation
 from queue_daemon.quotas import RateLimiter, WaitingLimiter
 from queue_daemon.routes import build_app
 from queue_daemon.server import AppRunner
 from queue_daemon.settings import Settings
+from queue_daemon.throughput import Throughput
 from queue_daemon.worker import Worker, WorkerSettings
 from runners.pool import RunnerPool, RunnerSettings
 from store.embedded import EmbeddedPostgres
@@ -261,6 +263,8 @@ class Daemon:
         supervisor.start("sysid-lease", sysids.keep_leased(store, identity, settings.lease))
         supervisor.start("token-cache", tokens.run(settings.token_refresh))
         supervisor.start("queue-log", queuelog.run())
+        throughput = Throughput()
+        supervisor.start("throughput", throughput.run(store))
 
         self.waiting = WaitingLimiter(store, settings.waiting_refresh)
         services = Services(
@@ -275,6 +279,7 @@ class Daemon:
             rates=RateLimiter(settings.tenant_rate, settings.tenant_burst),
             waiting=self.waiting,
             limits=limits,
+            overview=Overview(store, throughput, identity.sysid),
             sysid=identity.sysid,
             identity=identity,
             metrics=metrics,

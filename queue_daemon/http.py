@@ -29,6 +29,7 @@ from queue_daemon.ingester import Ingester
 from queue_daemon.limits import Limits
 from queue_daemon.metrics import Metrics
 from queue_daemon.names import valid_client, valid_type
+from queue_daemon.overview import Overview
 from queue_daemon.queuelog import QueueLog
 from queue_daemon.quotas import RateLimiter, WaitingLimiter
 from queue_daemon.settings import Settings
@@ -60,6 +61,7 @@ class Services:
     rates: RateLimiter
     waiting: WaitingLimiter
     limits: Limits
+    overview: Overview
     sysid: str
     identity: Identity  # the sysid's lease health
     metrics: Metrics

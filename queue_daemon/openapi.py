@@ -211,6 +211,171 @@ _SCHEMAS: dict[str, Schema] = {
             "defaults": _ref("Limits"),
         },
     },
+    "Overview": {
+        "type": "object",
+        "description": "what the dashboard shows: every tenant (operator) or one",
+        "required": [
+            "scope",
+            "client",
+            "sysid",
+            "now",
+            "step_s",
+            "queues",
+            "queues_cut",
+            "running",
+            "failures",
+            "daemons",
+        ],
+        "additionalProperties": False,
+        "properties": {
+            "scope": {"type": "string", "enum": ["operator", "tenant"]},
+            "client": _nullable({"type": "string", "pattern": CLIENT_PATTERN}),
+            "sysid": {"type": "string", "description": "the daemon that answered"},
+            "now": {"type": "string", "format": "date-time"},
+            "step_s": {"type": "number", "description": "seconds between throughput points"},
+            "queues": {
+                "type": "array",
+                "maxItems": 1000,
+                "items": {
+                    "type": "object",
+                    "required": [
+                        "client",
+                        "type",
+                        "waiting",
+                        "scheduled",
+                        "running",
+                        "done_ok",
+                        "done_failed",
+                        "done_error",
+                        "capped",
+                        "per_s",
+                        "throughput",
+                    ],
+                    "additionalProperties": False,
+                    "properties": {
+                        "client": {"type": "string", "pattern": CLIENT_PATTERN},
+                        "type": {"type": "string"},
+                        **{
+                            name: {"type": "integer", "minimum": 0}
+                            for name in (
+                                "waiting",
+                                "scheduled",
+                                "running",
+                                "done_ok",
+                                "done_failed",
+                                "done_error",
+                            )
+                        },
+                        "capped": {
+                            "type": "boolean",
+                            "description": "waiting or scheduled is at the 10,000 counted",
+                        },
+                        "per_s": _nullable(
+                            {
+                                "type": "number",
+                                "minimum": 0,
+                                "description": "jobs/s archived over about the last minute",
+                            }
+                        ),
+                        "throughput": {
+                            "type": "array",
+                            "description": "jobs/s archived per step_s, oldest first",
+                            "items": {"type": "number", "minimum": 0},
+                        },
+                    },
+                },
+            },
+            "queues_cut": {"type": "boolean", "description": "more types than listed"},
+            "running": {
+                "type": "object",
+                "required": ["total", "oldest"],
+                "additionalProperties": False,
+                "properties": {
+                    "total": {"type": "integer", "minimum": 0},
+                    "oldest": {
+                        "type": "array",
+                        "maxItems": 500,
+                        "items": {
+                            "type": "object",
+                            "required": [
+                                "id",
+                                "client",
+                                "type",
+                                "sysid",
+                                "attempts",
+                                "create_dt",
+                                "age_s",
+                                "lease_until",
+                            ],
+                            "additionalProperties": False,
+                            "properties": {
+                                "id": {"type": "string"},
+                                "client": {"type": "string", "pattern": CLIENT_PATTERN},
+                                "type": {"type": "string"},
+                                "sysid": {"type": "string"},
+                                "attempts": {"type": "integer", "minimum": 0},
+                                "create_dt": {"type": "string", "format": "date-time"},
+                                "age_s": {"type": "number", "minimum": 0},
+                                "lease_until": {"type": "string", "format": "date-time"},
+                            },
+                        },
+                    },
+                },
+            },
+            "failures": {
+                "type": "array",
+                "maxItems": 500,
+                "items": {
+                    "type": "object",
+                    "required": [
+                        "id",
+                        "client",
+                        "type",
+                        "code",
+                        "exitcode",
+                        "attempts",
+                        "create_dt",
+                        "done_dt",
+                        "result",
+                        "result_cut",
+                    ],
+                    "additionalProperties": False,
+                    "properties": {
+                        "id": {"type": "string"},
+                        "client": {"type": "string", "pattern": CLIENT_PATTERN},
+                        "type": {"type": "string"},
+                        "code": {"type": "string", "enum": ["failed", "error"]},
+                        "exitcode": _nullable({"type": "integer"}),
+                        "attempts": {"type": "integer", "minimum": 0},
+                        "create_dt": {"type": "string", "format": "date-time"},
+                        "done_dt": {"type": "string", "format": "date-time"},
+                        "result": _nullable(
+                            {"type": "string", "description": "at most 500 characters"}
+                        ),
+                        "result_cut": {"type": "boolean"},
+                    },
+                },
+            },
+            "daemons": {
+                "type": "array",
+                "maxItems": 100,
+                "items": {
+                    "type": "object",
+                    "required": ["sysid", "state", "expires", "expires_in_s", "released_at"],
+                    "additionalProperties": False,
+                    "properties": {
+                        "sysid": {"type": "string"},
+                        "state": {"type": "string", "enum": ["live", "expired", "released"]},
+                        "expires": _nullable({"type": "string", "format": "date-time"}),
+                        "expires_in_s": _nullable({"type": "number"}),
+                        "released_at": _nullable({"type": "string", "format": "date-time"}),
+                        "host": _nullable({"type": "string", "description": "operator only"}),
+                        "data_dir": _nullable({"type": "string", "description": "operator only"}),
+                    },
+                },
+            },
+        },
+    },
     "Health": {
         "type": "object",
         "required": ["sysid", "store", "journal", "ingest_lag", "ingested"],
@@ -337,6 +502,14 @@ _TYPE = _param(
     "type", "path", {"type": "string", "pattern": TYPE_PATTERN}, "jobtype", required=True
 )
 _ID = _param("id", "path", {"type": "string", "minLength": 1}, "job id", required=True)
+
+
+_OVERVIEW_LIMIT = _param(
+    "limit",
+    "query",
+    {"type": "integer", "minimum": 1, "maximum": 500, "default": 50},
+    "running jobs and failures listed at most",
+)
 
 
 def _tenant_op(
@@ -519,6 +692,39 @@ def _paths() -> dict[str, Any]:
                         }
                     },
                 },
+            ),
+        },
+        "/": {
+            "get": {
+                "operationId": "dashboard",
+                "summary": "The dashboard page; it asks for a token and polls the overview routes",
+                "security": [],
+                "responses": {
+                    "200": {
+                        "description": "one self-contained HTML page",
+                        "content": {"text/html": {"schema": {"type": "string"}}},
+                    }
+                },
+            }
+        },
+        "/admin/overview": {
+            "get": _tenant_op(
+                "adminOverview",
+                "Every tenant's queues, running jobs, recent failures and the daemons"
+                " (operator token)",
+                _ok("the overview", "Overview"),
+                {"400": "BadRequest"},
+                parameters=[_OVERVIEW_LIMIT],
+            ),
+        },
+        "/{client}/overview": {
+            "parameters": [_CLIENT],
+            "get": _tenant_op(
+                "overview",
+                "The client's queues, running jobs and recent failures, and the daemons",
+                _ok("the overview", "Overview"),
+                {"400": "BadRequest"},
+                parameters=[_OVERVIEW_LIMIT],
             ),
         },
         "/healthz": {

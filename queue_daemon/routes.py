@@ -4,7 +4,14 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from queue_daemon import admin_routes, handler_routes, health_routes, http, openapi
+from queue_daemon import (
+    admin_routes,
+    handler_routes,
+    health_routes,
+    http,
+    openapi,
+    overview_routes,
+)
 from queue_daemon.http import SERVICES, Services, error_middleware
 
 
@@ -14,11 +21,15 @@ def build_app(services: Services) -> web.Application:
     )
     app[SERVICES] = services
     router = app.router
+    router.add_get("/", overview_routes.dashboard)
+    # before /{client}/overview, which would take "admin" for a client name
+    router.add_get("/admin/overview", overview_routes.admin_overview)
     router.add_post("/{client}/job/{type}/add", http.add_jobs)
     router.add_get("/{client}/job/{id}", http.get_job)
     router.add_post("/{client}/job/{id}/cancel", http.cancel_job)
     router.add_get("/{client}/jobs", http.list_jobs)
     router.add_get("/{client}/stats", http.stats)
+    router.add_get("/{client}/overview", overview_routes.tenant_overview)
     router.add_post("/{client}/handler/add/{type}", handler_routes.add_handler)
     router.add_post("/{client}/handler/del/{type}", handler_routes.delete_handler)
     router.add_get("/{client}/handler/get/{type}", handler_routes.get_handler)

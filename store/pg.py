@@ -22,14 +22,19 @@ from store.migrate import applied_migrations as _applied_versions
 from store.migrate import migrate as apply_migrations
 from store.models import (
     ClaimedJob,
+    DaemonLease,
     ExpiredLock,
+    FailedJob,
     HandlerRecord,
     Job,
     JobPage,
     JobState,
     NewJob,
+    QueueDepth,
     Release,
     ReleaseHow,
+    RunningJob,
+    RunningJobs,
     Tenant,
     TypeDepth,
     TypeStats,
@@ -301,6 +306,42 @@ class PgStore:
                     raise NotFound(f"no job {job_id!r}")
                 raise Conflict(f"job {job_id!r} is {_state(row['lock']).value}")
         return _job(row)
+
+    # --- the dashboard ------------------------------------------------------
+
+    async def queue_depths(self, client: str | None, limit: int, cap: int) -> list[QueueDepth]:
+        if client is None:
+            rows = await self._fetch(queries.QUEUE_DEPTHS_ALL, limit, cap)
+        else:
+            rows = await self._fetch(queries.QUEUE_DEPTHS_CLIENT, client, limit, cap)
+        return [QueueDepth(**dict(row.items())) for row in rows]
+
+    async def running_jobs(self, client: str | None, limit: int) -> RunningJobs:
+        if client is None:
+            rows = await self._fetch(queries.RUNNING_JOBS_ALL, limit)
+        else:
+            rows = await self._fetch(queries.RUNNING_JOBS_CLIENT, client, limit)
+        return RunningJobs(
+            total=rows[0]["total"] if rows else 0,
+            oldest=[RunningJob(**{k: v for k, v in row.items() if k != "total"}) for row in rows],
+        )
+
+    async def recent_failures(
+        self, client: str | None, limit: int, result_chars: int
+    ) -> list[FailedJob]:
+        if client is None:
+            rows = await self._fetch(queries.RECENT_FAILURES_ALL, limit, result_chars)
+        else:
+            rows = await self._fetch(queries.RECENT_FAILURES_CLIENT, client, limit, result_chars)
+        return [FailedJob(**dict(row.items())) for row in rows]
+
+    async def daemon_leases(self, limit: int) -> list[DaemonLease]:
+        rows = await self._fetch(queries.DAEMON_LEASES, limit)
+        return [DaemonLease(**dict(row.items())) for row in rows]
+
+    async def archived_counts(self) -> dict[str, int]:
+        rows = await self._fetch(queries.ARCHIVED_COUNTS)
+        return {row["type"]: row["archived"] for row in rows}
 
     # --- tenants ----------------------------------------------------------
 

@@ -7,13 +7,17 @@ from typing import Protocol
 
 from store.models import (
     ClaimedJob,
+    DaemonLease,
     ExpiredLock,
+    FailedJob,
     HandlerRecord,
     Job,
     JobPage,
     JobState,
     NewJob,
+    QueueDepth,
     Release,
+    RunningJobs,
     Tenant,
     TypeDepth,
     TypeStats,
@@ -48,6 +52,30 @@ class Store(Protocol):
 
     async def cancel_job(self, client: str, job_id: str) -> Job:
         """Waiting -> done/failed/499. NotFound, or Conflict when running or done."""
+
+    # the dashboard: ``client`` None is every tenant
+    async def queue_depths(self, client: str | None, limit: int, cap: int) -> list[QueueDepth]:
+        """Counts per stored jobtype, at most ``limit`` types (by name); waiting
+        and scheduled jobs are counted up to ``cap`` each."""
+        ...
+
+    async def running_jobs(self, client: str | None, limit: int) -> RunningJobs:
+        """How many jobs run, and the ``limit`` oldest of them."""
+        ...
+
+    async def recent_failures(
+        self, client: str | None, limit: int, result_chars: int
+    ) -> list[FailedJob]:
+        """The newest ``limit`` failed or errored jobs, results cut to ``result_chars``."""
+        ...
+
+    async def daemon_leases(self, limit: int) -> list[DaemonLease]:
+        """Sysid leases, live ones first."""
+        ...
+
+    async def archived_counts(self) -> dict[str, int]:
+        """Stored jobtype -> jobs ever archived (only grows): throughput samples."""
+        ...
 
     # tenants
     async def add_tenant(self, client: str, token_hash: bytes) -> None:

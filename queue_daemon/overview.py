@@ -1,0 +1,150 @@
+"""The dashboard's data: depth and throughput per tenant and type, running jobs,
+recent failures and daemons, as one JSON body.
+
+Every list is bounded and every count is read from an index or a counter
+table (``store.queries``, "the dashboard"), so a page polling every two
+seconds costs the store the same with a thousand or a billion archived jobs.
+Bodies are kept for ``CACHE_S`` per scope, so any number of open pages cost
+one set of queries a second.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+from queue_daemon.throughput import Throughput
+from store.models import DaemonLease, FailedJob, QueueDepth, RunningJob
+from store.protocol import Store
+
+MAX_QUEUES = 1000  # types listed at most; "queues_cut" says when there were more
+COUNT_CAP = 10_000  # waiting (and scheduled) jobs counted per type at most; "capped" beyond
+MAX_DAEMONS = 100
+DEFAULT_LIMIT = 50  # running jobs and failures listed, unless ?limit= says otherwise
+MAX_LIMIT = 500
+RESULT_CHARS = 500  # of a failure's result
+CACHE_S = 1.0
+_CACHE_ENTRIES = 1024
+
+
+def _iso(value: datetime | None) -> str | None:
+    return None if value is None else value.isoformat().replace("+00:00", "Z")
+
+
+def _split(stored_type: str) -> tuple[str, str]:
+    client, _, jobtype = stored_type.partition("-")
+    return client, jobtype
+
+
+class Overview:
+    """Builds (and briefly caches) the overview of every tenant or of one."""
+
+    def __init__(self, store: Store, throughput: Throughput, sysid: str) -> None:
+        self.store = store
+        self.throughput = throughput
+        self.sysid = sysid
+        self._cache: dict[tuple[str | None, int], tuple[float, dict[str, Any]]] = {}
+
+    async def body(self, client: str | None, limit: int = DEFAULT_LIMIT) -> dict[str, Any]:
+        """The overview of ``client``'s queues, or of every tenant's when None."""
+        key = (client, limit)
+        now = time.monotonic()
+        cached = self._cache.get(key)
+        if cached is not None and now - cached[0] < CACHE_S:
+            return cached[1]
+        body = await self._build(client, limit)
+        if len(self._cache) >= _CACHE_ENTRIES:
+            self._cache.clear()
+        self._cache[key] = (now, body)
+        return body
+
+    async def _build(self, client: str | None, limit: int) -> dict[str, Any]:
+        store = self.store
+        depths, running, failures, daemons = await asyncio.gather(
+            store.queue_depths(client, MAX_QUEUES + 1, COUNT_CAP),
+            store.running_jobs(client, limit),
+            store.recent_failures(client, limit, RESULT_CHARS),
+            store.daemon_leases(MAX_DAEMONS),
+        )
+        now = datetime.now(UTC)
+        return {
+            "scope": "operator" if client is None else "tenant",
+            "client": client,
+            "sysid": self.sysid,
+            "now": _iso(now),
+            "step_s": self.throughput.step,
+            "queues": [self._queue(d) for d in depths[:MAX_QUEUES]],
+            "queues_cut": len(depths) > MAX_QUEUES,
+            "running": {
+                "total": running.total,
+                "oldest": [_running(job, now) for job in running.oldest],
+            },
+            "failures": [_failure(job) for job in failures],
+            "daemons": [_daemon(lease, operator=client is None) for lease in daemons],
+        }
+
+    def _queue(self, depth: QueueDepth) -> dict[str, Any]:
+        client, jobtype = _split(depth.type)
+        return {
+            "client": client,
+            "type": jobtype,
+            "waiting": depth.waiting,
+            "scheduled": depth.scheduled,
+            "capped": depth.capped,
+            "running": depth.running,
+            "done_ok": depth.done_ok,
+            "done_failed": depth.done_failed,
+            "done_error": depth.done_error,
+            "per_s": self.throughput.recent(depth.type),
+            "throughput": self.throughput.series(depth.type),
+        }
+
+
+def _running(job: RunningJob, now: datetime) -> dict[str, Any]:
+    client, jobtype = _split(job.type)
+    return {
+        "id": job.id,
+        "client": client,
+        "type": jobtype,
+        "sysid": job.sysid,
+        "attempts": job.attempts,
+        "create_dt": _iso(job.create_dt),
+        "age_s": round(max((now - job.create_dt).total_seconds(), 0.0), 1),
+        "lease_until": _iso(job.lease_until),
+    }
+
+
+def _failure(job: FailedJob) -> dict[str, Any]:
+    client, jobtype = _split(job.type)
+    return {
+        "id": job.id,
+        "client": client,
+        "type": jobtype,
+        "code": job.code,
+        "exitcode": job.exitcode,
+        "attempts": job.attempts,
+        "create_dt": _iso(job.create_dt),
+        "done_dt": _iso(job.done_dt),
+        "result": job.result,
+        "result_cut": job.result_cut,
+    }
+
+
+def _daemon(lease: DaemonLease, *, operator: bool) -> dict[str, Any]:
+    """A tenant sees which daemons exist and whether they live; where they run
+    (host, data directory) is the operator's business."""
+    body: dict[str, Any] = {
+        "sysid": lease.sysid,
+        "state": lease.state,
+        "expires": _iso(lease.expires),
+        "expires_in_s": None
+        if lease.expires is None
+        else round((lease.expires - lease.now).total_seconds(), 1),
+        "released_at": _iso(lease.released_at),
+    }
+    if operator:
+        body["host"] = lease.host
+        body["data_dir"] = lease.data_dir
+    return body

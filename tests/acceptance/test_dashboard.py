@@ -1,0 +1,225 @@
+"""The dashboard page in headless Chromium (Debian's ``chromium`` and
+``chromium-driver``, driven by selenium; nothing is downloaded).
+
+A real daemon; the page is opened with the operator token and watched while
+a tenant adds jobs of a type without a handler (the waiting count shows),
+then adds the handler (the done count rises, the waiting count falls) and a
+failing type whose result is HTML (it shows as text). Then the tenant's own
+token: no other tenant's name anywhere. The browser console must stay free
+of errors. A screenshot is kept in pytest's tmp dir and in ``test-artifacts/``.
+
+Without the browser the test is skipped, with the reason, except under
+``CI=true`` (``.ci/run`` installs it), where that is a failure.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, NoReturn, TypeVar
+
+import aiohttp
+import pytest
+
+from tests.acceptance.client import Api, Handlers
+from tests.acceptance.daemon import (
+    REPO,
+    DaemonFactory,
+    Deployment,
+    deploy,
+    reachable_dir,
+    run_cli,
+    store_args,
+)
+
+T = TypeVar("T")
+CHROMIUM = ("chromium", "chromium-browser", "google-chrome")
+WITHIN = 45.0  # seconds for the page to show a change (it polls every 2 s)
+XSS = "<img src=x onerror=\"document.title='pwned'\"><b>bold</b>"
+
+
+def _missing(why: str) -> NoReturn:
+    if os.environ.get("CI", "").lower() == "true":
+        pytest.fail(f"the browser test cannot run in CI: {why}")
+    pytest.skip(why)
+
+
+@pytest.fixture
+def driver(tmp_path: Path) -> Iterator[Any]:
+    try:
+        from selenium import webdriver
+        from selenium.webdriver.chrome.service import Service
+    except ImportError:
+        _missing("selenium is not installed (pip install -e '.[dev]')")
+    chromedriver = shutil.which("chromedriver") or "/usr/lib/chromium/chromedriver"
+    binary = next(filter(None, map(shutil.which, CHROMIUM)), None)
+    if not os.access(chromedriver, os.X_OK) or binary is None:
+        _missing(
+            "chromium and chromedriver are not installed (apt-get install chromium chromium-driver)"
+        )
+    options = webdriver.ChromeOptions()
+    options.binary_location = str(binary)
+    for arg in (
+        "--headless=new",
+        "--no-sandbox",  # the tests may run as root
+        "--disable-dev-shm-usage",
+        "--disable-gpu",
+        "--no-first-run",
+        "--window-size=1400,1100",
+        f"--user-data-dir={tmp_path / 'chromium-profile'}",
+    ):
+        options.add_argument(arg)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    service = Service(executable_path=chromedriver, log_output=str(tmp_path / "chromedriver.log"))
+    browser = webdriver.Chrome(service=service, options=options)
+    try:
+        yield browser
+    finally:
+        browser.quit()  # ends the browser, then stops chromedriver by its pid
+        process = getattr(service, "process", None)
+        if process is not None and process.poll() is None:
+            process.kill()
+            process.wait(timeout=30)
+
+
+@pytest.fixture
+def deployment(daemons: DaemonFactory, pg_dsn: str) -> Iterator[Deployment]:
+    root = reachable_dir("qd-dashboard-")  # handlers must reach the data dir
+    try:
+        deployed = deploy(daemons, pg_dsn, root, ["acme", "globex"])
+        done = run_cli(
+            "admin", "token", *store_args(deployed.dsn, deployed.data_dir), cwd=deployed.cwd
+        )
+        assert done.returncode == 0, done.stderr
+        deployed.tokens["*admin"] = done.stdout.strip().splitlines()[-1]
+        yield deployed
+        deployed.daemon.close()  # before its database is dropped
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def wait_for(what: str, probe: Callable[[], T | None], within: float = WITHIN) -> T:
+    """Poll the page with a deadline (never a guessed sleep)."""
+    deadline = time.monotonic() + within
+    while True:
+        result = probe()
+        if result is not None and result is not False:
+            return result
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"the page did not show {what} within {within:.0f} s")
+        time.sleep(0.1)
+
+
+def cell(driver: Any, queue: str, column: str) -> str | None:
+    """The text of a queue row's cell, or None while the row is not shown."""
+    text = driver.execute_script(
+        "const row = [...document.querySelectorAll('#queues tr')]"
+        "  .find(r => r.dataset.queue === arguments[0]);"
+        "const td = row && row.querySelector('td[data-col=\"' + arguments[1] + '\"]');"
+        "return td ? td.textContent : null;",
+        queue,
+        column,
+    )
+    return None if text is None else str(text)
+
+
+def open_as(driver: Any, url: str, client: str, token: str) -> None:
+    from selenium.webdriver.common.by import By
+
+    driver.get(url + "/")
+    driver.find_element(By.ID, "logout").click()
+    client_box = driver.find_element(By.ID, "client")
+    client_box.clear()
+    client_box.send_keys(client)
+    driver.find_element(By.ID, "token").send_keys(token)
+    driver.find_element(By.CSS_SELECTOR, "#login button[type=submit]").click()
+
+
+def severe(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [e for e in entries if e.get("level") == "SEVERE"]
+
+
+async def test_dashboard_in_chromium(
+    driver: Any, deployment: Deployment, session: aiohttp.ClientSession, tmp_path: Path
+) -> None:
+    from selenium.webdriver.common.by import By
+
+    started = time.monotonic()
+    url = deployment.url
+    acme: Api = deployment.api(session, "acme")
+    globex: Api = deployment.api(session, "globex")
+    await globex.add("globex_secret_type", ["1"])
+
+    # the operator's view: every tenant; jobs of a type without a handler wait
+    open_as(driver, url, "", deployment.tokens["*admin"])
+    wait_for(
+        "the operator view", lambda: "operator view" in driver.find_element(By.ID, "status").text
+    )
+    await acme.add("resize", ["a", "b", "c"])
+    wait_for("3 waiting resize jobs", lambda: cell(driver, "acme/resize", "waiting") == "3")
+    assert cell(driver, "globex/globex_secret_type", "waiting") == "1"
+
+    # a handler arrives: the jobs finish and the page follows
+    handlers = Handlers(acme)
+    await handlers.add("resize", "python", "def handler(payload, ctx):\n    return 200, 'ok'\n")
+    await handlers.add(
+        "bad", "python", "def handler(payload, ctx):\n    return 400, payload\n", maxAttempts=1
+    )
+    await acme.add("bad", [XSS])
+    wait_for("3 done resize jobs", lambda: cell(driver, "acme/resize", "done_ok") == "3")
+    assert cell(driver, "acme/resize", "waiting") == "0"
+    wait_for("the failed job", lambda: cell(driver, "acme/bad", "done_failed") == "1")
+
+    # the failure's result shows as the text it is, never as markup
+    def result_text() -> str | None:
+        cells = driver.find_elements(By.CSS_SELECTOR, "#failures td.result")
+        return next((c.text for c in cells if "onerror" in c.text), None)
+
+    assert wait_for("the failure's result", result_text) == XSS
+    assert driver.find_elements(By.CSS_SELECTOR, "#failures img, #failures b") == []
+    assert "pwned" not in driver.title and driver.title.startswith("queue-daemon")
+    assert driver.find_element(By.ID, "error").text == ""
+
+    # the sampled throughput follows (a sample before and one after the jobs ended)
+    def rate() -> float | None:
+        text = cell(driver, "acme/resize", "per_s") or ""
+        return float(text) if text.replace(".", "", 1).isdigit() and float(text) > 0 else None
+
+    wait_for("a throughput", rate)
+    sparkline = '#queues tr[data-queue="acme/resize"] svg polyline'
+    wait_for("a sparkline", lambda: driver.find_elements(By.CSS_SELECTOR, sparkline))
+
+    # the filter narrows the tables to one tenant's rows, and back
+    driver.find_element(By.ID, "filter").send_keys("globex")
+    wait_for("the filter", lambda: cell(driver, "acme/resize", "waiting") is None)
+    assert cell(driver, "globex/globex_secret_type", "waiting") == "1"
+    driver.find_element(By.ID, "filter").clear()
+    driver.execute_script("document.getElementById('filter').dispatchEvent(new Event('input'))")
+    wait_for("every row again", lambda: cell(driver, "acme/resize", "waiting") == "0")
+
+    shot = tmp_path / "dashboard.png"
+    assert driver.save_screenshot(str(shot))
+    artifacts = REPO / "test-artifacts"
+    artifacts.mkdir(exist_ok=True)
+    shutil.copy(shot, artifacts / "dashboard.png")
+
+    console = driver.get_log("browser")
+    assert severe(console) == [], console
+
+    # a tenant's own token: its queues only; no other tenant's name anywhere
+    open_as(driver, url, "acme", deployment.tokens["acme"])
+    wait_for("the tenant view", lambda: "tenant acme" in driver.find_element(By.ID, "status").text)
+    wait_for("acme's queue", lambda: cell(driver, "acme/resize", "done_ok") == "3")
+    page = driver.find_element(By.TAG_NAME, "body").text + driver.page_source
+    assert "globex" not in page
+    assert severe(driver.get_log("browser")) == []
+
+    # a refused token shows in the page; the console has only the failed request
+    open_as(driver, url, "", "not-a-token")
+    wait_for("the 401", lambda: "401" in driver.find_element(By.ID, "error").text)
+    left = [e for e in severe(driver.get_log("browser")) if "401" not in e.get("message", "")]
+    assert left == [], left
+    print(f"browser test took {time.monotonic() - started:.1f} s")
