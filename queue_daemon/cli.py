@@ -31,6 +31,7 @@ from runners.addresses import Network, parse_networks
 from store.errors import Conflict, NotFound, StoreError
 
 ENV = "QUEUE_DAEMON_"
+RESERVED_CLIENTS = frozenset({"admin"})  # its paths would collide with /admin/... routes
 
 
 class CliError(Exception):
@@ -420,12 +421,15 @@ async def _admin(args: argparse.Namespace) -> int:
 
 async def _tenant(args: argparse.Namespace) -> int:
     grace = _number(args.grace, "--grace", float, 0) if args.action == "rotate" else 0.0
+    if args.action == "add":
+        if not valid_client(args.client):
+            raise CliError("client must match [a-z0-9_]{1,40}")
+        if args.client in RESERVED_CLIENTS:
+            raise CliError(f"{args.client} is reserved: /{args.client}/… are operator routes")
     settings = Settings(data_dir=Path(args.data_dir), store=args.store or None)
     store, embedded = await app.open_store(settings)
     try:
         if args.action == "add":
-            if not valid_client(args.client):
-                raise CliError("client must match [a-z0-9_]{1,40}")
             token = new_token()
             try:
                 await store.add_tenant(args.client, hash_token(token, await store.token_key()))

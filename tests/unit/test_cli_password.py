@@ -1,10 +1,11 @@
-"""A store password on the command line is readable by every local user: warn."""
+"""CLI checks that need no store: a password on the command line (readable by every
+local user) warns; a reserved tenant name is refused."""
 
 from __future__ import annotations
 
 import pytest
 
-from queue_daemon.cli import password_in_argv
+from queue_daemon.cli import main, password_in_argv
 
 
 @pytest.mark.parametrize(
@@ -32,3 +33,8 @@ def test_a_password_in_argv_is_found(argv: list[str]) -> None:
 )
 def test_no_password_no_warning(argv: list[str]) -> None:
     assert not password_in_argv(argv)
+
+
+def test_admin_is_no_tenant_name(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["tenant", "add", "admin", "--store", "postgresql://nowhere.invalid/x"]) == 2
+    assert "reserved" in capsys.readouterr().err
