@@ -27,7 +27,9 @@ READ_GRACE = 1.0  # seconds to read what a finished job's pipes still hold
 # The command travels in the environment, not in argv: every process's argv is
 # readable by every user in /proc/<pid>/cmdline, its environment only by its own.
 COMMAND_VARIABLE = "QUEUE_HANDLER_COMMAND"
-RUN_COMMAND = f'eval "${COMMAND_VARIABLE}"'
+# It leaves the environment before the command runs: the command sees the
+# same environment as every handler.
+RUN_COMMAND = f'__qd_command=${COMMAND_VARIABLE}; unset {COMMAND_VARIABLE}; eval "$__qd_command"'
 MAX_STDOUT = 16 << 20  # bytes of a job's stdout parsed; the rest is counted and dropped
 
 
