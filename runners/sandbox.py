@@ -63,6 +63,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from runners.cgroups import CgroupTree
+from runners.cpushare import CpuGroup
 from runners.errors import SandboxError
 from runners.workdirs import OwnPart
 
@@ -75,7 +76,10 @@ BOOTSTRAP_SOURCE = Path(__file__).resolve().parent / "bootstrap"
 # moves the protocol pipes from fds 0/1 to 3/4 (dash only knows fds 0-9 in redirections)
 _FD_WRAPPER = 'unset PWD OLDPWD; exec 3<&0 4>&1 0</dev/null 1>&2; exec "$@"'
 # run as root: enters the cgroup named by $1 (its cgroup.procs), then becomes the rest
-_CGROUP_WRAPPER = 'unset PWD OLDPWD; echo $$ >"$1" || exit 126; shift; exec "$@"'
+_CGROUP_WRAPPER = (
+    'unset PWD OLDPWD; while [ "$1" != -- ]; do echo $$ >"$1" || exit 126; shift; done;'
+    ' shift; exec "$@"'
+)
 # run as root in a new network namespace: brings its loopback up with ip ($1)
 _LOOPBACK_WRAPPER = 'unset PWD OLDPWD; "$1" link set lo up || exit 126; shift; exec "$@"'
 IP_PATH = "/usr/sbin:/sbin:" + SAFE_PATH
@@ -255,6 +259,7 @@ class Sandbox:
         self._ip: str | None = None  # iproute2, to bring the namespace's loopback up
         self._switch_user: str | None = None  # unshare, to switch users after the cgroup wrapper
         self._cgroups: CgroupTree | None = None
+        self._cpu: CpuGroup | None = None  # the handlers' low-weight CPU group
         self._part: OwnPart | None = None  # this sandbox's d-<id> below the work root
 
     async def prepare(self) -> None:
@@ -326,6 +331,12 @@ class Sandbox:
             return None  # not root: nothing to warn about beyond the run-as notice
         self._switch_user = self._unshare or shutil.which("unshare", path=SAFE_PATH)
         cgroups = CgroupTree.find() if self._switch_user is not None else None
+        self._cpu = CpuGroup.find() if self._switch_user is not None else None
+        if self._cpu is None:
+            logger.info(
+                "handlers keep the kernel's default CPU weight (no cgroup v1 cpu controller)",
+                extra={"action": "sandbox_cpu"},
+            )
         if cgroups is None:
             logger.warning(
                 "no cgroup v2 for handlers: a handler process that calls setsid() "
@@ -344,6 +355,9 @@ class Sandbox:
         cgroups, self._cgroups = self._cgroups, None
         if cgroups is not None:
             await asyncio.to_thread(cgroups.close)
+        cpu, self._cpu = self._cpu, None
+        if cpu is not None:
+            await asyncio.to_thread(cpu.close)
         part, self._part = self._part, None
         if part is not None:
             await asyncio.to_thread(part.release)
@@ -523,7 +537,11 @@ class Sandbox:
         cgroup: Path | None = None
         if run_as is not None and self._cgroups is not None and self._switch_user is not None:
             cgroup = self._cgroups.new()
-        if run_as is not None and (self._unshare is not None or cgroup is not None):
+        # the files a root wrapper writes the process's pid to before handler code runs
+        procs = [] if cgroup is None else [cgroup / "cgroup.procs"]
+        if run_as is not None and self._cpu is not None and self._switch_user is not None:
+            procs.append(self._cpu.procs(run_as.uid))
+        if run_as is not None and (self._unshare is not None or procs):
             # unshare needs root: it switches to the run-as user itself, after the namespace
             # (and after the cgroup wrapper, which must write to root's cgroup files)
             unshare = self._unshare or self._switch_user
@@ -537,8 +555,8 @@ class Sandbox:
                 lo = ["/bin/sh", "-c", _LOOPBACK_WRAPPER, "sh", self._ip]
                 argv = [unshare, "--net", "--", *lo, *switch, *argv]
             run_as = None
-        if cgroup is not None:
-            argv = ["/bin/sh", "-c", _CGROUP_WRAPPER, "sh", str(cgroup / "cgroup.procs"), *argv]
+        if procs:
+            argv = ["/bin/sh", "-c", _CGROUP_WRAPPER, "sh", *map(str, procs), "--", *argv]
         loop = asyncio.get_running_loop()
         try:
             transport, protocol = await loop.subprocess_exec(

@@ -453,3 +453,50 @@ async def test_private_dirs_of_a_dead_daemon_are_swept(work_root: Path, shared_d
             await asyncio.to_thread(proc.wait)
             assert proc.stdout is not None
             proc.stdout.close()
+
+
+def _cpu_group_root() -> Path | None:
+    from runners.cpushare import _v1_cpu_dir
+
+    parent = _v1_cpu_dir()
+    return parent if os.geteuid() == 0 and parent and (parent / "cpu.shares").exists() else None
+
+
+needs_cpu_group = pytest.mark.skipif(
+    _cpu_group_root() is None, reason="needs root and the cgroup v1 cpu controller"
+)
+
+CPU_LINE = (
+    "def handler(p, ctx):\n"
+    "    lines = open('/proc/self/cgroup').read().splitlines()\n"
+    "    return [l for l in lines if 'cpu' in l.split(':')[1].split(',')][0]\n"
+)
+
+
+@needs_cpu_group
+async def test_handlers_run_in_a_low_weight_cpu_group_per_tenant(work_root: Path) -> None:
+    """The daemon keeps the CPU it needs under a flood of busy handlers (the flood
+    bench measures it): handlers sit in a group of cpu.shares 64, one subgroup per
+    tenant uid, that they cannot leave."""
+    pool = RunnerPool(RunnerSettings(work_root=work_root, processes=PROCESSES))
+    try:
+        (acme,) = await pool.run_batch(spec(CPU_LINE), jobs("a"))
+        other = HandlerSpec(version="v1", client="globex", type="t", lang="python", body=CPU_LINE)
+        (globex,) = await pool.run_batch(other, jobs("b"))
+        assert acme.exitcode == 200 and globex.exitcode == 200, (acme, globex)
+        acme_path = str(acme.result).split(":", 2)[2]
+        globex_path = str(globex.result).split(":", 2)[2]
+        acme_uid, globex_uid = runner_uid("acme"), runner_uid("globex")
+        assert acme_path.endswith(f"/u-{acme_uid}"), acme_path
+        assert globex_path.endswith(f"/u-{globex_uid}"), globex_path
+        group = Path(acme_path).parent
+        assert group.name.startswith(f"queue-handlers-{os.getpid()}."), group
+        assert Path(globex_path).parent == group
+        root = _cpu_group_root()
+        assert root is not None
+        assert (root / group.name).is_dir()  # below the daemon's own cpu cgroup
+        shares = (root / group.name / "cpu.shares").read_text().strip()
+        assert shares == "64", shares
+    finally:
+        await pool.close()
+    assert not (root / group.name).exists(), "the CPU group outlived its pool"
