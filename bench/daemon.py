@@ -38,9 +38,14 @@ def add_tenant(dsn: str, data_dir: Path, client: str = TENANT) -> str:
 def start_daemon(
     name: str, dsn: str, data_dir: Path, log_dir: Path, extra: Sequence[str] = ()
 ) -> tuple[Child, str]:
-    """A ``queue-daemon serve --port 0`` subprocess and its base URL; ``extra``: more flags."""
+    """A ``queue-daemon serve --port 0`` subprocess and its base URL; ``extra``: more flags.
+
+    The per-tenant add rate and waiting limits are off: the bench measures what the
+    daemon can take, and one bench tenant adds millions of jobs in seconds (the
+    defaults, 100,000 jobs/s and 1,000,000 waiting, would answer 429)."""
     argv = python("-m", "queue_daemon", "serve", "--port", "0", "--store", dsn)
-    argv += ["--data-dir", str(data_dir), "--drain-timeout", "5", *extra]
+    argv += ["--data-dir", str(data_dir), "--drain-timeout", "5"]
+    argv += ["--tenant-rate", "0", "--tenant-waiting", "0", *extra]
     daemon = Child(name, argv, log_dir=log_dir, env=_env())
     try:
         line = daemon.wait_line("listening on ", timeout=READY_TIMEOUT)

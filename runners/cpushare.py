@@ -1,12 +1,15 @@
-"""Handlers yield the CPU to the daemon, and share the rest fairly between tenants.
+"""All of a daemon's handlers weigh as one process on the CPU, shared fairly by tenants.
 
 Without it, every handler context is a CPU scheduling entity as heavy as the
 daemon itself (each starts its own session, so the kernel's autogroups put
 each in a group of its own): a tenant whose jobs keep eight cores' worth of
 contexts busy leaves the daemon a ninth of the machine, and every other
-tenant's add, ingestion and claim waits for it. In a CPU cgroup of low weight
-(``cpu.shares`` 64 against the daemon's 1024) handlers get all the CPU the
-daemon does not want, and the daemon gets what it wants at once. Processes
+tenant's add, ingestion and claim waits for it. In one CPU cgroup of the
+weight of a single process (``cpu.shares`` 1024, as the daemon's own group)
+the handlers of a daemon, however many, get as much CPU as the daemon when
+both want it, and all of it when the daemon does not. (A lower weight starves
+the contexts whenever daemons and PostgreSQL keep the cores busy: three
+daemons on two cores ran half as many jobs at 64.) Processes
 cannot leave the group (its ``cgroup.procs`` is root's), ``setsid()`` or not.
 Inside it each tenant (each handler uid) has a group of its own of equal
 weight, so a tenant's fifty busy contexts share one tenant's part of the CPU
@@ -35,7 +38,7 @@ from runners.cgroups import pid_alive
 logger = logging.getLogger(__name__)
 
 PREFIX = "queue-handlers-"
-HANDLER_SHARES = 64  # cpu.shares of the handlers' group; a nice-0 process weighs 1024
+HANDLER_SHARES = 1024  # cpu.shares of all handlers together: as much as the daemon alone
 _groups = itertools.count(1)
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from runners.cpushare import HANDLER_SHARES
 from runners.models import HandlerSpec
 from runners.pool import RunnerPool, RunnerSettings
 from runners.sandbox import SAFE_PATH, Limits, Sandbox, tenant_ids
@@ -474,10 +475,10 @@ CPU_LINE = (
 
 
 @needs_cpu_group
-async def test_handlers_run_in_a_low_weight_cpu_group_per_tenant(work_root: Path) -> None:
+async def test_handlers_weigh_as_one_process_with_a_cpu_group_per_tenant(work_root: Path) -> None:
     """The daemon keeps the CPU it needs under a flood of busy handlers (the flood
-    bench measures it): handlers sit in a group of cpu.shares 64, one subgroup per
-    tenant uid, that they cannot leave."""
+    bench measures it): handlers sit in one group of a single process's weight, one
+    subgroup per tenant uid, that they cannot leave."""
     pool = RunnerPool(RunnerSettings(work_root=work_root, processes=PROCESSES))
     try:
         (acme,) = await pool.run_batch(spec(CPU_LINE), jobs("a"))
@@ -496,7 +497,7 @@ async def test_handlers_run_in_a_low_weight_cpu_group_per_tenant(work_root: Path
         assert root is not None
         assert (root / group.name).is_dir()  # below the daemon's own cpu cgroup
         shares = (root / group.name / "cpu.shares").read_text().strip()
-        assert shares == "64", shares
+        assert shares == str(HANDLER_SHARES), shares
     finally:
         await pool.close()
     assert not (root / group.name).exists(), "the CPU group outlived its pool"
