@@ -42,7 +42,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from store.errors import StoreError
-from store.models import Release, TypeDepth
+from store.models import QueueDepth, Release
 from store.protocol import Store
 
 logger = logging.getLogger(__name__)
@@ -51,6 +51,7 @@ OTHER = "_other"  # the label value of tenants and types beyond the caps
 DEPTH_TTL_S = 5.0  # the queue depth is read from the store at most this often
 DEPTH_TIMEOUT_S = 5.0  # longer, and the scrape reports the last counts with queue_store_up 0
 DEPTH_CAP = 1_000_000  # waiting (and scheduled) jobs counted per type; the gauge saturates there
+DEPTH_TYPES = 100_000  # stored types read for the gauge (label values are capped further down)
 NO_CODE = "requeued"  # the code label of a run that ended without an outcome (put back)
 
 # seconds: an add is an fsync (sub-millisecond to tens of ms); a claim a store round trip
@@ -159,7 +160,7 @@ class Metrics:
         self._add_seconds = _Histogram(FAST_BUCKETS)
         self._claim_seconds = _Histogram(FAST_BUCKETS)
         self._run_seconds: dict[str, _Histogram] = {}
-        self._depth: dict[str, TypeDepth] = {}
+        self._depth: dict[str, QueueDepth] = {}
         self._depth_at = -1e9
         self._depth_ok: bool | None = None  # None until the first read
         self._depth_task: asyncio.Future[None] | None = None
@@ -270,7 +271,10 @@ class Metrics:
         loop = asyncio.get_running_loop()
         try:
             # bounded: a scrape must not hang on a store that does not answer
-            self._depth = await asyncio.wait_for(store.queue_depth(DEPTH_CAP), DEPTH_TIMEOUT_S)
+            depths = await asyncio.wait_for(
+                store.queue_depths(None, DEPTH_TYPES, DEPTH_CAP), DEPTH_TIMEOUT_S
+            )
+            self._depth = {depth.type: depth for depth in depths}
             self._depth_ok = True
         except (StoreError, TimeoutError) as exc:
             if self._depth_ok is not False:

@@ -63,15 +63,6 @@ class TypeStats:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class TypeDepth:
-    """Jobs of one stored type not done yet (``Store.queue_depth``)."""
-
-    waiting: int = 0
-    scheduled: int = 0
-    running: int = 0
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
 class Tenant:
     client: str
     token_hash: bytes  # of its newest token

@@ -36,7 +36,6 @@ from store.models import (
     RunningJob,
     RunningJobs,
     Tenant,
-    TypeDepth,
     TypeStats,
 )
 from store.translate import is_unavailable, translate
@@ -427,17 +426,6 @@ class PgStore:
             raise NotFound(f"no active tenant {client!r}")
         stored: dict[str, float] = orjson.loads(row["limits"])
         return stored
-
-    async def queue_depth(self, cap: int) -> dict[str, TypeDepth]:
-        """Waiting, scheduled and running jobs of every stored type (``client-type``)
-        with any; the first two count at most ``cap`` each."""
-        rows = await self._fetch(queries.QUEUE_DEPTH, max(1, cap))
-        return {
-            row["type"]: TypeDepth(
-                waiting=row["waiting"], scheduled=row["scheduled"], running=row["running"]
-            )
-            for row in rows
-        }
 
     async def count_waiting(self, client: str, cap: int) -> int:
         """``client``'s waiting and scheduled jobs, counting at most ``cap``."""

@@ -19,7 +19,6 @@ from store.models import (
     Release,
     RunningJobs,
     Tenant,
-    TypeDepth,
     TypeStats,
 )
 
@@ -105,11 +104,6 @@ class Store(Protocol):
 
     async def count_waiting(self, client: str, cap: int) -> int:
         """``client``'s waiting and scheduled jobs, counting at most ``cap``."""
-        ...
-
-    async def queue_depth(self, cap: int) -> dict[str, TypeDepth]:
-        """Waiting, scheduled and running jobs per stored type, store-wide (the
-        first two counted up to ``cap`` each); types with none are left out."""
         ...
 
     async def new_admin_token(self, token_hash: bytes, grace: float) -> None:

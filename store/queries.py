@@ -276,43 +276,6 @@ SELECT count(*) FROM (
 ) w
 """
 
-# Queue depth of every type for the metrics gauge, store-wide: waiting and
-# scheduled from jobs_waiting_idx (a skip scan over its types, then each count
-# capped at $1 index entries, so a type with millions of jobs costs at most
-# that), running from jobs_running_idx (as many rows as jobs run right now).
-QUEUE_DEPTH = """
-WITH RECURSIVE types(type) AS (
-    (SELECT type FROM jobs WHERE lock = '' ORDER BY type LIMIT 1)
-    UNION ALL
-    SELECT (SELECT j.type FROM jobs j
-            WHERE j.lock = '' AND j.type > types.type
-            ORDER BY j.type LIMIT 1)
-    FROM types
-    WHERE types.type IS NOT NULL
-), waiting AS (
-    SELECT types.type,
-           (SELECT count(*) FROM (SELECT 1 FROM jobs j
-                                  WHERE j.type = types.type AND j.lock = '' AND j.dt <= now()
-                                  LIMIT $1) w) AS waiting,
-           (SELECT count(*) FROM (SELECT 1 FROM jobs j
-                                  WHERE j.type = types.type AND j.lock = '' AND j.dt > now()
-                                  LIMIT $1) s) AS scheduled
-    FROM types
-    WHERE types.type IS NOT NULL
-), running AS (
-    SELECT type, count(*) AS running
-    FROM jobs
-    WHERE lock <> '' AND lock <> '__done'
-    GROUP BY type
-)
-SELECT type,
-       coalesce(w.waiting, 0) AS waiting,
-       coalesce(w.scheduled, 0) AS scheduled,
-       coalesce(r.running, 0) AS running
-FROM waiting w
-FULL JOIN running r USING (type)
-"""
-
 # --- the dashboard (GET /admin/overview, GET /{client}/overview) ---------------
 
 # Each query comes in two forms: every tenant (operator), and one tenant, whose
