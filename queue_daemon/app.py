@@ -49,6 +49,8 @@ from store.pg import PgStore
 
 logger = logging.getLogger(__name__)
 
+LINGERING_TIME = 1.0  # seconds; see AppRunner below
+
 
 async def open_store(settings: Settings) -> tuple[PgStore, EmbeddedPostgres | None]:
     """Connect (starting the embedded server if no DSN), waiting for PostgreSQL to come up."""
@@ -293,6 +295,10 @@ class Daemon:
             access_log=None,
             handle_signals=False,
             keepalive_timeout=settings.client_timeout,
+            # after a reply to a request whose body was not read (408, 413, 401...),
+            # what still comes is read and dropped this long before the connection
+            # closes, so the client gets the reply rather than a reset (aiohttp: 10 s)
+            lingering_time=LINGERING_TIME,
         )
         await runner.setup()
         site = web.TCPSite(runner, settings.host, settings.port, backlog=1024)

@@ -281,9 +281,9 @@ async def read_body(request: web.Request, limit: int, patience: float) -> bytes:
                 chunk = await content.readany()
         except TimeoutError:
             logger.debug("slow request body", extra={"action": "client_timeout"})
-            # what is left of the body is not wanted: without this, aiohttp would go on
-            # reading it (lingering) for up to 10 s more before closing the connection
-            content.feed_eof()
+            # the rest of the body is read and dropped for a moment after the reply
+            # (the server's lingering time) before the connection closes: closing with
+            # unread bytes would reset it and could destroy the reply on its way
             raise errors.timeout(
                 f"the request body did not arrive in time ({size} bytes received)"
             ) from None

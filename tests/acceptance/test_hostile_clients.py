@@ -146,8 +146,8 @@ class SlowClient:
         writer.write(self.head)
         trickle = asyncio.create_task(self.trickle(writer))
         try:
-            with contextlib.suppress(ConnectionError):
-                self.received = await asyncio.wait_for(reader.read(), CLOSED_WITHIN)
+            async with asyncio.timeout(CLOSED_WITHIN):
+                await self.receive(reader)
             self.closed_after = time.monotonic() - began
         except TimeoutError:
             pass  # never closed: closed_after stays None
@@ -158,6 +158,13 @@ class SlowClient:
             writer.close()
             with contextlib.suppress(ConnectionError):
                 await writer.wait_closed()
+
+    async def receive(self, reader: asyncio.StreamReader) -> None:
+        """Read until the daemon closes, keeping what came before a reset: the
+        daemon resets a connection that goes on sending after it was closed."""
+        with contextlib.suppress(ConnectionError):
+            while chunk := await reader.read(65536):
+                self.received += chunk
 
     async def trickle(self, writer: asyncio.StreamWriter) -> None:
         with contextlib.suppress(ConnectionError):
@@ -229,14 +236,12 @@ async def test_slow_and_idle_clients_are_cut_off_and_others_are_served(
 async def test_a_slow_body_gets_408_and_adds_nothing(deployment: Deployment, api: Api) -> None:
     head, body = _slow_body(deployment.tokens[CLIENT])
     client = SlowClient(body, every=0.2)
-    raw = b""
     reader, writer = await asyncio.open_connection(*_address(deployment.url))
     try:
         writer.write(head)
         await writer.drain()
         trickle = asyncio.create_task(client.trickle(writer))
-        with contextlib.suppress(ConnectionError):
-            raw = await asyncio.wait_for(reader.read(), CLOSED_WITHIN)
+        await asyncio.wait_for(client.receive(reader), CLOSED_WITHIN)
         trickle.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await trickle
@@ -244,7 +249,7 @@ async def test_a_slow_body_gets_408_and_adds_nothing(deployment: Deployment, api
         writer.close()
         with contextlib.suppress(ConnectionError):
             await writer.wait_closed()
-    reply = _parse_reply(raw)
+    reply = _parse_reply(client.received)
     assert reply is not None, "closed without a reply"
     assert_error(reply, 408, "timeout")
     await api.wait_caught_up()
