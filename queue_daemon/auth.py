@@ -52,9 +52,10 @@ def legacy_hash_token(token: str) -> bytes:
 class TokenCache:
     """Maps token hashes to clients; refreshed from the store in the background.
 
-    An unknown token triggers one immediate reload (at most one every
-    ``MISS_RELOAD_S``, shared by concurrent requests), so a tenant added a
-    moment ago is recognised at once while bad tokens cannot flood the store.
+    An unknown token waits for a reload that begins after its request came (at
+    most one begins every ``MISS_RELOAD_S``, shared by concurrent requests), so
+    a token stored a moment ago is recognised at once while bad tokens cannot
+    flood the store.
     """
 
     MISS_RELOAD_S = 0.25
@@ -97,15 +98,16 @@ class TokenCache:
         # legacy SHA-256 one) towards a stored one, so the probe's timing says
         # nothing about valid tokens. The key is read at start (app calls
         # reload() before serving), so it is set here unless the store failed.
+        arrived = asyncio.get_running_loop().time()
         if self._key is None:
-            await self._reload_on_miss()
+            await self._reload_since(arrived)
             if self._key is None:
                 return None
         digests = (hash_token(token, self._key), legacy_hash_token(token))
         client = self._lookup(digests)
         if client is not None:
             return client
-        await self._reload_on_miss()
+        await self._reload_since(arrived)
         return self._lookup(digests)
 
     def _lookup(self, digests: tuple[bytes, ...]) -> str | None:
@@ -115,16 +117,24 @@ class TokenCache:
                 return client
         return None
 
-    async def _reload_on_miss(self) -> None:
-        if self._reloading is None:
-            if asyncio.get_running_loop().time() - self._last_reload < self.MISS_RELOAD_S:
-                return
-            self._reloading = asyncio.ensure_future(self.reload())
-        pending = self._reloading
-        try:
-            await asyncio.shield(pending)
-        except StoreError:
-            pass  # keep serving from the last good copy
-        finally:
-            if self._reloading is pending and pending.done():
-                self._reloading = None
+    async def _reload_since(self, arrived: float) -> None:
+        """Return once a reload that began at or after ``arrived`` is done, so a
+        token stored before its request came is known; reloads begin at most one
+        every ``MISS_RELOAD_S`` (a miss waits for the next one rather than getting
+        a 401 from a copy read before its token was stored)."""
+        loop = asyncio.get_running_loop()
+        while self._last_reload < arrived:
+            if self._reloading is None:
+                pause = self._last_reload + self.MISS_RELOAD_S - loop.time()
+                if pause > 0:
+                    await asyncio.sleep(pause)
+                    continue  # another miss may have begun the reload meanwhile
+                self._reloading = asyncio.ensure_future(self.reload())
+            pending = self._reloading
+            try:
+                await asyncio.shield(pending)
+            except StoreError:
+                return  # keep serving from the last good copy
+            finally:
+                if self._reloading is pending and pending.done():
+                    self._reloading = None
