@@ -28,7 +28,7 @@ class CountingStore:
 
 
 async def test_a_token_stored_just_after_a_reload_is_known_at_once(store: PgStore) -> None:
-    cache = TokenCache(store)  # type: ignore[arg-type]
+    cache = TokenCache(store)
     await cache.reload()
     key = await store.token_key()
     first = new_token()
@@ -59,6 +59,6 @@ async def test_unknown_tokens_share_rate_limited_reloads(store: PgStore) -> None
 
 @pytest.mark.parametrize("bad", ["", "qd_", "x" * 5000, "qd_\udcff"])
 async def test_malformed_tokens_are_unknown(store: PgStore, bad: str) -> None:
-    cache = TokenCache(store)  # type: ignore[arg-type]
+    cache = TokenCache(store)
     await cache.reload()
     assert await cache.client_for(bad) is None
