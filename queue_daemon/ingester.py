@@ -28,6 +28,10 @@ RESERVE_TIMEOUT = 60.0  # seconds before an un-synced reservation is handed out 
 # many lines (one COPY, one commit, one read-point fsync each) rather than one
 # by one. It bounds the added ingest latency.
 SMALL_BATCH_CYCLE = 0.01
+# Helper pipelines also move a few lines when the first pipeline has been busy
+# with one batch this long: a line added behind a large batch then waits for
+# about this long, not for the whole of that batch's insert.
+HELP_AFTER = 0.01
 
 
 def to_new_jobs(entries: list[Entry]) -> list[NewJob]:
@@ -55,6 +59,7 @@ class Ingester:
         self._workers = workers
         self._stopping = asyncio.Event()
         self.ingested = 0  # rows newly inserted by this daemon
+        self._first_busy_since: float | None = None  # the first pipeline's batch began
         self.last_error: str | None = None
 
     async def run(self) -> None:
@@ -83,7 +88,7 @@ class Ingester:
         loop = asyncio.get_running_loop()
         small = self._batch // 4
         while not self._stopping.is_set():
-            if helper and journal.lag.unread_lines < small:
+            if helper and journal.lag.unread_lines < small and not self._first_is_slow(loop):
                 if await journal.wait_readable(timeout=0.5):
                     await asyncio.sleep(SMALL_BATCH_CYCLE)  # let a backlog show itself
                 continue
@@ -92,13 +97,23 @@ class Ingester:
                 await journal.wait_readable(timeout=0.5)
                 continue
             began = loop.time()
-            entries = await journal.read(reservation)
-            await self._insert(to_new_jobs(entries))
-            await journal.rsync(reservation)
+            if not helper:
+                self._first_busy_since = began
+            try:
+                entries = await journal.read(reservation)
+                await self._insert(to_new_jobs(entries))
+                await journal.rsync(reservation)
+            finally:
+                if not helper:
+                    self._first_busy_since = None
             if len(entries) < small:
                 rest = began + SMALL_BATCH_CYCLE - loop.time()
                 if rest > 0:
                     await asyncio.sleep(rest)
+
+    def _first_is_slow(self, loop: asyncio.AbstractEventLoop) -> bool:
+        since = self._first_busy_since
+        return since is not None and loop.time() - since >= HELP_AFTER
 
     async def _insert(self, jobs: list[NewJob]) -> None:
         delay = 0.05

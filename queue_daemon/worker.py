@@ -33,7 +33,7 @@ from queue_daemon.queuelog import QueueLog
 from runners.models import HandlerSpec, JobInput, JobResult
 from runners.output import clip, emit_problem
 from runners.pool import RunnerPool
-from scheduler import Scheduler, tenant_of
+from scheduler import Pick, Scheduler, tenant_of
 from store.errors import StoreError
 from store.models import ClaimedJob, Release, ReleaseHow
 from store.protocol import Store
@@ -51,10 +51,11 @@ LEARNING_BATCHES = 4  # such batches running at once, each in its own context
 # A type without a handler is not claimed (its jobs wait); every so often its
 # oldest jobs are checked so that those whose time ran out are archived.
 NO_HANDLER_RECHECK_S = 30.0
-# Claim loops running at once. Two overlap the claim round trips, but measured
-# here they cost PostgreSQL about 40% more CPU per job (the concurrent
-# SKIP LOCKED scans step over each other's rows) and ran fewer jobs/s.
-CLAIM_LOOPS = 1
+# Claim loops running at once, never two claims of one jobtype: two claims of
+# one type cost PostgreSQL about 40% more CPU per job (their SKIP LOCKED scans
+# step over each other's rows). The second loop lets another tenant's job be
+# claimed while a claim of a flooding tenant's type is in flight.
+CLAIM_LOOPS = 2
 # Share of the parallel batches (runner contexts) no single tenant may take.
 RESERVED_BATCHES_SHARE = 8  # 1/8: 8 of the default 64
 
@@ -113,10 +114,13 @@ class Worker:
         self._waiting: dict[str, int] = {}
         self._waiting_fresh = False
         self._waiting_at = 0.0
+        self._reading: asyncio.Task[None] | None = None  # a read of the waiting types
+        self._added_while_reading: dict[str, int] = {}
         self._job_seconds: dict[str, float] = {}  # moving average of a job's run time, per type
         self._learning: dict[str, int] = {}  # types still learning -> batches running
         self._no_handler: dict[str, float] = {}  # types without a handler -> when last checked
         self._claiming = 0  # claims in flight
+        self._claiming_types: set[str] = set()  # their jobtypes
         self._tenant_batches: dict[str, int] = {}  # tenant -> batches claiming or running
         parallel = settings.max_parallel_batches
         self._tenant_batch_cap = max(1, parallel - max(1, parallel // RESERVED_BATCHES_SHARE))
@@ -129,8 +133,19 @@ class Worker:
         )
 
     # notifications from the store's listener
-    def on_jobs(self) -> None:
-        self._waiting_fresh = False
+    def on_jobs(self, added: dict[str, int] | None = None) -> None:
+        """New jobs: ``added`` counts the due ones per jobtype; None when it is
+        not known what changed (the waiting types are read again)."""
+        if added is None:
+            self._waiting_fresh = False
+        else:
+            waiting = self._waiting
+            for jobtype, n in added.items():
+                waiting[jobtype] = waiting.get(jobtype, 0) + n
+            if self._reading is not None:  # the read may have missed them
+                during = self._added_while_reading
+                for jobtype, n in added.items():
+                    during[jobtype] = during.get(jobtype, 0) + n
         self._wake.set()
 
     def on_handler(self, jobtype: str) -> None:
@@ -191,12 +206,35 @@ class Worker:
             self._queuelog.purged(purged)
 
     async def _waiting_jobtypes(self) -> dict[str, int]:
-        now = time.monotonic()
-        if not self._waiting_fresh or now - self._waiting_at > POLL_S:
-            self._waiting = await self._store.waiting_jobtypes()
-            self._waiting_fresh = True
-            self._waiting_at = now
+        """What waits per jobtype: read from the store when stale (one read at a
+        time, shared by the claim loops), kept up to date by notifications."""
+        if not self._waiting_fresh or time.monotonic() - self._waiting_at > POLL_S:
+            if self._reading is None:
+                self._reading = asyncio.create_task(self._read_waiting())
+            reading = self._reading
+            try:
+                await asyncio.shield(reading)
+            finally:
+                if reading.done() and self._reading is reading:
+                    self._reading = None
         return self._waiting
+
+    async def _read_waiting(self) -> None:
+        # fresh from the moment the read begins: a "something changed" note
+        # arriving during the read makes it stale again, and jobs noted during
+        # the read are added to what it returns (it may not see them)
+        self._waiting_fresh = True
+        self._waiting_at = time.monotonic()
+        self._added_while_reading = {}
+        try:
+            waiting = await self._store.waiting_jobtypes()
+        except BaseException:
+            self._waiting_fresh = False
+            raise
+        for jobtype, n in self._added_while_reading.items():
+            waiting[jobtype] = waiting.get(jobtype, 0) + n
+        self._added_while_reading = {}
+        self._waiting = waiting
 
     async def _claim_loop(self) -> None:
         delay = 0.05
@@ -226,14 +264,32 @@ class Worker:
             cutoff = time.monotonic() - NO_HANDLER_RECHECK_S
             waiting = {t: n for t, n in waiting.items() if self._no_handler.get(t, 0) < cutoff}
         full = {t for t, n in self._tenant_batches.items() if n >= self._tenant_batch_cap}
-        if full:  # their other jobs wait for one of their own batches to end
-            waiting = {t: n for t, n in waiting.items() if tenant_of(t) not in full}
+        if full or self._claiming_types or self._learning:
+            # a full tenant's other jobs wait for one of its own batches to end; a
+            # type being claimed waits for that claim; a type still learning how
+            # long its jobs take runs a few batches at a time
+            learning = self._learning
+            busy = self._claiming_types
+            waiting = {
+                t: n
+                for t, n in waiting.items()
+                if t not in busy
+                and learning.get(t, 0) < LEARNING_BATCHES
+                and tenant_of(t) not in full
+            }
         pick = self._scheduler.select_jobtype(waiting, self._pool.warm())
         if pick is None:
             return False
+        # the type is taken from the moment it is picked: the other claim loop
+        # must not pick it too while this one awaits its handler or its claim
+        self._claiming_types.add(pick.jobtype)
+        try:
+            return await self._claim_picked(pick)
+        finally:
+            self._claiming_types.discard(pick.jobtype)
+
+    async def _claim_picked(self, pick: Pick) -> bool:
         jobtype = pick.jobtype
-        if self._learning.get(jobtype, 0) >= LEARNING_BATCHES:
-            return False  # a few batches at a time until its jobs' run time is known
         if await self._handlers.get(jobtype) is None:
             # not claimed: its jobs wait (state waiting) until a handler comes
             self._no_handler[jobtype] = time.monotonic()

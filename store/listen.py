@@ -3,7 +3,7 @@
 One connection of its own (a pooled one would be handed to other callers and
 lose its LISTENs), checked by a trivial query every ``KEEPALIVE`` seconds so a
 connection that died silently is noticed. Whenever a connection is (re)made,
-``on_jobs`` is called once: jobs may have arrived while nobody listened.
+``on_jobs(None)`` is called once: jobs may have arrived while nobody listened.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from typing import Any
 import asyncpg
 
 from store import queries
+from store.notes import parse_payload
 from store.translate import is_unavailable
 
 logger = logging.getLogger(__name__)
@@ -57,7 +58,7 @@ def _guarded(name: str, call: Callable[[], None]) -> None:
 async def _serve(
     conn: asyncpg.Connection,
     closed: asyncio.Event,
-    on_jobs: Callable[[], None],
+    on_jobs: Callable[[dict[str, int] | None], None],
     on_handler: Callable[[str], None],
     *,
     connect_timeout: float,
@@ -68,8 +69,8 @@ async def _serve(
     def on_lost(_conn: Any, /) -> None:
         lost.set()
 
-    def jobs_note(_conn: Any, _pid: int, _channel: str, _payload: object, /) -> None:
-        _guarded("on_jobs", on_jobs)
+    def jobs_note(_conn: Any, _pid: int, _channel: str, payload: object, /) -> None:
+        _guarded("on_jobs", lambda: on_jobs(parse_payload(str(payload))))
 
     def handler_note(_conn: Any, _pid: int, _channel: str, payload: object, /) -> None:
         _guarded("on_handler", lambda: on_handler(str(payload)))
@@ -78,7 +79,7 @@ async def _serve(
     await conn.add_listener(queries.JOBS_CHANNEL, jobs_note)
     await conn.add_listener(queries.HANDLERS_CHANNEL, handler_note)
     logger.info("listening for notifications", extra={"action": "listen_connected"})
-    _guarded("on_jobs", on_jobs)
+    _guarded("on_jobs", lambda: on_jobs(None))
     while not closed.is_set():
         if lost.is_set():
             raise asyncpg.InterfaceError("the listening connection was closed")
@@ -98,7 +99,7 @@ async def _close(conn: asyncpg.Connection) -> None:
 async def listen_forever(
     dsn: str,
     closed: asyncio.Event,
-    on_jobs: Callable[[], None],
+    on_jobs: Callable[[dict[str, int] | None], None],
     on_handler: Callable[[str], None],
     *,
     connect_timeout: float,

@@ -38,6 +38,7 @@ from store.models import (
     Tenant,
     TypeStats,
 )
+from store.notes import added_payload
 from store.translate import is_unavailable, translate
 
 if TYPE_CHECKING:
@@ -213,7 +214,7 @@ class PgStore:
             added += result
         return added
 
-    async def _add_records(self, records: Sequence[tuple[Any, ...]]) -> int:
+    async def _add_records(self, records: Sequence[NewJob]) -> int:
         async with self._conn() as conn:
             # Fast path: COPY straight into jobs. A duplicate id (a batch that is
             # ingested again after a crash) aborts it; then go through the temp
@@ -224,7 +225,7 @@ class PgStore:
                         queries.JOBS_TABLE, records=records, columns=queries.JOB_COPY_COLUMNS
                     )
                     # sent at commit, so a woken daemon finds the rows
-                    await conn.execute(queries.NOTIFY_JOBS)
+                    await conn.execute(queries.NOTIFY_JOBS, added_payload(records))
                 return len(records)
             except asyncpg.UniqueViolationError:
                 pass
@@ -234,8 +235,8 @@ class PgStore:
                 )
                 status = await conn.execute(queries.INSERT_FROM_JOBS_IN)
                 added = int(status.rsplit(" ", 1)[1])  # "INSERT 0 <n>"
-                if added:
-                    await conn.execute(queries.NOTIFY_JOBS)
+                if added:  # which of them were new is not known here: "re-read"
+                    await conn.execute(queries.NOTIFY_JOBS, "")
         return added
 
     async def copy_ceiling(self, n: int, batch: int) -> float:
@@ -580,11 +581,15 @@ class PgStore:
 
     async def notify_jobs(self) -> None:
         async with self._conn() as conn:
-            await conn.execute(queries.NOTIFY_JOBS)
+            await conn.execute(queries.NOTIFY_JOBS, "")
 
-    async def listen(self, on_jobs: Callable[[], None], on_handler: Callable[[str], None]) -> None:
+    async def listen(
+        self, on_jobs: Callable[[dict[str, int] | None], None], on_handler: Callable[[str], None]
+    ) -> None:
         """Call ``on_jobs`` when jobs are added (and after each (re)connect) and
         ``on_handler(type)`` when a handler changes, until ``close`` or cancellation.
+        ``on_jobs`` gets the due jobs added per jobtype, or None: anything may
+        have changed.
 
         Connection failures are logged and retried with backoff, never raised.
         """

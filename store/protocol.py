@@ -179,9 +179,12 @@ class Store(Protocol):
     async def notify_jobs(self) -> None:
         """Wake listening daemons: new eligible jobs may exist."""
 
-    async def listen(self, on_jobs: Callable[[], None], on_handler: Callable[[str], None]) -> None:
-        """Call ``on_jobs`` on new jobs and ``on_handler(type)`` when a handler
-        changes, until the store is closed (a dedicated connection; reconnects)."""
+    async def listen(
+        self, on_jobs: Callable[[dict[str, int] | None], None], on_handler: Callable[[str], None]
+    ) -> None:
+        """Call ``on_jobs`` on new jobs (with the due ones added per jobtype when
+        known, else None) and ``on_handler(type)`` when a handler changes, until
+        the store is closed (a dedicated connection; reconnects)."""
 
     # handlers
     async def put_handler(

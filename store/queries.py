@@ -447,7 +447,9 @@ WHERE sysid = $1 AND holder = $2 AND released_at IS NULL
 JOBS_CHANNEL = "qd_jobs"
 HANDLERS_CHANNEL = "qd_handlers"
 
-NOTIFY_JOBS = "SELECT pg_notify('qd_jobs', '')"
+# $1 the payload: "" (anything may have changed) or which jobs were added and
+# are due now, as "jobtype=count" separated by spaces (see store.notes)
+NOTIFY_JOBS = "SELECT pg_notify('qd_jobs', $1)"
 
 # Stored jobtypes with eligible jobs, each counted up to $1. A loose index scan
 # over jobs_waiting_idx: each step of the recursion is one descent of the index

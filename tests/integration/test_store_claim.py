@@ -327,17 +327,23 @@ async def test_hot_path_plans_avoid_full_scans(store: PgStore, conn: asyncpg.Con
 
 
 async def test_listen_gets_jobs_and_handler_changes(store: PgStore, pg_dsn: str) -> None:
-    jobs_seen: list[float] = []
+    jobs_seen: list[dict[str, int] | None] = []
     handlers_seen: list[str] = []
-    task = asyncio.create_task(store.listen(lambda: jobs_seen.append(1), handlers_seen.append))
+    task = asyncio.create_task(store.listen(jobs_seen.append, handlers_seen.append))
     try:
         await eventually(lambda: len(jobs_seen) == 1, within=5)  # the call on connecting
-        await store.add_jobs([job("j1")])
+        assert jobs_seen == [None]  # anything may have been added meanwhile
+        later = datetime.now(UTC) + timedelta(hours=1)
+        await store.add_jobs([job("j1"), job("j2", "b-u"), job("j3", "b-u"), job("j4", dt=later)])
         await eventually(lambda: len(jobs_seen) == 2)
+        assert jobs_seen[1] == {"a-t": 1, "b-u": 2}  # the due ones, per type
         await store.add_jobs([job("j1")])  # nothing new: no notification
         await store.notify_jobs()
         await eventually(lambda: len(jobs_seen) == 3)
-        assert len(jobs_seen) == 3
+        assert jobs_seen == [None, {"a-t": 1, "b-u": 2}, None]
+        await store.add_jobs([job("j1"), job("j5")])  # one new, through the slow path
+        await eventually(lambda: len(jobs_seen) == 4)
+        assert jobs_seen[3] is None
         await store.put_handler("a-t", {"lang": "python", "body": "x"})
         await eventually(lambda: handlers_seen == ["a-t"])
         await store.delete_handler("a-t")
@@ -372,7 +378,7 @@ async def test_listen_gets_jobs_and_handler_changes(store: PgStore, pg_dsn: str)
 async def test_listen_reconnects_and_ends_on_close(pg_dsn: str) -> None:
     store = await PgStore.connect(pg_dsn, min_size=1, max_size=2)
     calls: list[int] = []
-    task = asyncio.create_task(store.listen(lambda: calls.append(1), lambda _t: None))
+    task = asyncio.create_task(store.listen(lambda _a: calls.append(1), lambda _t: None))
     try:
         await eventually(lambda: len(calls) == 1, within=5)
         admin = await asyncpg.connect(pg_dsn)
@@ -400,7 +406,7 @@ async def test_listen_keeps_retrying_while_unreachable(
     unreachable = PgStore(store._pool, acquire_timeout=1.0, dsn="postgresql://u@127.0.0.1:1/x")
     calls: list[int] = []
     with caplog.at_level(logging.WARNING, logger="store.listen"):
-        task = asyncio.create_task(unreachable.listen(lambda: calls.append(1), lambda _t: None))
+        task = asyncio.create_task(unreachable.listen(lambda _a: calls.append(1), lambda _t: None))
         await eventually(
             lambda: (
                 sum(1 for r in caplog.records if getattr(r, "action", "") == "listen_lost") >= 2

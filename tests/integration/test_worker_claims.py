@@ -1,0 +1,170 @@
+"""The worker's claim loops against a real store, with a stand-in runner pool.
+
+- A claim of one tenant's jobtype that is slow (a flood's) does not hold up
+  another tenant's job: a second claim loop takes it meanwhile, and never two
+  claims of one jobtype run at once.
+- Jobs noted by the store's notification are claimed without reading the
+  waiting types again, even when they were added while such a read was in
+  flight (a read that began before them does not see them).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, cast
+
+import pytest
+
+from journal import Journal
+from queue_daemon.handlers import HandlerCache
+from queue_daemon.ids import IdGenerator
+from queue_daemon.queuelog import QueueLog
+from queue_daemon.worker import Worker, WorkerSettings
+from runners.models import HandlerSpec, JobInput, JobResult
+from runners.pool import RunnerPool
+from store.models import ClaimedJob, NewJob
+from store.pg import PgStore
+from store.protocol import Store
+
+
+class GatedStore:
+    """The real store; claims of ``gated`` types and reads of the waiting types
+    wait for their gate when it is closed, and every call is recorded."""
+
+    def __init__(self, store: PgStore, gated: str) -> None:
+        self._store = store
+        self.gated = gated
+        self.claim_gate = asyncio.Event()
+        self.read_gate = asyncio.Event()
+        self.read_gate.set()
+        self.claims_waiting = asyncio.Event()  # a gated claim is waiting for its gate
+        self.reads_waiting = asyncio.Event()
+        self.in_flight: dict[str, int] = {}
+        self.most_in_flight: dict[str, int] = {}
+        self.claimed: list[str] = []  # jobtype per claim that got jobs, in order
+        self.reads = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+    async def claim(self, type: str, limit: int, **kwargs: Any) -> list[ClaimedJob]:
+        n = self.in_flight[type] = self.in_flight.get(type, 0) + 1
+        self.most_in_flight[type] = max(n, self.most_in_flight.get(type, 0))
+        try:
+            if type == self.gated:
+                self.claims_waiting.set()
+                await self.claim_gate.wait()
+            jobs = await self._store.claim(type, limit, **kwargs)
+        finally:
+            self.in_flight[type] -= 1
+        if jobs:
+            self.claimed.append(type)
+        return jobs
+
+    async def waiting_jobtypes(self, limit_per_type: int = 1000) -> dict[str, int]:
+        self.reads += 1
+        self.reads_waiting.set()
+        await self.read_gate.wait()
+        return await self._store.waiting_jobtypes(limit_per_type)
+
+
+class InstantPool:
+    """Runs every job at once with exit code 200, noting how many reads of the
+    waiting types the store had seen when each job ran."""
+
+    def __init__(self, store: GatedStore) -> None:
+        self._store = store
+        self.ran: list[str] = []
+        self.reads_when_ran: dict[str, int] = {}
+
+    async def run_batch(self, spec: HandlerSpec, jobs: Sequence[JobInput]) -> list[JobResult]:
+        self.ran.extend(job.id for job in jobs)
+        self.reads_when_ran.update((job.id, self._store.reads) for job in jobs)
+        return [JobResult(id=job.id, exitcode=200, result="ok") for job in jobs]
+
+    def warm(self) -> set[str]:
+        return set()
+
+    def retire(self, client: str, type: str) -> None:
+        pass
+
+
+def _jobs(jobtype: str, n: int, prefix: str) -> list[NewJob]:
+    now = datetime.now(UTC)
+    return [
+        NewJob(id=f"{prefix}{i}", type=jobtype, dt=now, data="p", create_dt=now) for i in range(n)
+    ]
+
+
+async def _until(check: Callable[[], bool], what: str, within: float = 10.0) -> None:
+    deadline = time.monotonic() + within
+    while not check():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.01)
+
+
+@pytest.fixture
+async def running(
+    store: PgStore, tmp_path: Path
+) -> AsyncIterator[tuple[GatedStore, InstantPool, Worker]]:
+    for jobtype in ("flood-busy", "calm-clock"):
+        await store.put_handler(jobtype, {"lang": "python", "body": "def handler(p, ctx): pass"})
+    gated = GatedStore(store, "flood-busy")
+    pool = InstantPool(gated)
+    worker = Worker(
+        store=cast(Store, gated),
+        journal=cast(Journal, None),  # only follow-on jobs are written to it
+        ids=IdGenerator("1"),
+        pool=cast(RunnerPool, pool),
+        handlers=HandlerCache(cast(Store, gated)),
+        queuelog=QueueLog(tmp_path / "queue.log"),
+        sysid="1",
+        settings=WorkerSettings(),
+    )
+    task = asyncio.create_task(worker.run())
+    try:
+        yield gated, pool, worker
+    finally:
+        gated.claim_gate.set()
+        gated.read_gate.set()
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_another_tenants_job_overtakes_a_claim_in_flight(
+    store: PgStore, running: tuple[GatedStore, InstantPool, Worker]
+) -> None:
+    gated, pool, _ = running
+    await store.add_jobs(_jobs("flood-busy", 50, "f"))
+    await asyncio.wait_for(gated.claims_waiting.wait(), 10)  # the flood's claim hangs
+    await store.add_jobs(_jobs("calm-clock", 3, "c"))
+    await _until(lambda: {"c0", "c1", "c2"} <= set(pool.ran), "the calm jobs to run")
+    assert not any(job.startswith("f") for job in pool.ran)  # the flood's claim still hangs
+    assert gated.most_in_flight["flood-busy"] == 1
+    gated.claim_gate.set()
+    await _until(lambda: len(pool.ran) == 53, "every job to run")
+    assert gated.most_in_flight["flood-busy"] == 1, "two claims of one jobtype at once"
+
+
+async def test_jobs_noted_during_a_read_of_the_waiting_types_are_claimed_without_another(
+    store: PgStore, running: tuple[GatedStore, InstantPool, Worker]
+) -> None:
+    gated, pool, worker = running
+    await _until(lambda: gated.reads >= 1, "the first read of the waiting types")
+    await _until(lambda: worker._reading is None, "that read to end")
+    gated.reads_waiting.clear()
+    gated.read_gate.clear()
+    worker.on_jobs(None)  # "anything may have changed": the next claim reads again
+    await asyncio.wait_for(gated.reads_waiting.wait(), 10)  # that read hangs
+    reads = gated.reads
+    await store.add_jobs(_jobs("calm-clock", 2, "n"))  # after the read began
+    await _until(lambda: "calm-clock" in worker._waiting, "the notification of the new jobs")
+    gated.read_gate.set()  # the read returns without them (it began before they were added)
+    await _until(lambda: {"n0", "n1"} <= set(pool.ran), "the new jobs to run")
+    assert [pool.reads_when_ran[job] for job in ("n0", "n1")] == [reads, reads], (
+        "the waiting types were read again to find noted jobs"
+    )
