@@ -119,7 +119,10 @@ class Ingester:
         delay = 0.05
         while True:
             try:
-                self.ingested += await self._store.add_jobs(jobs)
+                added = await self._store.add_jobs(jobs)
+                # not `self.ingested += await ...`: that reads the count before the
+                # await, and a concurrent pipeline's rows would be lost from it
+                self.ingested += added
                 if self.last_error is not None:
                     logger.info("store reachable again", extra={"action": "ingest_resumed"})
                     self.last_error = None

@@ -227,8 +227,9 @@ class QueueLog:
 
     async def run(self, interval: float = 0.2) -> None:
         while True:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), interval)
+            with contextlib.suppress(TimeoutError):  # not wait_for: see worker._claim_loop
+                async with asyncio.timeout(interval):
+                    await self._wake.wait()
             self._wake.clear()
             await self.flush()
 

@@ -249,8 +249,11 @@ class Worker:
                 continue
             delay = 0.05
             if not claimed and not self._stopping:
+                # asyncio.timeout, not wait_for: on Python 3.11 wait_for can swallow a
+                # cancellation that comes as the wake does, and the loop would go on
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), POLL_S)
+                    async with asyncio.timeout(POLL_S):
+                        await self._wake.wait()
 
     async def _claim_once(self) -> bool:
         """Claim and start one batch; False when there was nothing to do."""

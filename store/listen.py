@@ -130,8 +130,9 @@ async def listen_forever(
                     await _close(conn)
         if closed.is_set():
             return
-        with suppress(TimeoutError):
-            await asyncio.wait_for(closed.wait(), delay)
+        with suppress(TimeoutError):  # not wait_for, which can swallow a cancellation on 3.11
+            async with asyncio.timeout(delay):
+                await closed.wait()
         delay = min(delay * 2, BACKOFF_MAX)
 
 

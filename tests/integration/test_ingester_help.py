@@ -67,6 +67,7 @@ async def test_a_line_behind_a_slow_batch_is_moved_by_another_pipeline(
             assert time.monotonic() < deadline, f"{journal.lag.unread_lines} lines left"
             await asyncio.sleep(0.01)
         assert await _stored(conn, "f999")
+        assert ingester.ingested == 1001  # both pipelines' rows are counted
     finally:
         slow.gate.set()
         ingester.stop()

@@ -132,7 +132,8 @@ async def running(
         gated.claim_gate.set()
         gated.read_gate.set()
         task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
+        async with asyncio.timeout(10):  # the worker ends when cancelled
+            await asyncio.gather(task, return_exceptions=True)
 
 
 async def test_another_tenants_job_overtakes_a_claim_in_flight(
