@@ -60,6 +60,11 @@ CLAIM_LOOPS = 2
 RESERVED_BATCHES_SHARE = 8  # 1/8: 8 of the default 64
 
 
+def _add_counts(into: dict[str, int], counts: dict[str, int]) -> None:
+    for jobtype, n in counts.items():
+        into[jobtype] = into.get(jobtype, 0) + n
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class WorkerSettings:
     concurrency: int = 1024
@@ -139,13 +144,9 @@ class Worker:
         if added is None:
             self._waiting_fresh = False
         else:
-            waiting = self._waiting
-            for jobtype, n in added.items():
-                waiting[jobtype] = waiting.get(jobtype, 0) + n
+            _add_counts(self._waiting, added)
             if self._reading is not None:  # the read may have missed them
-                during = self._added_while_reading
-                for jobtype, n in added.items():
-                    during[jobtype] = during.get(jobtype, 0) + n
+                _add_counts(self._added_while_reading, added)
         self._wake.set()
 
     def on_handler(self, jobtype: str) -> None:
@@ -231,8 +232,7 @@ class Worker:
         except BaseException:
             self._waiting_fresh = False
             raise
-        for jobtype, n in self._added_while_reading.items():
-            waiting[jobtype] = waiting.get(jobtype, 0) + n
+        _add_counts(waiting, self._added_while_reading)
         self._added_while_reading = {}
         self._waiting = waiting
 
