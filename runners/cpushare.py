@@ -1,28 +1,47 @@
-"""All of a daemon's handlers weigh as one process on the CPU, shared fairly by tenants.
+"""A daemon comes first on the CPU before its handlers; together they weigh as two processes.
 
 Without it, every handler context is a CPU scheduling entity as heavy as the
 daemon itself (each starts its own session, so the kernel's autogroups put
 each in a group of its own): a tenant whose jobs keep eight cores' worth of
 contexts busy leaves the daemon a ninth of the machine, and every other
-tenant's add, ingestion and claim waits for it. In one CPU cgroup of the
-weight of a single process (``cpu.shares`` 1024, as the daemon's own group)
-the handlers of a daemon, however many, get as much CPU as the daemon when
-both want it, and all of it when the daemon does not. (A lower weight starves
-the contexts whenever daemons and PostgreSQL keep the cores busy: three
-daemons on two cores ran half as many jobs at 64.) Processes
-cannot leave the group (its ``cgroup.procs`` is root's), ``setsid()`` or not.
-Inside it each tenant (each handler uid) has a group of its own of equal
-weight, so a tenant's fifty busy contexts share one tenant's part of the CPU
-and another tenant's single job still gets the other part at once.
+tenant's add, ingestion and claim waits for it.
 
-The group is ``<the daemon's cpu cgroup>/queue-handlers-<pid>.<k>/u-<uid>`` on the
-cgroup v1 ``cpu`` controller; a handler process enters it in the same root
-wrapper that enters its cgroup v2 (see ``runners.sandbox``). Groups of daemons
-that died are removed by the next daemon. Only as root and where the ``cpu``
-controller is mounted as cgroup v1 (as on hybrid hierarchies); under a pure
-cgroup v2 hierarchy the daemon's cgroup holds the daemon itself, which v2
-forbids to hand controllers down from, and handlers keep the kernel's default
-weight (the README says so). Blocking: call through ``asyncio.to_thread``.
+So the daemon moves itself into a CPU cgroup of its own,
+``<its cpu cgroup>/queue-daemon-<pid>`` (``cpu.shares`` 2048: the weight of two
+processes, the daemon's and its handlers' as before), as ``…/daemon``, and
+its handlers run beside it in ``…/handlers-<k>``, marked ``cpu.idle``: within
+the daemon's group they get whatever CPU the daemon does not use, and a
+daemon thread that wakes up takes the core from a handler at once instead of
+queueing behind it for the rest of its time slice. A job's way from add to
+start wakes the daemon several times (the POST, the journal's fsync thread,
+the ingest and claim replies), so under a flood of CPU-bound handlers that
+queueing, about a millisecond a wake-up, had doubled another tenant's add →
+start latency. A ``cpu.shares`` weight does not buy that (the daemon at 4x
+the handlers' weight measured the same): weights share out CPU time, and only
+an idle group is preempted on every wake-up. The idle mark is relative to the
+daemon alone: against PostgreSQL, other daemons and every other process the
+daemon's group competes with its full weight, which its handlers get whole
+while the daemon waits (marking the handlers idle machine-wide starved them
+behind three daemons and PostgreSQL: half the jobs/s, and node contexts
+timed out). Processes the daemon starts itself, such as the embedded
+PostgreSQL, share the daemon's place.
+
+Inside the handlers' group each tenant (each handler uid) has a group of its
+own of equal weight, so a tenant's fifty busy contexts share one tenant's
+part of the CPU and another tenant's single job still gets the other part at
+once. Processes cannot leave these groups (their ``cgroup.procs`` are
+root's), ``setsid()`` or not.
+
+A handler process enters its group in the same root wrapper that enters its
+cgroup v2 (see ``runners.sandbox``). The daemon moves back, and its group is
+removed, when its last handlers' group closes; groups of daemons that died are
+removed by the next daemon (their processes move up to the parent). Only as
+root and where the ``cpu`` controller is mounted as cgroup v1 (as on hybrid
+hierarchies); under a pure cgroup v2 hierarchy the daemon's cgroup holds the
+daemon itself, which v2 forbids to hand controllers down from, and handlers
+keep the kernel's default weight (the README says so). Where the kernel has
+no ``cpu.idle`` (before Linux 5.15) the handlers' group gets the daemon's
+weight instead. Blocking: call through ``asyncio.to_thread``.
 """
 
 from __future__ import annotations
@@ -37,8 +56,11 @@ from runners.cgroups import pid_alive
 
 logger = logging.getLogger(__name__)
 
-PREFIX = "queue-handlers-"
-HANDLER_SHARES = 1024  # cpu.shares of all handlers together: as much as the daemon alone
+PREFIX = "queue-daemon-"
+OLD_PREFIX = "queue-handlers-"  # the handlers' groups of earlier versions, swept too
+DAEMON_SHARES = 2048  # cpu.shares of a daemon and its handlers together: two processes
+HANDLER_SHARES = 1024  # of the handlers' group where the kernel has no cpu.idle
+DAEMON = "daemon"  # the daemon's own place in its group
 _groups = itertools.count(1)
 
 
@@ -67,8 +89,38 @@ def _v1_cpu_dir() -> Path | None:
     return None
 
 
+class _Home:
+    """The daemon's own CPU group, shared by its handlers' groups (one per sandbox)."""
+
+    def __init__(self, path: Path, origin: Path) -> None:
+        self.path = path
+        self.origin = origin  # the cgroup the daemon came from, and goes back to
+        self.users = 0
+
+    @classmethod
+    def make(cls, origin: Path) -> _Home:
+        path = origin / f"{PREFIX}{os.getpid()}"
+        path.mkdir(exist_ok=True)
+        try:
+            (path / "cpu.shares").write_text(str(DAEMON_SHARES))
+            (path / DAEMON).mkdir(exist_ok=True)
+            (path / DAEMON / "cgroup.procs").write_text(str(os.getpid()))  # every thread
+        except OSError:
+            remove(path)
+            raise
+        return cls(path, origin)
+
+    def leave(self) -> None:
+        with contextlib.suppress(OSError):
+            (self.origin / "cgroup.procs").write_text(str(os.getpid()))
+        remove(self.path)
+
+
+_home: _Home | None = None
+
+
 class CpuGroup:
-    """The low-weight CPU cgroup this daemon's handler processes run in."""
+    """The CPU cgroup this daemon's handler processes run in, below the daemon's own."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -87,28 +139,48 @@ class CpuGroup:
     @classmethod
     def find(cls) -> CpuGroup | None:
         """Made now, or None where it cannot be (not root, no v1 cpu controller)."""
+        global _home
         if os.geteuid() != 0:
             return None
-        parent = _v1_cpu_dir()
-        if parent is None or not (parent / "cpu.shares").exists():
-            return None
-        sweep(parent)
-        path = parent / f"{PREFIX}{os.getpid()}.{next(_groups)}"
+        home = _home
+        path: Path | None = None
         try:
+            if home is None:
+                origin = _v1_cpu_dir()
+                if origin is None or not (origin / "cpu.shares").exists():
+                    return None
+                sweep(origin)
+                home = _home = _Home.make(origin)
+            path = home.path / f"handlers-{next(_groups)}"
             path.mkdir(exist_ok=True)
-            (path / "cpu.shares").write_text(str(HANDLER_SHARES))
+            if (path / "cpu.idle").exists():
+                (path / "cpu.idle").write_text("1")
+            else:
+                (path / "cpu.shares").write_text(str(HANDLER_SHARES))
         except OSError as exc:
             logger.info(
                 "handlers keep the default CPU weight (%s)", exc, extra={"action": "sandbox_cpu"}
             )
-            with contextlib.suppress(OSError):
-                path.rmdir()
+            if path is not None:
+                remove(path)
+            if home is not None and home.users == 0:
+                home.leave()
+                _home = None
             return None
+        home.users += 1
         return cls(path)
 
     def close(self) -> None:
-        """Remove the group; its processes were killed with their cgroups or contexts."""
+        """Remove the group (its processes were killed with their cgroups or contexts);
+        with the last, the daemon goes back to where it was and its group goes too."""
+        global _home
         remove(self.path)
+        home = _home
+        if home is not None and self.path.parent == home.path:
+            home.users -= 1
+            if home.users <= 0:
+                home.leave()
+                _home = None
 
 
 def remove(path: Path) -> None:
@@ -134,7 +206,8 @@ def sweep(parent: Path) -> None:
     """Remove the groups of daemons that are gone."""
     with contextlib.suppress(OSError):
         for entry in parent.iterdir():
-            number = entry.name.removeprefix(PREFIX).split(".")[0]
-            ours = entry.name.startswith(PREFIX) and number.isdigit() and entry.is_dir()
+            prefix = PREFIX if entry.name.startswith(PREFIX) else OLD_PREFIX
+            number = entry.name.removeprefix(prefix).split(".")[0]
+            ours = entry.name.startswith(prefix) and number.isdigit() and entry.is_dir()
             if ours and int(number) != os.getpid() and not pid_alive(int(number)):
                 remove(entry)

@@ -259,7 +259,7 @@ class Sandbox:
         self._ip: str | None = None  # iproute2, to bring the namespace's loopback up
         self._switch_user: str | None = None  # unshare, to switch users after the cgroup wrapper
         self._cgroups: CgroupTree | None = None
-        self._cpu: CpuGroup | None = None  # the handlers' low-weight CPU group
+        self._cpu: CpuGroup | None = None  # the handlers' CPU group, below the daemon's
         self._part: OwnPart | None = None  # this sandbox's d-<id> below the work root
 
     async def prepare(self) -> None:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from runners.cpushare import HANDLER_SHARES
+from runners.cpushare import DAEMON, DAEMON_SHARES, HANDLER_SHARES, PREFIX, CpuGroup, remove
 from runners.models import HandlerSpec
 from runners.pool import RunnerPool, RunnerSettings
 from runners.sandbox import SAFE_PATH, Limits, Sandbox, tenant_ids
@@ -474,11 +474,25 @@ CPU_LINE = (
 )
 
 
+def _own_cpu_group() -> Path:
+    """This process's cgroup on the v1 cpu controller."""
+    from runners.cpushare import _v1_cpu_dir
+
+    path = _v1_cpu_dir()
+    assert path is not None
+    return path
+
+
 @needs_cpu_group
-async def test_handlers_weigh_as_one_process_with_a_cpu_group_per_tenant(work_root: Path) -> None:
+async def test_the_daemon_comes_first_and_handlers_get_a_cpu_group_per_tenant(
+    work_root: Path,
+) -> None:
     """The daemon keeps the CPU it needs under a flood of busy handlers (the flood
-    bench measures it): handlers sit in one group of a single process's weight, one
-    subgroup per tenant uid, that they cannot leave."""
+    bench measures it): it moves into a group of two processes' weight, its
+    handlers run beside it in an idle-class group (preempted whenever the daemon
+    wakes), one subgroup per tenant uid that they cannot leave; all of it goes,
+    and the daemon returns to its own cgroup, when the pool closes."""
+    origin = _own_cpu_group()
     pool = RunnerPool(RunnerSettings(work_root=work_root, processes=PROCESSES))
     try:
         (acme,) = await pool.run_batch(spec(CPU_LINE), jobs("a"))
@@ -491,13 +505,45 @@ async def test_handlers_weigh_as_one_process_with_a_cpu_group_per_tenant(work_ro
         assert acme_path.endswith(f"/u-{acme_uid}"), acme_path
         assert globex_path.endswith(f"/u-{globex_uid}"), globex_path
         group = Path(acme_path).parent
-        assert group.name.startswith(f"queue-handlers-{os.getpid()}."), group
+        assert group.name.startswith("handlers-"), group
         assert Path(globex_path).parent == group
-        root = _cpu_group_root()
-        assert root is not None
-        assert (root / group.name).is_dir()  # below the daemon's own cpu cgroup
-        shares = (root / group.name / "cpu.shares").read_text().strip()
-        assert shares == str(HANDLER_SHARES), shares
+        home = origin / f"{PREFIX}{os.getpid()}"
+        assert group.parent.name == home.name, group  # beside the daemon, in its group
+        assert _own_cpu_group() == home / DAEMON  # the daemon itself, every thread
+        assert (home / "cpu.shares").read_text().strip() == str(DAEMON_SHARES)
+        handlers = home / group.name
+        if (handlers / "cpu.idle").exists():
+            assert (handlers / "cpu.idle").read_text().strip() == "1"
+        else:
+            assert (handlers / "cpu.shares").read_text().strip() == str(HANDLER_SHARES)
+        assert (handlers / f"u-{acme_uid}").is_dir() and (handlers / f"u-{globex_uid}").is_dir()
     finally:
         await pool.close()
-    assert not (root / group.name).exists(), "the CPU group outlived its pool"
+    assert not home.exists(), "the CPU group outlived its pool"
+    assert _own_cpu_group() == origin, "the daemon did not go back to its own cgroup"
+
+
+@needs_cpu_group
+def test_cpu_groups_of_a_dead_daemon_are_swept() -> None:
+    """A daemon killed in its CPU group leaves it behind; the next one removes it and
+    moves what still runs there (an embedded PostgreSQL it started) up."""
+    origin = _own_cpu_group()
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    leftover = origin / f"{PREFIX}{dead.pid}"
+    (leftover / DAEMON).mkdir(parents=True)
+    (leftover / "handlers-1" / "u-1").mkdir(parents=True)
+    survivor = subprocess.Popen(["sleep", "300"])
+    try:
+        (leftover / DAEMON / "cgroup.procs").write_text(str(survivor.pid))
+        group = CpuGroup.find()
+        assert group is not None
+        try:
+            assert not leftover.exists()
+            assert str(survivor.pid) in (origin / "cgroup.procs").read_text().split()
+        finally:
+            group.close()
+    finally:
+        survivor.kill()
+        survivor.wait()
+        remove(leftover)
