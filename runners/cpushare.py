@@ -50,6 +50,7 @@ import contextlib
 import itertools
 import logging
 import os
+import threading
 from pathlib import Path
 
 from runners.cgroups import pid_alive
@@ -117,6 +118,7 @@ class _Home:
 
 
 _home: _Home | None = None
+_home_lock = threading.Lock()  # find and close run in worker threads
 
 
 class CpuGroup:
@@ -139,9 +141,14 @@ class CpuGroup:
     @classmethod
     def find(cls) -> CpuGroup | None:
         """Made now, or None where it cannot be (not root, no v1 cpu controller)."""
-        global _home
         if os.geteuid() != 0:
             return None
+        with _home_lock:
+            return cls._find()
+
+    @classmethod
+    def _find(cls) -> CpuGroup | None:
+        global _home
         home = _home
         path: Path | None = None
         try:
@@ -175,12 +182,13 @@ class CpuGroup:
         with the last, the daemon goes back to where it was and its group goes too."""
         global _home
         remove(self.path)
-        home = _home
-        if home is not None and self.path.parent == home.path:
-            home.users -= 1
-            if home.users <= 0:
-                home.leave()
-                _home = None
+        with _home_lock:
+            home = _home
+            if home is not None and self.path.parent == home.path:
+                home.users -= 1
+                if home.users <= 0:
+                    home.leave()
+                    _home = None
 
 
 def remove(path: Path) -> None:
