@@ -14,6 +14,7 @@ if no other daemon uses it.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import os
 import resource
@@ -359,6 +360,7 @@ async def serve(settings: Settings, ready: Callable[[str], None] | None = None) 
     daemon = Daemon(settings, fail)
     try:
         await daemon.start()
+        settle_heap()
         if ready is not None:
             ready(daemon.url)
         await stop.wait()
@@ -367,6 +369,16 @@ async def serve(settings: Settings, ready: Callable[[str], None] | None = None) 
         await daemon.stop()
     logger.info("stopped", extra={"action": "stopped"})
     return 1 if failed else 0
+
+
+def settle_heap() -> None:
+    """Take what start-up built (modules, pools, routes: ~45k objects) out of the cyclic
+    collector's sight. A full collection walks every tracked object and runs on the event
+    loop: 20-30 ms on two slow cores with them, a stall that every add, claim and ack
+    waiting at that moment pays. Frozen, a full collection walks only what the daemon
+    made since; objects frozen here are still freed by reference counting."""
+    gc.collect()
+    gc.freeze()
 
 
 def print_ready(url: str) -> None:
