@@ -43,6 +43,7 @@ from queue_daemon.server import AppRunner
 from queue_daemon.settings import Settings
 from queue_daemon.throughput import Throughput
 from queue_daemon.worker import Worker, WorkerSettings
+from runners.cpushare import DaemonPlace
 from runners.pool import RunnerPool, RunnerSettings
 from store.embedded import EmbeddedPostgres
 from store.errors import StoreError, StoreUnavailable
@@ -187,6 +188,7 @@ class Daemon:
         self.supervisor = Supervisor(on_failure)
         self.store: PgStore | None = None
         self.embedded: EmbeddedPostgres | None = None
+        self.cpu_place: DaemonPlace | None = None
         self.identity: sysids.Identity | None = None
         self.queuelog: QueueLog | None = None
         self.ingester: Ingester | None = None
@@ -200,6 +202,10 @@ class Daemon:
         settings = self.settings
         open_files = raise_open_files_limit()
         logger.debug("open files limit %d", open_files, extra={"action": "nofile_limit"})
+        if settings.store is None:
+            # the embedded server's processes start in the daemon's CPU place, ahead
+            # of handlers as the daemon is (they stay in the cgroup they start in)
+            self.cpu_place = await asyncio.to_thread(DaemonPlace.take)
         self.store, self.embedded = store, _ = await open_store(settings)
         self.identity = identity = await sysids.acquire(store, settings)
         journal = identity.journal
@@ -342,6 +348,9 @@ class Daemon:
             await self.store.close()
         if self.embedded is not None:
             await asyncio.to_thread(self.embedded.stop_if_last)
+        if self.cpu_place is not None:
+            await asyncio.to_thread(self.cpu_place.release)
+            self.cpu_place = None
 
 
 async def serve(settings: Settings, ready: Callable[[str], None] | None = None) -> int:

@@ -23,8 +23,10 @@ daemon alone: against PostgreSQL, other daemons and every other process the
 daemon's group competes with its full weight, which its handlers get whole
 while the daemon waits (marking the handlers idle machine-wide starved them
 behind three daemons and PostgreSQL: half the jobs/s, and node contexts
-timed out). Processes the daemon starts itself, such as the embedded
-PostgreSQL, share the daemon's place.
+timed out). A daemon that starts the embedded PostgreSQL takes its place
+before it starts the server (``DaemonPlace``), so the server's processes start
+there too and come before handlers as the daemon does: the store's every
+commit and claim is on each job's way from add to start.
 
 Inside the handlers' group each tenant (each handler uid) has a group of its
 own of equal weight, so a tenant's fifty busy contexts share one tenant's
@@ -153,11 +155,9 @@ class CpuGroup:
         path: Path | None = None
         try:
             if home is None:
-                origin = _v1_cpu_dir()
-                if origin is None or not (origin / "cpu.shares").exists():
+                home = _home = _make_home()
+                if home is None:
                     return None
-                sweep(origin)
-                home = _home = _Home.make(origin)
             path = home.path / f"handlers-{next(_groups)}"
             path.mkdir(exist_ok=True)
             if (path / "cpu.idle").exists():
@@ -180,15 +180,62 @@ class CpuGroup:
     def close(self) -> None:
         """Remove the group (its processes were killed with their cgroups or contexts);
         with the last, the daemon goes back to where it was and its group goes too."""
-        global _home
         remove(self.path)
+        _unuse(self.path.parent)
+
+
+class DaemonPlace:
+    """The daemon in its CPU group from start-up on, before any handler runs.
+
+    A daemon that starts the embedded PostgreSQL takes its place first, so the
+    server's processes start in the daemon's place and come before handlers as
+    the daemon does (processes keep the cgroup they were started in)."""
+
+    def __init__(self, home: Path) -> None:
+        self._home = home
+
+    @classmethod
+    def take(cls) -> DaemonPlace | None:
+        """None where there is no such group (not root, no v1 cpu controller)."""
+        global _home
+        if os.geteuid() != 0:
+            return None
         with _home_lock:
             home = _home
-            if home is not None and self.path.parent == home.path:
-                home.users -= 1
-                if home.users <= 0:
-                    home.leave()
-                    _home = None
+            if home is None:
+                try:
+                    home = _home = _make_home()
+                except OSError as exc:
+                    logger.info("no CPU group (%s)", exc, extra={"action": "sandbox_cpu"})
+                    return None
+                if home is None:
+                    return None
+            home.users += 1
+            return cls(home.path)
+
+    def release(self) -> None:
+        """The daemon goes back where it was unless handlers' groups still use it;
+        processes still in its place (a server it started) go back with it."""
+        _unuse(self._home)
+
+
+def _make_home() -> _Home | None:
+    origin = _v1_cpu_dir()
+    if origin is None or not (origin / "cpu.shares").exists():
+        return None
+    sweep(origin)
+    return _Home.make(origin)
+
+
+def _unuse(path: Path) -> None:
+    global _home
+    with _home_lock:
+        home = _home
+        if home is not None and path == home.path:
+            home.users -= 1
+            if home.users <= 0:
+                home.leave()
+                _home = None
 
 
 def remove(path: Path) -> None:

@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 from pathlib import Path
 
 import aiohttp
 import asyncpg
+import pytest
 
+from runners.cpushare import DAEMON, PREFIX, _v1_cpu_dir
 from store.embedded import stop_server
 from tests.acceptance.client import Api, until
 from tests.acceptance.daemon import (
@@ -208,3 +211,41 @@ async def test_sigterm_drains_everything_acknowledged(
     assert not missing, f"{len(missing)} of {len(acked)} acknowledged jobs not ingested at exit"
     assert all(n == 1 for n in counts.values())
     assert await payloads(pg_dsn, acked) == acked
+
+
+def _cpu_cgroup(pid: int) -> str:
+    for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
+        _number, controllers, path = line.split(":", 2)
+        if "cpu" in controllers.split(","):
+            return path
+    return ""
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or not _cpu_cgroup(os.getpid()),
+    reason="needs root and the cgroup v1 cpu controller",
+)
+def test_the_embedded_server_starts_in_the_daemons_cpu_place(
+    daemons: DaemonFactory, data_dir: Path
+) -> None:
+    """The daemon comes before its handlers on the CPU, and so does the PostgreSQL it
+    starts: the server's processes start in the daemon's place; when the daemon stops,
+    its place goes."""
+    pgdata = data_dir / "pg"
+    daemon = daemons.spawn(data_dir, None)
+    try:
+        daemon.wait_ready()
+        place = f"/{PREFIX}{daemon.pid}/{DAEMON}"
+        assert _cpu_cgroup(daemon.pid).endswith(place)
+        servers = _postgres_processes(pgdata)
+        assert servers, "no embedded server runs in DATA_DIR/pg"
+        assert all(_cpu_cgroup(pid).endswith(place) for pid in servers), [
+            (pid, _cpu_cgroup(pid)) for pid in servers
+        ]
+        assert daemon.terminate() == 0, daemon.stderr_text()[-3000:]
+        assert not any(PREFIX in _cpu_cgroup(pid) for pid in _postgres_processes(pgdata))
+        origin = _v1_cpu_dir()
+        assert origin is not None and not (origin / f"{PREFIX}{daemon.pid}").exists()
+    finally:
+        daemon.close()
+        stop_server(pgdata)

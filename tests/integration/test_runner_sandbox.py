@@ -19,7 +19,15 @@ from pathlib import Path
 
 import pytest
 
-from runners.cpushare import DAEMON, DAEMON_SHARES, HANDLER_SHARES, PREFIX, CpuGroup, remove
+from runners.cpushare import (
+    DAEMON,
+    DAEMON_SHARES,
+    HANDLER_SHARES,
+    PREFIX,
+    CpuGroup,
+    DaemonPlace,
+    remove,
+)
 from runners.models import HandlerSpec
 from runners.pool import RunnerPool, RunnerSettings
 from runners.sandbox import SAFE_PATH, Limits, Sandbox, tenant_ids
@@ -547,3 +555,41 @@ def test_cpu_groups_of_a_dead_daemon_are_swept() -> None:
         survivor.kill()
         survivor.wait()
         remove(leftover)
+
+
+@needs_cpu_group
+def test_a_daemon_takes_its_cpu_place_before_it_starts_its_postgresql() -> None:
+    """A daemon that starts the embedded PostgreSQL takes its CPU place first, so the
+    server starts there, ahead of handlers as the daemon is; the place stays while
+    handlers' groups use it, and with the last user the daemon and what it started
+    go back to where the daemon came from."""
+    origin = _own_cpu_group()
+    home = origin / f"{PREFIX}{os.getpid()}"
+    place = DaemonPlace.take()
+    assert place is not None
+    server = subprocess.Popen(["sleep", "300"])  # stands for the server's processes
+    try:
+        assert _own_cpu_group() == home / DAEMON
+        assert str(server.pid) in (home / DAEMON / "cgroup.procs").read_text().split()
+        group = CpuGroup.find()
+        assert group is not None and group.path.parent == home
+        place.release()
+        assert _own_cpu_group() == home / DAEMON, "left while handlers still use the place"
+        group.close()
+        assert not home.exists(), "the CPU place outlived its last user"
+        assert _own_cpu_group() == origin
+        assert str(server.pid) in (origin / "cgroup.procs").read_text().split()
+    finally:
+        server.kill()
+        server.wait()
+        remove(home)
+
+
+def test_no_cpu_place_without_root_or_the_cpu_controller(monkeypatch: pytest.MonkeyPatch) -> None:
+    import runners.cpushare as cpushare
+
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    assert DaemonPlace.take() is None
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    monkeypatch.setattr(cpushare, "_v1_cpu_dir", lambda: None)
+    assert DaemonPlace.take() is None
