@@ -25,9 +25,14 @@ def _env() -> dict[str, str]:
     return env
 
 
-def add_tenant(dsn: str, data_dir: Path, client: str = TENANT) -> str:
+def _store(dsn: str | None) -> list[str]:
+    """``--store DSN``; none for the embedded server in the data dir (the default)."""
+    return [] if dsn is None else ["--store", dsn]
+
+
+def add_tenant(dsn: str | None, data_dir: Path, client: str = TENANT) -> str:
     """Create a tenant (the bench's by default) and return its token (the last line of stdout)."""
-    argv = python("-m", "queue_daemon", "tenant", "add", client, "--store", dsn)
+    argv = python("-m", "queue_daemon", "tenant", "add", client, *_store(dsn))
     argv += ["--data-dir", str(data_dir)]
     done = subprocess.run(argv, capture_output=True, text=True, env=_env(), timeout=120)
     if done.returncode != 0 or not done.stdout.strip():
@@ -36,14 +41,14 @@ def add_tenant(dsn: str, data_dir: Path, client: str = TENANT) -> str:
 
 
 def start_daemon(
-    name: str, dsn: str, data_dir: Path, log_dir: Path, extra: Sequence[str] = ()
+    name: str, dsn: str | None, data_dir: Path, log_dir: Path, extra: Sequence[str] = ()
 ) -> tuple[Child, str]:
     """A ``queue-daemon serve --port 0`` subprocess and its base URL; ``extra``: more flags.
 
     The per-tenant add rate and waiting limits are off: the bench measures what the
     daemon can take, and one bench tenant adds millions of jobs in seconds (the
     defaults, 100,000 jobs/s and 1,000,000 waiting, would answer 429)."""
-    argv = python("-m", "queue_daemon", "serve", "--port", "0", "--store", dsn)
+    argv = python("-m", "queue_daemon", "serve", "--port", "0", *_store(dsn))
     argv += ["--data-dir", str(data_dir), "--drain-timeout", "5"]
     argv += ["--tenant-rate", "0", "--tenant-waiting", "0", *extra]
     daemon = Child(name, argv, log_dir=log_dir, env=_env())

@@ -17,8 +17,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 
 import aiohttp
 
@@ -48,6 +51,48 @@ def sleepy_handler(seconds: float) -> str:
     return f"import time\n\n\ndef handler(p, ctx):\n    time.sleep({seconds})\n"
 
 
+class DiskProbe:
+    """A small append + fdatasync every ``every`` seconds on the daemon's disk, in a
+    thread, timed: each add's ack waits for an fdatasync, and its ingest and claim for
+    PostgreSQL's WAL flush, so a disk that stalls now and then sets the p99 of either
+    phase. ``take`` returns the times since the last take (ms)."""
+
+    def __init__(self, directory: Path, every: float = 0.02) -> None:
+        self._path = directory / "disk-probe.bin"
+        self._every = every
+        self._times: list[float] = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="disk-probe", daemon=True)
+
+    def __enter__(self) -> DiskProbe:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._path.unlink(missing_ok=True)
+
+    def _run(self) -> None:
+        fd = os.open(self._path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        try:
+            while not self._stop.wait(self._every):
+                began = time.perf_counter()
+                os.write(fd, b"disk probe line, as long as a small job's journal record\n")
+                os.fdatasync(fd)
+                took = 1000 * (time.perf_counter() - began)
+                with self._lock:
+                    self._times.append(took)
+        finally:
+            os.close(fd)
+
+    def take(self) -> list[float]:
+        with self._lock:
+            times, self._times = self._times, []
+        return times
+
+
 @dataclass(slots=True)
 class Flood:
     baseline: Latency  # the calm tenant on the idle daemon
@@ -57,6 +102,8 @@ class Flood:
     seconds: float  # length of the flooded measurement
     before: dict[str, int]  # the flood type's counts when the flooded samples began
     after: dict[str, int]  # ... and when they ended
+    disk_idle: list[float] = field(default_factory=list)  # DiskProbe ms, baseline
+    disk_flooded: list[float] = field(default_factory=list)  # ... flooded samples
 
     @property
     def flood_done(self) -> int:
@@ -111,6 +158,7 @@ async def measure_flood(
     pause: float,
     saturate: int,
     warmed: int,
+    disk: DiskProbe | None = None,
 ) -> Flood:
     """See the module docstring; ``flooder`` and ``calm`` are (client, token), ``handler``
     the flood's python source; the flood is on once ``saturate`` of its jobs run at
@@ -125,7 +173,10 @@ async def measure_flood(
         await victim.add_handler(CALM_TYPE, "python", PY_CLOCK)
 
         print(f"  baseline: {samples} jobs, one at a time, idle daemon ...", flush=True)
+        if disk is not None:
+            disk.take()
         baseline = await sample_latency(victim, CALM_TYPE, samples=samples, warm=warm, pause=pause)
+        disk_idle = disk.take() if disk is not None else []
 
         print(f"  flood: {backlog:,} jobs ...", flush=True)
         body = bulk_body(post_lines)
@@ -141,11 +192,14 @@ async def measure_flood(
         adder = asyncio.create_task(_keep_adding(flood, body, add_rate, stop, added))
         try:
             before = await flood.stats(FLOOD_TYPE)
+            if disk is not None:
+                disk.take()
             t0 = time.monotonic()
             flooded = await sample_latency(
                 victim, CALM_TYPE, samples=samples, warm=warm, pause=pause
             )
             seconds = time.monotonic() - t0
+            disk_flooded = disk.take() if disk is not None else []
             after = await flood.stats(FLOOD_TYPE)
         finally:
             stop.set()
@@ -160,4 +214,6 @@ async def measure_flood(
             seconds=seconds,
             before=before,
             after=after,
+            disk_idle=disk_idle,
+            disk_flooded=disk_flooded,
         )

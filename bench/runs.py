@@ -18,6 +18,7 @@ from bench.claim import claim_cost
 from bench.e2e import Latency, Throughput, measure_latency, measure_throughput, postmaster_pid
 from bench.procs import BenchError, Child
 from bench.report import Row
+from store.embedded import stop_server
 
 if TYPE_CHECKING:
     from bench.cli import Run
@@ -192,36 +193,45 @@ def section_flood(run: Run) -> None:
 
 
 def _flood(run: Run, kind: FloodKind) -> None:
-    from bench.flood import measure_flood
+    from bench.flood import DiskProbe, measure_flood
 
     quick = run.opts.quick
     samples = run.opts.flood_samples
     name = "flood_" + kind.name.split()[0].lower()
-    dsn = run.fresh_database(name)
+    # the default deployment: the daemon's own embedded PostgreSQL, which it starts in
+    # its CPU place ahead of its handlers (with --store, that server, wherever it runs)
+    dsn = None if run.opts.store is None else run.fresh_database(name)
     data_dir = run.work / name
     data_dir.mkdir()
-    calm_token = daemon.add_tenant(dsn, data_dir)
-    flood_token = daemon.add_tenant(dsn, data_dir, FLOOD_TENANT)
-    child, url = daemon.start_daemon(name, dsn, data_dir, run.work, extra=run.opts.daemon_args)
     try:
-        result = asyncio.run(
-            measure_flood(
-                url,
-                (FLOOD_TENANT, flood_token),
-                (daemon.TENANT, calm_token),
-                backlog=run.opts.flood_backlog,
-                post_lines=500 if quick else 1000,
-                add_rate=1_000.0 if quick else 2_000.0,
-                handler=kind.handler,
-                samples=samples,
-                warm=2 if quick else 5,
-                pause=0.03,
-                saturate=kind.saturate,
-                warmed=kind.warmed,
+        calm_token = daemon.add_tenant(dsn, data_dir)
+        flood_token = daemon.add_tenant(dsn, data_dir, FLOOD_TENANT)
+        child, url = daemon.start_daemon(name, dsn, data_dir, run.work, extra=run.opts.daemon_args)
+    except BaseException:
+        stop_server(data_dir / "pg")  # nothing there with --store
+        raise
+    try:
+        with DiskProbe(data_dir) as disk:
+            result = asyncio.run(
+                measure_flood(
+                    url,
+                    (FLOOD_TENANT, flood_token),
+                    (daemon.TENANT, calm_token),
+                    backlog=run.opts.flood_backlog,
+                    post_lines=500 if quick else 1000,
+                    add_rate=1_000.0 if quick else 2_000.0,
+                    handler=kind.handler,
+                    samples=samples,
+                    warm=2 if quick else 5,
+                    pause=0.03,
+                    saturate=kind.saturate,
+                    warmed=kind.warmed,
+                    disk=disk,
+                )
             )
-        )
     finally:
         child.stop(grace=20)
+        stop_server(data_dir / "pg")  # the daemon stopped its server, unless it died
     base, flooded = result.baseline.starts_ms, result.flooded.starts_ms
     before, after = result.before, result.after
     flood_note = (
@@ -251,7 +261,23 @@ def _flood(run: Run, kind: FloodKind) -> None:
                 ),
             )
         )
+    if result.disk_idle and result.disk_flooded:
+        idle_disk, busy_disk = result.disk_idle, result.disk_flooded
+        run.rows.append(
+            Row(
+                f"(flood) {kind.name}: the disk's fdatasync p99 meanwhile",
+                Latency.pct(busy_disk, 0.99),
+                "ms",
+                f"idle {Latency.pct(idle_disk, 0.99):.1f} ms",
+                None,
+                f"a small append + fdatasync every 20 ms beside the daemon: max "
+                f"{max(busy_disk):.1f} ms flooded, {max(idle_disk):.1f} ms idle; over 10 ms "
+                f"{_over(busy_disk, 10)} flooded, {_over(idle_disk, 10)} idle (each ack "
+                "waits for one, each ingest and claim for a WAL flush)",
+            )
+        )
     worst = max(ratios)
+    store = "the daemon's embedded PostgreSQL" if dsn is None else "the --store server"
     run.rows.append(
         Row(
             f"(flood) {kind.name}: flooded / idle, worst of p50, p99",
@@ -259,9 +285,14 @@ def _flood(run: Run, kind: FloodKind) -> None:
             "x",
             "target <= 2",
             worst / FLOOD_TARGET_RATIO,
-            "a tenant's flood must not raise another's add → start by more than 2x",
+            f"a tenant's flood must not raise another's add → start by more than 2x; "
+            f"store: {store}",
         )
     )
+
+
+def _over(times: list[float], ms: float) -> str:
+    return f"{sum(1 for t in times if t > ms)}/{len(times)}"
 
 
 def section_claim(run: Run) -> None:
