@@ -54,6 +54,9 @@ logger = logging.getLogger(__name__)
 LINGERING_TIME = 1.0  # seconds; see AppRunner below
 
 
+POOL_SIZE = 10  # the daemon's connections to the store
+
+
 async def open_store(settings: Settings) -> tuple[PgStore, EmbeddedPostgres | None]:
     """Connect (starting the embedded server if no DSN), waiting for PostgreSQL to come up."""
     embedded = None
@@ -66,7 +69,10 @@ async def open_store(settings: Settings) -> tuple[PgStore, EmbeddedPostgres | No
     delay = 0.1
     while True:
         try:
-            return await PgStore.connect(dsn), embedded
+            # every connection open from the start and kept: one opened on demand (auth
+            # and start-up, ~10 ms) fell on a claim's way when a flood kept the rest busy
+            store = await PgStore.connect(dsn, min_size=POOL_SIZE, max_size=POOL_SIZE, idle_close=0)
+            return store, embedded
         except StoreUnavailable as exc:
             if loop.time() >= deadline:
                 if embedded is not None:

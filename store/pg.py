@@ -119,16 +119,21 @@ class PgStore:
         *,
         min_size: int = 2,
         max_size: int = 10,
+        idle_close: float = 300.0,
         migrate: bool = True,
         connect_timeout: float = 5.0,
         command_timeout: float = 30.0,
     ) -> PgStore:
-        """Open a pool on ``dsn`` and, unless ``migrate`` is False, apply migrations."""
+        """Open a pool on ``dsn`` and, unless ``migrate`` is False, apply migrations.
+
+        Connections beyond ``min_size`` open when needed; one unused for
+        ``idle_close`` seconds closes (0: never)."""
         with translate():
             pool = await asyncpg.create_pool(
                 dsn,
                 min_size=min_size,
                 max_size=max_size,
+                max_inactive_connection_lifetime=idle_close,
                 timeout=connect_timeout,
                 command_timeout=command_timeout,
                 init=_init_connection,
