@@ -20,12 +20,13 @@ import contextlib
 import os
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
 
 from bench.api import Api
+from bench.ceilings import LINE
 from bench.e2e import PY_CLOCK, Latency, _post_all, bulk_body, sample_latency
 from bench.procs import BenchError
 
@@ -79,7 +80,7 @@ class DiskProbe:
         try:
             while not self._stop.wait(self._every):
                 began = time.perf_counter()
-                os.write(fd, b"disk probe line, as long as a small job's journal record\n")
+                os.write(fd, LINE)
                 os.fdatasync(fd)
                 took = 1000 * (time.perf_counter() - began)
                 with self._lock:
@@ -102,8 +103,8 @@ class Flood:
     seconds: float  # length of the flooded measurement
     before: dict[str, int]  # the flood type's counts when the flooded samples began
     after: dict[str, int]  # ... and when they ended
-    disk_idle: list[float] = field(default_factory=list)  # DiskProbe ms, baseline
-    disk_flooded: list[float] = field(default_factory=list)  # ... flooded samples
+    disk_idle: list[float]  # DiskProbe ms, baseline
+    disk_flooded: list[float]  # ... flooded samples
 
     @property
     def flood_done(self) -> int:
@@ -158,7 +159,7 @@ async def measure_flood(
     pause: float,
     saturate: int,
     warmed: int,
-    disk: DiskProbe | None = None,
+    disk: DiskProbe,
 ) -> Flood:
     """See the module docstring; ``flooder`` and ``calm`` are (client, token), ``handler``
     the flood's python source; the flood is on once ``saturate`` of its jobs run at
@@ -173,10 +174,9 @@ async def measure_flood(
         await victim.add_handler(CALM_TYPE, "python", PY_CLOCK)
 
         print(f"  baseline: {samples} jobs, one at a time, idle daemon ...", flush=True)
-        if disk is not None:
-            disk.take()
+        disk.take()
         baseline = await sample_latency(victim, CALM_TYPE, samples=samples, warm=warm, pause=pause)
-        disk_idle = disk.take() if disk is not None else []
+        disk_idle = disk.take()
 
         print(f"  flood: {backlog:,} jobs ...", flush=True)
         body = bulk_body(post_lines)
@@ -192,14 +192,13 @@ async def measure_flood(
         adder = asyncio.create_task(_keep_adding(flood, body, add_rate, stop, added))
         try:
             before = await flood.stats(FLOOD_TYPE)
-            if disk is not None:
-                disk.take()
+            disk.take()
             t0 = time.monotonic()
             flooded = await sample_latency(
                 victim, CALM_TYPE, samples=samples, warm=warm, pause=pause
             )
             seconds = time.monotonic() - t0
-            disk_flooded = disk.take() if disk is not None else []
+            disk_flooded = disk.take()
             after = await flood.stats(FLOOD_TYPE)
         finally:
             stop.set()

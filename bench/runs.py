@@ -261,8 +261,8 @@ def _flood(run: Run, kind: FloodKind) -> None:
                 ),
             )
         )
-    if result.disk_idle and result.disk_flooded:
-        idle_disk, busy_disk = result.disk_idle, result.disk_flooded
+    idle_disk, busy_disk = result.disk_idle, result.disk_flooded
+    if idle_disk and busy_disk:
         run.rows.append(
             Row(
                 f"(flood) {kind.name}: the disk's fdatasync p99 meanwhile",

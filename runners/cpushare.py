@@ -151,13 +151,12 @@ class CpuGroup:
     @classmethod
     def _find(cls) -> CpuGroup | None:
         global _home
-        home = _home
+        home: _Home | None = None
         path: Path | None = None
         try:
+            home = _home_now()
             if home is None:
-                home = _home = _make_home()
-                if home is None:
-                    return None
+                return None
             path = home.path / f"handlers-{next(_groups)}"
             path.mkdir(exist_ok=True)
             if (path / "cpu.idle").exists():
@@ -197,19 +196,16 @@ class DaemonPlace:
     @classmethod
     def take(cls) -> DaemonPlace | None:
         """None where there is no such group (not root, no v1 cpu controller)."""
-        global _home
         if os.geteuid() != 0:
             return None
         with _home_lock:
-            home = _home
+            try:
+                home = _home_now()
+            except OSError as exc:
+                logger.info("no CPU group (%s)", exc, extra={"action": "sandbox_cpu"})
+                return None
             if home is None:
-                try:
-                    home = _home = _make_home()
-                except OSError as exc:
-                    logger.info("no CPU group (%s)", exc, extra={"action": "sandbox_cpu"})
-                    return None
-                if home is None:
-                    return None
+                return None
             home.users += 1
             return cls(home.path)
 
@@ -219,12 +215,17 @@ class DaemonPlace:
         _unuse(self._home)
 
 
-def _make_home() -> _Home | None:
-    origin = _v1_cpu_dir()
-    if origin is None or not (origin / "cpu.shares").exists():
-        return None
-    sweep(origin)
-    return _Home.make(origin)
+def _home_now() -> _Home | None:
+    """The daemon's group, made (and the daemon moved in) if it is not yet; None where
+    it cannot be. Under ``_home_lock``."""
+    global _home
+    if _home is None:
+        origin = _v1_cpu_dir()
+        if origin is None or not (origin / "cpu.shares").exists():
+            return None
+        sweep(origin)
+        _home = _Home.make(origin)
+    return _home
 
 
 def _unuse(path: Path) -> None:
