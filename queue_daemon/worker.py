@@ -344,6 +344,10 @@ class Worker:
         releases: list[Release] = []
         run_ms: dict[str, float] = {}
         try:
+            # the version live when the jobs were claimed, which this daemon
+            # may not have heard of yet (replaced or deleted meanwhile)
+            if jobs[0].handler != (spec.version if spec is not None else None):
+                spec = await self._handlers.at_least(jobtype, jobs[0].handler)
             if spec is None:  # deleted between the check and the claim
                 policy = Policy(job_ttl=self._settings.job_ttl)
                 releases = [no_handler(job, policy) for job in jobs]

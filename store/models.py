@@ -84,6 +84,8 @@ class ClaimedJob:
     create_dt: datetime
     # epoch ms since when it was due, max(create_dt, dt before the claim); for the queue log
     due_ms: int | None = None
+    # the type's live handler version when it was claimed (None: it had none)
+    handler: str | None = None
 
 
 class ExpiredLock(NamedTuple):

@@ -539,6 +539,7 @@ class PgStore:
                 attempts=row["attempts"],
                 create_dt=row["create_dt"],
                 due_ms=row["due_ms"],
+                handler=row["handler"],
             )
             for row in rows
         ]

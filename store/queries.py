@@ -512,6 +512,17 @@ LIMIT $2
 FOR UPDATE SKIP LOCKED
 """
 
+# The type's live handler version (evaluated once per statement): the claim
+# reads it in the snapshot that found the jobs, so a job added after a handler
+# was replaced is never run by the version before (its daemon's cache may not
+# have heard of the change yet).
+LIVE_HANDLER_ID = """
+SELECT h.id FROM handlers h
+WHERE h.type = $1 AND h.deleted_at IS NULL
+ORDER BY h.dt DESC, h.id DESC
+LIMIT 1
+"""
+
 # $3 sysid, $4 lease seconds. `= ANY(ARRAY(...))` rather than `IN (...)`: the
 # array is computed first and the update then reads the primary key; with IN
 # the planner sometimes joined against a scan of the whole table (DESIGN.md).
@@ -525,7 +536,8 @@ SET lock = $3, dt = now() + make_interval(secs => $4), attempts = attempts + 1
 WHERE id = ANY(ARRAY({CLAIM_IDS}))
 RETURNING id, type, data, attempts, create_dt,
           (SELECT floor(extract(epoch FROM greatest(o.dt, o.create_dt)) * 1000)::bigint
-           FROM jobs o WHERE o.id = jobs.id) AS due_ms
+           FROM jobs o WHERE o.id = jobs.id) AS due_ms,
+          ({LIVE_HANDLER_ID}) AS handler
 """
 
 # Waiting jobs of type $1 created more than $2 seconds ago are done with

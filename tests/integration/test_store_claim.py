@@ -313,6 +313,7 @@ async def test_hot_path_plans_avoid_full_scans(store: PgStore, conn: asyncpg.Con
     assert "jobs_waiting_idx" in claim, claim
     whole_claim = await _plan(conn, queries.CLAIM, "bench-t3", 100, "s1", 60.0)
     assert "jobs_waiting_idx" in whole_claim and "jobs_pkey" in whole_claim, whole_claim
+    assert "handlers_live_idx" in whole_claim, whole_claim
     waiting = await _plan(conn, queries.WAITING_JOBTYPES, 1000)
     assert "jobs_waiting_idx" in waiting, waiting
     expire = await _plan(conn, queries.EXPIRE_LOCKS)
@@ -452,6 +453,20 @@ async def test_handler_versions(store: PgStore, conn: asyncpg.Connection) -> Non
     assert third.id > second.id
     assert (await store.get_handler("a-t")).data["body"] == "v3"
     assert await store.count_handlers("a") == 2
+
+
+async def test_claim_reads_the_live_handler_version_with_the_jobs(store: PgStore) -> None:
+    await store.add_jobs([job(f"j{n}") for n in range(3)])
+    got = await store.claim("a-t", 1, sysid="s1", lease=60)
+    assert [j.handler for j in got] == [None]  # no handler yet
+    first = await store.put_handler("a-t", {"lang": "python", "body": "v1"})
+    await store.put_handler("a-u", {"lang": "python", "body": "other type"})
+    assert [j.handler for j in await store.claim("a-t", 1, sysid="s1", lease=60)] == [first.id]
+    second = await store.put_handler("a-t", {"lang": "python", "body": "v2"})
+    assert [j.handler for j in await store.claim("a-t", 5, sysid="s1", lease=60)] == [second.id]
+    await store.delete_handler("a-t")
+    await store.add_jobs([job("k0"), job("k1")])
+    assert [j.handler for j in await store.claim("a-t", 5, sysid="s1", lease=60)] == [None, None]
 
 
 async def test_migration_0002_is_shipped() -> None:

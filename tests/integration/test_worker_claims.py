@@ -3,6 +3,8 @@
 - A claim of one tenant's jobtype that is slow (a flood's) does not hold up
   another tenant's job: a second claim loop takes it meanwhile, and never two
   claims of one jobtype run at once.
+- A claim in flight while its type's handler is replaced runs what it gets
+  with the new version: the claim reads the live version with the jobs.
 - Jobs noted by the store's notification are claimed without reading the
   waiting types again, even when they were added while such a read was in
   flight (a read that began before them does not see them).
@@ -80,9 +82,11 @@ class InstantPool:
         self._store = store
         self.ran: list[str] = []
         self.reads_when_ran: dict[str, int] = {}
+        self.versions: dict[str, str] = {}  # job id -> the handler version it ran
 
     async def run_batch(self, spec: HandlerSpec, jobs: Sequence[JobInput]) -> list[JobResult]:
         self.ran.extend(job.id for job in jobs)
+        self.versions.update((job.id, spec.version) for job in jobs)
         self.reads_when_ran.update((job.id, self._store.reads) for job in jobs)
         return [JobResult(id=job.id, exitcode=200, result="ok") for job in jobs]
 
@@ -169,3 +173,19 @@ async def test_jobs_noted_during_a_read_of_the_waiting_types_are_claimed_without
     assert [pool.reads_when_ran[job] for job in ("n0", "n1")] == [reads, reads], (
         "the waiting types were read again to find noted jobs"
     )
+
+
+async def test_a_claim_in_flight_across_a_handler_replacement_runs_the_new_version(
+    store: PgStore, running: tuple[GatedStore, InstantPool, Worker]
+) -> None:
+    gated, pool, _ = running
+    old = await store.get_handler("flood-busy")
+    await store.add_jobs(_jobs("flood-busy", 1, "a"))
+    # the worker has the old version in hand and its claim hangs
+    await asyncio.wait_for(gated.claims_waiting.wait(), 10)
+    new = await store.put_handler("flood-busy", {"lang": "python", "body": "def handler(p, c): 2"})
+    assert new.id != old.id
+    await store.add_jobs(_jobs("flood-busy", 3, "b"))  # after the replacement
+    gated.claim_gate.set()
+    await _until(lambda: len(pool.ran) == 4, "every job to run")
+    assert pool.versions == dict.fromkeys(["a0", "b0", "b1", "b2"], new.id), pool.versions
