@@ -92,7 +92,7 @@ class Options:
     run_jobs: int = 100_000
     run_conns: int = 4
     latency_samples: int = 200
-    flood_samples: int = 500
+    flood_samples: int = 1000
     flood_backlog: int = 100_000
     daemon_args: list[str] = field(default_factory=list)
 
@@ -134,7 +134,10 @@ def parse_args(argv: list[str] | None) -> Options:
         "--latency-samples", type=int, default=None, help="jobs timed by latency (200; quick 50)"
     )
     parser.add_argument(
-        "--flood-samples", type=int, default=None, help="calm jobs timed by flood (500; quick 10)"
+        "--flood-samples",
+        type=int,
+        default=None,
+        help="calm jobs timed by flood, each phase (1000; quick 10)",
     )
     parser.add_argument(
         "--flood-backlog",
@@ -178,7 +181,7 @@ def parse_args(argv: list[str] | None) -> Options:
         run_jobs=args.run_jobs or (10_000 if quick else 100_000),
         run_conns=max(1, args.run_conns),
         latency_samples=args.latency_samples or (50 if quick else 200),
-        flood_samples=args.flood_samples or (10 if quick else 500),
+        flood_samples=args.flood_samples or (10 if quick else 1000),
         flood_backlog=args.flood_backlog or (5_000 if quick else 100_000),
         daemon_args=list(args.daemon_arg),
     )
