@@ -307,7 +307,6 @@ class Worker:
         self._tenant_batches[tenant] = self._tenant_batches.get(tenant, 0) + 1
         jobs: list[ClaimedJob] = []
         try:
-            spec = await self._handlers.get(jobtype)
             began = time.perf_counter()
             jobs = await self._store.claim(
                 jobtype, limit, sysid=self._sysid, lease=self._settings.lease
@@ -333,21 +332,18 @@ class Worker:
             self._running[job.id] = job
         self.started += len(jobs)
         self._queuelog.started(jobtype, jobs)
-        task = asyncio.create_task(self._run_batch(jobtype, spec, jobs))
+        task = asyncio.create_task(self._run_batch(jobtype, jobs))
         self._batches.add(task)
         task.add_done_callback(self._batches.discard)
         return True
 
-    async def _run_batch(
-        self, jobtype: str, spec: HandlerSpec | None, jobs: list[ClaimedJob]
-    ) -> None:
+    async def _run_batch(self, jobtype: str, jobs: list[ClaimedJob]) -> None:
         releases: list[Release] = []
         run_ms: dict[str, float] = {}
         try:
             # the version live when the jobs were claimed, which this daemon
             # may not have heard of yet (replaced or deleted meanwhile)
-            if jobs[0].handler != (spec.version if spec is not None else None):
-                spec = await self._handlers.at_least(jobtype, jobs[0].handler)
+            spec = await self._handlers.at_least(jobtype, jobs[0].handler)
             if spec is None:  # deleted between the check and the claim
                 policy = Policy(job_ttl=self._settings.job_ttl)
                 releases = [no_handler(job, policy) for job in jobs]

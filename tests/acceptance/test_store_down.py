@@ -13,7 +13,7 @@ import aiohttp
 import pytest
 
 from tests.acceptance.client import Api, Reply, assert_error, until
-from tests.acceptance.daemon import DaemonFactory, add_tenant
+from tests.acceptance.daemon import DaemonFactory, DaemonProcess, add_tenant
 from tests.acceptance.storecheck import duplicates, payloads, wait_all_stored
 from tests.pgserver import PgServer
 
@@ -28,6 +28,21 @@ def own_pg(tmp_path: Path) -> Iterator[PgServer]:
         yield server
     finally:
         server.stop()
+
+
+def _serve(
+    own_pg: PgServer,
+    daemons: DaemonFactory,
+    data_dir: Path,
+    tmp_path: Path,
+    session: aiohttp.ClientSession,
+) -> tuple[str, DaemonProcess, Api]:
+    """Start the server, add tenant ``t`` and start a daemon on it: the store's DSN,
+    the daemon, and the tenant's client."""
+    dsn = own_pg.start()
+    token = add_tenant("t", store=dsn, data_dir=data_dir, cwd=tmp_path)
+    daemon = daemons.start(data_dir, dsn)
+    return dsn, daemon, Api(session, daemon.url, "t", token)
 
 
 async def _wait_unready(api: Api) -> Reply:
@@ -55,10 +70,7 @@ async def test_adds_succeed_while_postgresql_is_down_and_reach_it_later(
     tmp_path: Path,
     session: aiohttp.ClientSession,
 ) -> None:
-    dsn = own_pg.start()
-    token = add_tenant("t", store=dsn, data_dir=data_dir, cwd=tmp_path)
-    daemon = daemons.start(data_dir, dsn)
-    api = Api(session, daemon.url, "t", token)
+    dsn, daemon, api = _serve(own_pg, daemons, data_dir, tmp_path, session)
     acked: dict[str, str] = {}
     [first] = await api.add("down", ["before"])
     acked[first] = "before"
@@ -99,10 +111,7 @@ async def test_kill_9_while_postgresql_is_down_then_restart_loses_nothing(
     session: aiohttp.ClientSession,
 ) -> None:
     """Acked jobs that only the dead daemon's journal holds reach the store via the next one."""
-    dsn = own_pg.start()
-    token = add_tenant("t", store=dsn, data_dir=data_dir, cwd=tmp_path)
-    daemon = daemons.start(data_dir, dsn)
-    api = Api(session, daemon.url, "t", token)
+    dsn, daemon, api = _serve(own_pg, daemons, data_dir, tmp_path, session)
     own_pg.stop()
     acked: dict[str, str] = {}
     await _add_while_down(api, acked)
@@ -149,10 +158,7 @@ async def test_postgresql_crashing_mid_ingest_loses_no_acked_job(
     """The ingest's commits do not wait for the WAL flush (its rows are seen and
     notified at once), so a crash of PostgreSQL can lose them; the journal's read
     point moves only once the WAL is flushed, so the daemon ingests them again."""
-    dsn = own_pg.start()
-    token = add_tenant("t", store=dsn, data_dir=data_dir, cwd=tmp_path)
-    daemon = daemons.start(data_dir, dsn)
-    api = Api(session, daemon.url, "t", token)
+    dsn, daemon, api = _serve(own_pg, daemons, data_dir, tmp_path, session)
     acked: dict[str, str] = {}
     stop = asyncio.Event()
 
