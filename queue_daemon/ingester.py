@@ -1,10 +1,16 @@
 """Moves acknowledged jobs from the journal into the store.
 
-Each worker loops reserve → read → ``store.add_jobs`` → rsync. The insert is
-idempotent by id, so a crash between insert and rsync re-ingests the batch
-without duplicating it. While the store is unreachable a worker keeps its
-batch and retries with capped exponential backoff; adds keep landing in the
-journal meanwhile.
+Each pipeline loops reserve → read → ``store.add_jobs`` and hands the batch on
+as soon as its rows are in (seen and notified, not yet flushed): one settling
+task waits until everything handed to it is durable (one WAL flush for all
+the batches that came meanwhile) and only then advances the journal's read
+point over them (one fsync). A line added behind a batch so does not also wait
+for that batch's flushes. The insert is idempotent by id, so a crash between
+insert and rsync re-ingests the batch without duplicating it; rows that a
+store crash took before they were flushed are inserted again before the read
+point passes them. While the store is unreachable a pipeline keeps its batch
+and retries with capped exponential backoff; adds keep landing in the journal
+meanwhile.
 """
 
 from __future__ import annotations
@@ -14,7 +20,7 @@ import logging
 import random
 from datetime import UTC, datetime, timedelta
 
-from journal import Entry, Journal
+from journal import Entry, Journal, Reservation
 from store.errors import StoreError, StoreUnavailable
 from store.models import NewJob
 from store.protocol import Store
@@ -23,11 +29,15 @@ logger = logging.getLogger(__name__)
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 RESERVE_TIMEOUT = 60.0  # seconds before an un-synced reservation is handed out again
-# A worker that just moved a small batch waits until this long after it began
-# before the next one, so a stream of 1-line adds is ingested in batches of
-# many lines (one COPY, one commit, one read-point fsync each) rather than one
-# by one. It bounds the added ingest latency.
+# A pipeline that moves small batches in a stream (this one began less than
+# two cycles after the one before) waits until a cycle after it began before
+# the next, so a stream of 1-line adds is ingested in batches of many lines
+# (one insert and commit each) rather than one by one. It bounds the added
+# ingest latency; a line that comes alone, or after one large add, does not wait.
 SMALL_BATCH_CYCLE = 0.01
+# Batches in the store whose flush is not yet confirmed; a pipeline waits for
+# room beyond this (the read point, and journal space, lag no further).
+MAX_UNSETTLED = 32
 # Helper pipelines also move a few lines when the first pipeline has been busy
 # with one batch this long: a line added behind a large batch then waits for
 # about this long, not for the whole of that batch's insert.
@@ -61,11 +71,21 @@ class Ingester:
         self.ingested = 0  # rows newly inserted by this daemon
         self._first_busy_since: float | None = None  # the first pipeline's batch began
         self.last_error: str | None = None
+        self._unsettled: list[tuple[Reservation, list[NewJob]]] = []  # in, not known flushed
+        self._room = asyncio.Semaphore(MAX_UNSETTLED)
+        self._to_settle = asyncio.Event()
+        self._pipelines_done = False
 
     async def run(self) -> None:
+        self._pipelines_done = False
         async with asyncio.TaskGroup() as group:
-            for helper in range(self._workers):
-                group.create_task(self._worker(helper > 0))
+            group.create_task(self._settle_loop())
+            pipelines = [group.create_task(self._worker(h > 0)) for h in range(self._workers)]
+            try:
+                await asyncio.wait(pipelines)
+            finally:
+                self._pipelines_done = True  # the settling task ends once all is settled
+                self._to_settle.set()
 
     def stop(self) -> None:
         """Workers finish the batch in hand and return."""
@@ -87,6 +107,7 @@ class Ingester:
         journal = self._journal
         loop = asyncio.get_running_loop()
         small = self._batch // 4
+        last_began = float("-inf")
         while not self._stopping.is_set():
             if helper and journal.lag.unread_lines < small and not self._first_is_slow(loop):
                 if await journal.wait_readable(timeout=0.5):
@@ -101,28 +122,62 @@ class Ingester:
                 self._first_busy_since = began
             try:
                 entries = await journal.read(reservation)
-                await self._insert(to_new_jobs(entries))
-                await journal.rsync(reservation)
+                jobs = to_new_jobs(entries)
+                await self._insert(jobs, durable=False)
             finally:
                 if not helper:
                     self._first_busy_since = None
-            if len(entries) < small:
+            await self._room.acquire()
+            self._unsettled.append((reservation, jobs))
+            self._to_settle.set()
+            streaming = began - last_began < 2 * SMALL_BATCH_CYCLE
+            last_began = began
+            if streaming and len(entries) < small:
                 rest = began + SMALL_BATCH_CYCLE - loop.time()
                 if rest > 0:
                     await asyncio.sleep(rest)
+
+    async def _settle_loop(self) -> None:
+        """Flush what the pipelines inserted, then advance the read point over it."""
+        while True:
+            if not self._unsettled:
+                if self._pipelines_done:
+                    return
+                self._to_settle.clear()
+                await self._to_settle.wait()
+                continue
+            batches, self._unsettled = self._unsettled, []
+            try:
+                await self._store.flush()
+            except StoreError as exc:
+                # a store that went away may have lost rows not yet flushed
+                logger.warning(
+                    "ingest flush failed (%s): inserting %d batches again",
+                    exc,
+                    len(batches),
+                    extra={"action": "ingest_reinsert"},
+                )
+                for _, jobs in batches:
+                    await self._insert(jobs, durable=True, count=False)
+            for reservation, _ in batches:
+                await self._journal.rsync(reservation)
+                self._room.release()
 
     def _first_is_slow(self, loop: asyncio.AbstractEventLoop) -> bool:
         since = self._first_busy_since
         return since is not None and loop.time() - since >= HELP_AFTER
 
-    async def _insert(self, jobs: list[NewJob]) -> None:
+    async def _insert(self, jobs: list[NewJob], *, durable: bool, count: bool = True) -> None:
+        """Insert until it succeeds; ``count``: add the new rows to ``ingested`` (not
+        when inserting again rows that may or may not have been lost)."""
         delay = 0.05
         while True:
             try:
-                added = await self._store.add_jobs(jobs)
+                added = await self._store.add_jobs(jobs, durable=durable)
                 # not `self.ingested += await ...`: that reads the count before the
                 # await, and a concurrent pipeline's rows would be lost from it
-                self.ingested += added
+                if count:
+                    self.ingested += added
                 if self.last_error is not None:
                     logger.info("store reachable again", extra={"action": "ingest_resumed"})
                     self.last_error = None

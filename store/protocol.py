@@ -30,8 +30,12 @@ class Store(Protocol):
         """Raise StoreUnavailable unless a trivial query succeeds."""
 
     # jobs
-    async def add_jobs(self, jobs: Sequence[NewJob]) -> int:
-        """Insert jobs, idempotent by id; return how many rows were new."""
+    async def add_jobs(self, jobs: Sequence[NewJob], *, durable: bool = True) -> int:
+        """Insert jobs, idempotent by id; return how many rows were new. Without
+        ``durable`` it returns once they are seen, before they are flushed."""
+
+    async def flush(self) -> None:
+        """Return once every job added before the call is durable."""
 
     async def get_job(self, client: str, job_id: str) -> Job:
         """Raise NotFound when absent or owned by another client."""

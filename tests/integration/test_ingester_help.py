@@ -31,11 +31,11 @@ class SlowBatchStore:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._store, name)
 
-    async def add_jobs(self, jobs: Sequence[NewJob]) -> int:
+    async def add_jobs(self, jobs: Sequence[NewJob], *, durable: bool = True) -> int:
         if any(job.type == self.slow for job in jobs):
             self.slow_waiting.set()
             await self.gate.wait()
-        return await self._store.add_jobs(jobs)
+        return await self._store.add_jobs(jobs, durable=durable)
 
 
 async def _stored(conn: asyncpg.Connection, job_id: str) -> bool:

@@ -71,6 +71,36 @@ async def test_add_jobs_is_idempotent(store: PgStore, conn: asyncpg.Connection) 
     assert (row["lock"], row["attempts"], row["done_dt"]) == ("", 0, None)
 
 
+async def test_a_few_jobs_of_a_type_go_in_beside_another_types_big_batch(
+    store: PgStore, conn: asyncpg.Connection, pg_dsn: str
+) -> None:
+    # an uncommitted row with one of the big batch's ids holds its COPY on the
+    # unique index: the one job of the other type must be in meanwhile
+    big = [new_job(f"b{i:04d}", "flood-busy") for i in range(500)]
+    blocker = await asyncpg.connect(pg_dsn)
+    try:
+        held = blocker.transaction()
+        await held.start()
+        await blocker.execute(
+            "INSERT INTO jobs (id, type, dt, data, create_dt) "
+            "VALUES ('b0250', 'other-type', now(), '', now())"
+        )
+        adding = asyncio.create_task(
+            store.add_jobs([*big[:250], new_job("c1", "calm-clock"), *big[250:]])
+        )
+        deadline = time.monotonic() + 10
+        while not await conn.fetchval("SELECT count(*) FROM jobs WHERE id = 'c1'"):
+            assert time.monotonic() < deadline, "the small type waited for the big batch"
+            await asyncio.sleep(0.01)
+        assert not adding.done()
+        assert await conn.fetchval("SELECT count(*) FROM jobs WHERE type = 'flood-busy'") == 0
+        await held.rollback()
+        assert await asyncio.wait_for(adding, 10) == 501
+    finally:
+        await blocker.close()
+    assert await conn.fetchval("SELECT count(*) FROM jobs") == 501
+
+
 async def test_copy_ceiling_measures(store: PgStore, conn: asyncpg.Connection) -> None:
     assert await store.copy_ceiling(2000, 500) > 0
     assert await conn.fetchval("SELECT count(*) FROM jobs") == 0
