@@ -35,9 +35,9 @@ RESERVE_TIMEOUT = 60.0  # seconds before an un-synced reservation is handed out 
 # (one insert and commit each) rather than one by one. It bounds the added
 # ingest latency; a line that comes alone, or after one large add, does not wait.
 SMALL_BATCH_CYCLE = 0.01
-# Batches in the store whose flush is not yet confirmed; a pipeline waits for
-# room beyond this (the read point, and journal space, lag no further).
-MAX_UNSETTLED = 32
+# Batches in the store whose flush is not yet confirmed (kept in memory, to be
+# inserted again if the flush fails); a pipeline waits for room beyond this.
+MAX_UNSETTLED = 8
 # Helper pipelines also move a few lines when the first pipeline has been busy
 # with one batch this long: a line added behind a large batch then waits for
 # about this long, not for the whole of that batch's insert.
