@@ -353,13 +353,18 @@ class PgStore:
 
     async def cancel_job(self, client: str, job_id: str) -> Job:
         async with self._conn() as conn:
-            row = await conn.fetchrow(queries.CANCEL_JOB, job_id, client)
-            if row is None:
+            for _ in range(3):
+                row = await conn.fetchrow(queries.CANCEL_JOB, job_id, client)
+                if row is not None:
+                    return _job(row)
                 row = await conn.fetchrow(queries.GET_JOB, job_id, client)
                 if row is None:
                     raise NotFound(f"no job {job_id!r}")
-                raise Conflict(f"job {job_id!r} is {_state(row['lock']).value}")
-        return _job(row)
+                lock = row["lock"]
+                if lock != "":
+                    break
+                # waiting now: ingested (or put back) between the two statements
+            raise Conflict(f"job {job_id!r} is {_state(lock).value}")
 
     # --- the dashboard ------------------------------------------------------
 
