@@ -468,7 +468,8 @@ HANDLERS_CHANNEL = "qd_handlers"
 # are due now, as "jobtype=count" separated by spaces (see store.notes)
 NOTIFY_JOBS = "SELECT pg_notify('qd_jobs', $1)"
 # The ingest's commits do not wait for the WAL flush (the rows are seen and
-# notified at once); FLUSHED then waits for it before add_jobs returns. A
+# notified at once); FLUSHED then waits for it (in add_jobs, or in flush for
+# every batch inserted before it). A
 # transaction that wrote WAL commits synchronously, flushing the WAL up to its
 # own commit record, which comes after theirs; one that only took an id (as
 # pg_current_xact_id() does) wrote none and would not wait. A transactional
