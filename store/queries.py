@@ -469,9 +469,9 @@ HANDLERS_CHANNEL = "qd_handlers"
 NOTIFY_JOBS = "SELECT pg_notify('qd_jobs', $1)"
 # The ingest's commits do not wait for the WAL flush (the rows are seen and
 # notified at once); FLUSHED then waits for it (in add_jobs, or in flush for
-# every batch inserted before it). A
-# transaction that wrote WAL commits synchronously, flushing the WAL up to its
-# own commit record, which comes after theirs; one that only took an id (as
+# every batch inserted before it). A transaction that wrote WAL commits
+# synchronously, flushing the WAL up to its own commit record, which comes
+# after theirs; one that only took an id (as
 # pg_current_xact_id() does) wrote none and would not wait. A transactional
 # logical message is a WAL record of a few bytes, at any wal_level.
 ASYNC_COMMIT = "SELECT set_config('synchronous_commit', 'off', true)"
