@@ -39,9 +39,11 @@ SMALL_BATCH_CYCLE = 0.01
 # inserted again if the flush fails); a pipeline waits for room beyond this.
 MAX_UNSETTLED = 8
 # Helper pipelines also move a few lines when the first pipeline has been busy
-# with one batch this long: a line added behind a large batch then waits for
-# about this long, not for the whole of that batch's insert.
+# with one batch this long, or at once when that batch has BIG_BATCH lines or
+# more: a line added behind a large batch (another tenant's big add) does not
+# wait for that batch's insert.
 HELP_AFTER = 0.01
+BIG_BATCH = 100
 
 
 def to_new_jobs(entries: list[Entry]) -> list[NewJob]:
@@ -70,6 +72,7 @@ class Ingester:
         self._stopping = asyncio.Event()
         self.ingested = 0  # rows newly inserted by this daemon
         self._first_busy_since: float | None = None  # the first pipeline's batch began
+        self._first_busy_lines = 0  # ... and its lines
         self.last_error: str | None = None
         self._unsettled: list[tuple[Reservation, list[NewJob]]] = []  # in, not known flushed
         self._room = asyncio.Semaphore(MAX_UNSETTLED)
@@ -111,7 +114,9 @@ class Ingester:
         while not self._stopping.is_set():
             if helper and journal.lag.unread_lines < small and not self._first_is_slow(loop):
                 if await journal.wait_readable(timeout=0.5):
-                    await asyncio.sleep(SMALL_BATCH_CYCLE)  # let a backlog show itself
+                    await asyncio.sleep(0)  # the first pipeline takes what it can
+                    if not self._first_is_slow(loop):
+                        await asyncio.sleep(SMALL_BATCH_CYCLE)  # let a backlog show itself
                 continue
             reservation = journal.read_reserve(self._batch, RESERVE_TIMEOUT)
             if reservation is None:
@@ -120,6 +125,7 @@ class Ingester:
             began = loop.time()
             if not helper:
                 self._first_busy_since = began
+                self._first_busy_lines = reservation.lines
             try:
                 entries = await journal.read(reservation)
                 jobs = to_new_jobs(entries)
@@ -165,7 +171,9 @@ class Ingester:
 
     def _first_is_slow(self, loop: asyncio.AbstractEventLoop) -> bool:
         since = self._first_busy_since
-        return since is not None and loop.time() - since >= HELP_AFTER
+        if since is None:
+            return False
+        return self._first_busy_lines >= BIG_BATCH or loop.time() - since >= HELP_AFTER
 
     async def _insert(self, jobs: list[NewJob], *, durable: bool, count: bool = True) -> None:
         """Insert until it succeeds; ``count``: add the new rows to ``ingested`` (not

@@ -11,7 +11,9 @@ from pathlib import Path
 from typing import Any, cast
 
 import asyncpg
+import pytest
 
+import queue_daemon.ingester as ingester_module
 from journal import Journal
 from queue_daemon.ingester import Ingester
 from store.models import NewJob
@@ -43,6 +45,22 @@ async def _stored(conn: asyncpg.Connection, job_id: str) -> bool:
 
 
 async def test_a_line_behind_a_slow_batch_is_moved_by_another_pipeline(
+    store: PgStore, conn: asyncpg.Connection, tmp_path: Path
+) -> None:
+    await _moved_behind_a_slow_batch(store, conn, tmp_path)
+
+
+async def test_a_line_behind_a_large_batch_is_moved_at_once(
+    store: PgStore, conn: asyncpg.Connection, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Behind a batch of BIG_BATCH lines or more a helper does not wait for the batch
+    to turn out slow (HELP_AFTER, made endless here): it moves the line at once."""
+    monkeypatch.setattr(ingester_module, "HELP_AFTER", 3600.0)
+    assert ingester_module.BIG_BATCH <= 1000
+    await _moved_behind_a_slow_batch(store, conn, tmp_path)
+
+
+async def _moved_behind_a_slow_batch(
     store: PgStore, conn: asyncpg.Connection, tmp_path: Path
 ) -> None:
     slow = SlowBatchStore(store, "flood-busy")
