@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import time
 from collections import defaultdict
 from collections.abc import Awaitable, Callable
@@ -33,7 +34,7 @@ from queue_daemon.queuelog import QueueLog
 from runners.models import HandlerSpec, JobInput, JobResult
 from runners.output import clip, emit_problem
 from runners.pool import RunnerPool
-from scheduler import Pick, Scheduler, tenant_of
+from scheduler import Pick, Scheduler, busy_tenants, tenant_of
 from store.errors import StoreError
 from store.models import ClaimedJob, Release, ReleaseHow
 from store.protocol import Store
@@ -58,6 +59,9 @@ NO_HANDLER_RECHECK_S = 30.0
 CLAIM_LOOPS = 2
 # Share of the parallel batches (runner contexts) no single tenant may take.
 RESERVED_BATCHES_SHARE = 8  # 1/8: 8 of the default 64
+# How often the tenants running more contexts than their share of the cores are
+# found and their handlers put behind the others' on the CPU (runners.cpushare).
+BUSY_CHECK_S = 0.25
 
 
 def _add_counts(into: dict[str, int], counts: dict[str, int]) -> None:
@@ -127,6 +131,9 @@ class Worker:
         self._claiming = 0  # claims in flight
         self._claiming_types: set[str] = set()  # their jobtypes
         self._tenant_batches: dict[str, int] = {}  # tenant -> batches claiming or running
+        self._tenant_peak: dict[str, int] = {}  # ... the most at once since the last busy check
+        self._busy: frozenset[str] = frozenset()  # tenants whose handlers yield on a wake-up
+        self._cores = len(os.sched_getaffinity(0))
         parallel = settings.max_parallel_batches
         self._tenant_batch_cap = max(1, parallel - max(1, parallel // RESERVED_BATCHES_SHARE))
         self.started = 0
@@ -169,6 +176,7 @@ class Worker:
             group.create_task(self._every(self._settings.lease / 3, self._renew))
             group.create_task(self._every(min(5.0, self._settings.lease / 4), self._expire))
             group.create_task(self._every(self._settings.purge_interval, self._purge))
+            group.create_task(self._every(BUSY_CHECK_S, self._mark_busy))
 
     async def drain(self, within: float) -> None:
         """Stop claiming; let running batches finish for ``within`` seconds, then
@@ -189,6 +197,15 @@ class Worker:
                 await step()
             except StoreError as exc:
                 logger.warning("%s failed: %s", step.__name__, exc, extra={"action": "worker_step"})
+
+    async def _mark_busy(self) -> None:
+        """Tell the runners which tenants ran more contexts at once than their share
+        of the cores since the last check (``scheduler.busy_tenants``)."""
+        peak, self._tenant_peak = self._tenant_peak, dict(self._tenant_batches)
+        busy = busy_tenants(peak, self._cores)
+        if busy != self._busy:
+            self._busy = busy
+            await self._pool.mark_busy(busy)
 
     async def _renew(self) -> None:
         if self._running:
@@ -304,7 +321,9 @@ class Worker:
         self._scheduler.jobs_started(jobtype, limit)
         self._claiming += 1
         tenant = tenant_of(jobtype)
-        self._tenant_batches[tenant] = self._tenant_batches.get(tenant, 0) + 1
+        batches = self._tenant_batches[tenant] = self._tenant_batches.get(tenant, 0) + 1
+        if batches > self._tenant_peak.get(tenant, 0):
+            self._tenant_peak[tenant] = batches
         jobs: list[ClaimedJob] = []
         try:
             began = time.perf_counter()

@@ -32,7 +32,14 @@ Inside the handlers' group each tenant (each handler uid) has a group of its
 own of equal weight, so a tenant's fifty busy contexts share one tenant's
 part of the CPU and another tenant's single job still gets the other part at
 once. Processes cannot leave these groups (their ``cgroup.procs`` are
-root's), ``setsid()`` or not.
+root's), ``setsid()`` or not. The daemon marks the groups of busy tenants
+(``mark_busy``: those running more contexts at once than their share of the
+cores, see ``scheduler.busy_tenants``) ``cpu.idle`` as well: a handler of
+another tenant that wakes then takes the core from a busy tenant's handler
+at once, as the daemon does, instead of waiting for the kernel to end that
+handler's time slice (up to a few scheduler ticks). Busy tenants share
+equally among themselves; the others run at most their share of the cores
+between them, so the mark cannot starve a busy tenant below its share.
 
 A handler process enters its group in the same root wrapper that enters its
 cgroup v2 (see ``runners.sandbox``). The daemon moves back, and its group is
@@ -53,6 +60,7 @@ import itertools
 import logging
 import os
 import threading
+from collections.abc import Set
 from pathlib import Path
 
 from runners.cgroups import pid_alive
@@ -67,23 +75,30 @@ DAEMON = "daemon"  # the daemon's own place in its group
 _groups = itertools.count(1)
 
 
-def _v1_cpu_dir() -> Path | None:
-    """The daemon's own cgroup directory on the v1 ``cpu`` controller, or None."""
+def v1_cpu_mount() -> Path | None:
+    """Where the v1 ``cpu`` controller is mounted, or None."""
     try:
         mounts = Path("/proc/self/mountinfo").read_text().splitlines()
-        own = Path("/proc/self/cgroup").read_text().splitlines()
     except OSError:
         return None
-    mount = None
     for line in mounts:
         fields = line.split(" - ", 1)
         if len(fields) != 2:
             continue
         fstype, _source, options = [*fields[1].split(), "", "", ""][:3]
         if fstype == "cgroup" and "cpu" in options.split(","):
-            mount = Path(fields[0].split()[4])
-            break
+            return Path(fields[0].split()[4])
+    return None
+
+
+def _v1_cpu_dir() -> Path | None:
+    """The daemon's own cgroup directory on the v1 ``cpu`` controller, or None."""
+    mount = v1_cpu_mount()
     if mount is None:
+        return None
+    try:
+        own = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
         return None
     for line in own:
         _number, controllers, path = line.split(":", 2)
@@ -129,16 +144,47 @@ class CpuGroup:
     def __init__(self, path: Path) -> None:
         self.path = path
         self._tenants: set[str] = set()
+        self._busy: set[str] = set()  # groups to mark idle-class
+        self._marked: set[str] = set()  # groups marked
+        self._lock = threading.Lock()  # procs runs on the event loop, mark_busy in a thread
 
     def procs(self, uid: int) -> Path:
         """The ``cgroup.procs`` of the group of the handlers running as ``uid`` (made
         at its first use: a mkdir on the cgroup file system, no disk I/O)."""
         name = f"u-{uid}"
         path = self.path / name
-        if name not in self._tenants:
-            path.mkdir(exist_ok=True)
-            self._tenants.add(name)
+        with self._lock:
+            if name not in self._tenants:
+                path.mkdir(exist_ok=True)
+                self._tenants.add(name)
+                if name in self._busy:
+                    self._mark(name, True)
         return path / "cgroup.procs"
+
+    def mark_busy(self, uids: Set[int]) -> None:
+        """Mark the groups of the handlers running as ``uids`` idle-class among the
+        tenants' groups, and the others not (a group made later gets its mark when made)."""
+        with self._lock:
+            self._busy = {f"u-{uid}" for uid in uids}
+            for name in sorted(self._tenants):
+                busy = name in self._busy
+                if busy != (name in self._marked):
+                    self._mark(name, busy)
+
+    def _mark(self, name: str, busy: bool) -> None:
+        try:
+            (self.path / name / "cpu.idle").write_text("1" if busy else "0")
+        except FileNotFoundError:
+            return  # no cpu.idle (before Linux 5.15): tenants keep equal weights
+        except OSError as exc:
+            logger.info(
+                "cannot mark the CPU group %s: %s", name, exc, extra={"action": "sandbox_cpu"}
+            )
+            return
+        if busy:
+            self._marked.add(name)
+        else:
+            self._marked.discard(name)
 
     @classmethod
     def find(cls) -> CpuGroup | None:

@@ -20,7 +20,7 @@ import asyncio
 import logging
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Sequence, Set
 from dataclasses import dataclass
 
 from runners.addresses import AddressPolicy
@@ -307,6 +307,11 @@ class RunnerPool:
         return {
             f"{c.spec.client}-{c.spec.type}" for contexts in self._idle.values() for c in contexts
         }
+
+    async def mark_busy(self, clients: Set[str]) -> None:
+        """``clients`` run more contexts at once than their share of the cores: their
+        handlers yield the CPU to other tenants' on a wake-up (``Sandbox.mark_busy``)."""
+        await self.sandbox.mark_busy(clients)
 
     def retire(self, client: str, type: str) -> None:
         """A new handler version (or none): idle contexts of the type close now, busy ones

@@ -58,7 +58,7 @@ import subprocess
 import sys
 import tempfile
 import zlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Set
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -260,6 +260,7 @@ class Sandbox:
         self._switch_user: str | None = None  # unshare, to switch users after the cgroup wrapper
         self._cgroups: CgroupTree | None = None
         self._cpu: CpuGroup | None = None  # the handlers' CPU group, below the daemon's
+        self._busy: frozenset[str] = frozenset()  # tenants marked busy (mark_busy)
         self._part: OwnPart | None = None  # this sandbox's d-<id> below the work root
 
     async def prepare(self) -> None:
@@ -332,6 +333,8 @@ class Sandbox:
         self._switch_user = self._unshare or shutil.which("unshare", path=SAFE_PATH)
         cgroups = CgroupTree.find() if self._switch_user is not None else None
         self._cpu = CpuGroup.find() if self._switch_user is not None else None
+        if self._cpu is not None and self._busy:
+            self._cpu.mark_busy(self._busy_uids())
         if self._cpu is None:
             logger.info(
                 "handlers keep the kernel's default CPU weight (no cgroup v1 cpu controller)",
@@ -344,6 +347,18 @@ class Sandbox:
                 extra={"action": "sandbox_cgroup"},
             )
         return cgroups
+
+    async def mark_busy(self, clients: Set[str]) -> None:
+        """Put the handlers of ``clients`` (busy tenants) behind other tenants' on a
+        wake-up (``CpuGroup.mark_busy``); the others' are no longer. Nothing where
+        handlers have no CPU group."""
+        self._busy = frozenset(clients)  # marked as the CPU group is made, if not yet
+        cpu = self._cpu
+        if cpu is not None:
+            await asyncio.to_thread(cpu.mark_busy, self._busy_uids())
+
+    def _busy_uids(self) -> set[int]:
+        return {run_as.uid for client in self._busy if (run_as := self.owner(client)) is not None}
 
     @property
     def contains_processes(self) -> bool:

@@ -6,13 +6,16 @@ adding more; tenant ``calm`` then adds a handful of jobs one at a time, and
 each must start within a generous bound while the flood is still on (many
 jobs running and waiting, checked before and after). The calm tenant's jobs
 also keep their warm context: the flood may not take every context, so the
-daemon never closes the calm tenant's to make room. The exact figure, and its
-ratio to an idle daemon's, is measured by ``python -m bench --only flood``.
+daemon never closes the calm tenant's to make room. As root, the flood's
+handlers are marked busy on the CPU (idle-class among the tenants' groups) and
+the calm tenant's are not. The exact figure, and its ratio to an idle daemon's,
+is measured by ``python -m bench --only flood``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from pathlib import Path
 
@@ -34,8 +37,30 @@ STILL_ON = 8  # flood jobs still running at the end (the claims may lag on a bus
 
 SLOW_HANDLER = "import time\n\n\ndef handler(payload, ctx):\n    time.sleep(3.0)\n"
 CLOCK_HANDLER = (
-    "import os, time\n\n\ndef handler(payload, ctx):\n    return f'{time.time()!r} {os.getpid()}'\n"
+    "import os, time\n\n\ndef handler(payload, ctx):\n"
+    "    lines = open('/proc/self/cgroup').read().splitlines()\n"
+    "    cpu = [l for l in lines if 'cpu' in l.split(':')[1].split(',')] or ['::-']\n"
+    "    return f'{time.time()!r} {os.getpid()} {cpu[0].split(\":\", 2)[2]}'\n"
 )
+
+
+def _cpu_marks(calm_group: str) -> dict[str, str] | None:
+    """The ``cpu.idle`` of the calm tenant's CPU group (``calm_group``, as its handler
+    saw it in /proc/self/cgroup) and of the flood's beside it; None without them."""
+    from runners.cpushare import v1_cpu_mount
+    from runners.sandbox import tenant_ids
+
+    mount = v1_cpu_mount()
+    if mount is None or os.geteuid() != 0 or not calm_group.startswith("/"):
+        return None
+    calm = mount / calm_group.lstrip("/")
+    flood = calm.parent / f"u-{tenant_ids('flood').uid}"
+    if calm.name != f"u-{tenant_ids('calm').uid}" or not (calm / "cpu.idle").exists():
+        return None
+    return {
+        "calm": (calm / "cpu.idle").read_text().strip(),
+        "flood": (flood / "cpu.idle").read_text().strip(),
+    }
 
 
 async def _flood_counts(api: Api) -> dict[str, int]:
@@ -81,10 +106,11 @@ async def test_a_flood_does_not_hold_up_another_tenants_jobs(
             (job_id,) = await calm.add(QUICK, [f"calm {n}"])
             job = await wait_done(calm, job_id, within=30)
             assert (job["code"], job["exitcode"]) == ("ok", 200), job
-            started, pid = job["result"].split()
+            started, pid, cpu_group = job["result"].split()
             waits.append(float(started) - sent)
             contexts.add(pid)
         assert not adder.done(), "the flood's adds stopped early"
+        marks = await asyncio.to_thread(_cpu_marks, cpu_group)
         during = await _flood_counts(flood)
     finally:
         adder.cancel()
@@ -94,6 +120,8 @@ async def test_a_flood_does_not_hold_up_another_tenants_jobs(
         f"calm jobs started after {', '.join(f'{w:.2f}' for w in waits)} s under the flood"
     )
     assert len(contexts) == 1, f"calm jobs ran in contexts {contexts}: one was closed for the flood"
+    if marks is not None:  # as root, with the cgroup v1 cpu controller and cpu.idle
+        assert marks == {"calm": "0", "flood": "1"}, marks
     # the flood was on all along: it still held the daemon and had plenty left
     assert added[0] > 0
     assert during["running"] >= STILL_ON, during

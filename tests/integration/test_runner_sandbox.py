@@ -27,6 +27,7 @@ from runners.cpushare import (
     CpuGroup,
     DaemonPlace,
     remove,
+    v1_cpu_mount,
 )
 from runners.models import HandlerSpec
 from runners.pool import RunnerPool, RunnerSettings
@@ -529,6 +530,45 @@ async def test_the_daemon_comes_first_and_handlers_get_a_cpu_group_per_tenant(
         await pool.close()
     assert not home.exists(), "the CPU group outlived its pool"
     assert _own_cpu_group() == origin, "the daemon did not go back to its own cgroup"
+
+
+@needs_cpu_group
+async def test_busy_tenants_handlers_yield_the_cpu_to_the_others(work_root: Path) -> None:
+    """The groups of tenants the daemon finds busy (more contexts at once than their
+    share of the cores) are marked idle-class among the tenants' groups, so another
+    tenant's handler that wakes takes a core from theirs at once; the mark goes when
+    the tenant is no longer busy, and a tenant's group made later gets its mark."""
+    pool = RunnerPool(RunnerSettings(work_root=work_root, processes=PROCESSES))
+    try:
+        (acme,) = await pool.run_batch(spec(CPU_LINE), jobs("a"))
+        other = HandlerSpec(version="v1", client="globex", type="t", lang="python", body=CPU_LINE)
+        (globex,) = await pool.run_batch(other, jobs("b"))
+        mount = v1_cpu_mount()
+        assert mount is not None and acme.exitcode == globex.exitcode == 200, (acme, globex)
+        handlers = (mount / str(acme.result).split(":", 2)[2].lstrip("/")).parent
+        if not (handlers / "cpu.idle").exists():
+            pytest.skip("the kernel has no cpu.idle (Linux 5.15+)")
+
+        def marks() -> dict[str, str]:
+            return {
+                client: (handlers / f"u-{runner_uid(client)}" / "cpu.idle").read_text().strip()
+                for client in ("acme", "globex", "initech")
+                if (handlers / f"u-{runner_uid(client)}").exists()
+            }
+
+        assert marks() == {"acme": "0", "globex": "0"}
+        await pool.mark_busy({"acme"})
+        assert marks() == {"acme": "1", "globex": "0"}
+        await pool.mark_busy({"globex", "initech"})
+        assert marks() == {"acme": "0", "globex": "1"}
+        late = HandlerSpec(version="v1", client="initech", type="t", lang="python", body=CPU_LINE)
+        (initech,) = await pool.run_batch(late, jobs("c"))
+        assert initech.exitcode == 200, initech
+        assert marks() == {"acme": "0", "globex": "1", "initech": "1"}
+        await pool.mark_busy(set())
+        assert marks() == {"acme": "0", "globex": "0", "initech": "0"}
+    finally:
+        await pool.close()
 
 
 @needs_cpu_group

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 
 import pytest
 
-from scheduler import Pick, Scheduler, SchedulerError, tenant_of
+from scheduler import Pick, Scheduler, SchedulerError, busy_tenants, tenant_of
 
 STEPS = 10_000
 TOLERANCE = 0.10  # a share may be off its fair value by 10% of that value
@@ -430,3 +430,30 @@ def test_select_with_a_thousand_waiting_types_is_fast() -> None:
         assert pick is not None
     per_call = (time.perf_counter() - began) / rounds
     print(f"select_jobtype over {len(waiting)} waiting types: {per_call * 1e6:.0f} µs per call")
+
+
+# ---- busy tenants: more contexts at once than their share of the cores
+
+
+def test_no_tenant_is_busy_when_nothing_runs() -> None:
+    assert busy_tenants({}, 2) == frozenset()
+    assert busy_tenants({"acme": 0}, 2) == frozenset()
+
+
+def test_a_flood_of_contexts_is_busy_beside_a_tenant_with_one() -> None:
+    assert busy_tenants({"calm": 1, "flood": 4}, 2) == {"flood"}
+    # alone, the flood's share is every core
+    assert busy_tenants({"flood": 2}, 2) == frozenset()
+    assert busy_tenants({"flood": 3}, 2) == {"flood"}
+
+
+def test_one_context_at_a_time_is_never_busy() -> None:
+    """A share is never less than one context, however many tenants share few cores."""
+    assert busy_tenants({"a": 1, "b": 1, "c": 1}, 1) == frozenset()
+    assert busy_tenants({"a": 1, "b": 2, "c": 1}, 1) == {"b"}
+
+
+def test_tenants_within_their_share_of_many_cores_are_not_busy() -> None:
+    assert busy_tenants({"a": 4, "b": 4}, 8) == frozenset()
+    assert busy_tenants({"a": 5, "b": 3}, 8) == {"a"}
+    assert busy_tenants({"a": 5, "b": 5, "idle": 0}, 8) == {"a", "b"}
