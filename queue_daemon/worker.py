@@ -133,7 +133,8 @@ class Worker:
         self._tenant_batches: dict[str, int] = {}  # tenant -> batches claiming or running
         self._tenant_peak: dict[str, int] = {}  # ... the most at once since the last busy check
         self._busy: frozenset[str] = frozenset()  # tenants whose handlers yield on a wake-up
-        self._cores = len(os.sched_getaffinity(0))
+        affinity = getattr(os, "sched_getaffinity", None)  # Linux; elsewhere every core
+        self._cores = len(affinity(0)) if affinity else os.cpu_count() or 1
         parallel = settings.max_parallel_batches
         self._tenant_batch_cap = max(1, parallel - max(1, parallel // RESERVED_BATCHES_SHARE))
         self.started = 0
