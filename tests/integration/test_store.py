@@ -517,3 +517,29 @@ async def test_unavailable_while_down_and_recovers(private_root: Path) -> None:
             await s.close()
     finally:
         server.stop()
+
+
+async def test_a_pooled_connection_goes_back_as_it_is_one_round_trip_a_call(pg_dsn: str) -> None:
+    """A store call's connection returns to the pool without asyncpg's reset query
+    (a second round trip, made before the call's result reached its caller); a
+    transaction left open is still rolled back before the connection is used again."""
+    store = await PgStore.connect(pg_dsn, min_size=1, max_size=1, migrate=False)
+    try:
+        seen: list[str] = []
+        async with store._conn() as conn:
+            conn.add_query_logger(lambda logged: seen.append(logged.query))
+        await store.ping()
+        await store.ping()
+        await asyncio.sleep(0)  # the loggers run as callbacks of the loop
+        assert seen == [queries.PING, queries.PING]
+
+        with pytest.raises(RuntimeError):
+            async with store._conn() as conn:
+                backend = conn.get_server_pid()
+                await conn.execute("BEGIN")
+                raise RuntimeError("a caller fails inside its transaction")
+        async with store._conn() as again:
+            assert again.get_server_pid() == backend  # the pool's only connection
+            assert not again.is_in_transaction()
+    finally:
+        await store.close()
