@@ -44,6 +44,11 @@ class Api:
         if status != 200:
             raise BenchError(f"handler add {type_} ({lang}) answered {status}: {data}")
 
+    async def del_handler(self, type_: str) -> None:
+        status, data = await self._json("POST", f"/handler/del/{type_}")
+        if status != 200:
+            raise BenchError(f"handler del {type_} answered {status}: {data}")
+
     async def post(self, type_: str, body: bytes) -> list[str]:
         """The ids of the lines of ``body``, acknowledged (journaled) by the daemon."""
         status, data = await self._json(

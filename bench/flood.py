@@ -7,6 +7,16 @@ POST), first on the idle daemon (the baseline), then while the flooding tenant
 has a deep backlog and keeps adding more at ``add_rate`` jobs/s. The question
 is how much the flood raises the calm tenant's add → start latency.
 
+The disk of a small VM has weather: stalls that come and go over seconds to
+minutes, so a p99 taken in one stretch of time and compared with one taken in
+another may be comparing the disk more than the flood. So afterwards the
+flood is switched off and on in turns (``rounds`` of ``per_round`` calm jobs
+each way): off is the flood's handler deleted (its jobs wait; it runs nothing
+once its running batches are done) and its adds stopped, on is the handler
+added again and the adds resumed. Both sides then see the same weather. The
+flood's backlog stays queued in both, which is the difference from the idle
+daemon of the first comparison.
+
 Two kinds of flood: jobs that keep a CPU busy for 20 ms each (``busy_handler``:
 the flood takes every core the machine has), and jobs that hold their slot for
 a second without using the CPU (``sleepy_handler``: the flood takes every
@@ -100,6 +110,17 @@ class DiskProbe:
 
 
 @dataclass(slots=True)
+class Turns:
+    """The calm tenant's samples with the flood off and on in turns."""
+
+    off: Latency
+    on: Latency
+    rounds: int
+    disk_off: list[float]
+    disk_on: list[float]
+
+
+@dataclass(slots=True)
 class Flood:
     baseline: Latency  # the calm tenant on the idle daemon
     flooded: Latency  # the same while the other tenant floods
@@ -110,6 +131,7 @@ class Flood:
     after: dict[str, int]  # ... and when they ended
     disk_idle: list[float]  # DiskProbe ms, baseline
     disk_flooded: list[float]  # ... flooded samples
+    turns: Turns | None = None
 
     @property
     def flood_done(self) -> int:
@@ -150,6 +172,61 @@ async def _saturated(api: Api, running: int, done: int, within: float) -> dict[s
         await asyncio.sleep(0.5)  # /stats scans the tenant's jobs: not too often
 
 
+async def _drained(api: Api, within: float) -> None:
+    """Wait until no flood job runs (its handler is gone: the rest wait)."""
+    deadline = time.monotonic() + within
+    while (counts := await api.stats(FLOOD_TYPE))["running"]:
+        if time.monotonic() > deadline:
+            raise BenchError(f"the flood still ran {within:.0f} s after its handler went: {counts}")
+        await asyncio.sleep(0.1)
+
+
+def _extend(into: Latency, part: Latency) -> None:
+    into.starts_ms.extend(part.starts_ms)
+    into.acks_ms.extend(part.acks_ms)
+    into.seen_ms.extend(part.seen_ms)
+
+
+async def _turns(
+    flood: Api,
+    victim: Api,
+    *,
+    handler: str,
+    body: bytes,
+    add_rate: float,
+    rounds: int,
+    per_round: int,
+    pause: float,
+    saturate: int,
+    warmed: int,
+    disk: DiskProbe,
+) -> Turns:
+    """The flood off and on in turns; see the module docstring."""
+    turns = Turns(Latency([], [], []), Latency([], [], []), rounds, [], [])
+    for _ in range(rounds):
+        await flood.del_handler(FLOOD_TYPE)
+        await _drained(flood, 120.0)
+        disk.take()
+        part = await sample_latency(victim, CALM_TYPE, samples=per_round, warm=1, pause=pause)
+        turns.disk_off += disk.take()
+        _extend(turns.off, part)
+
+        done = (await flood.stats(FLOOD_TYPE))["done_ok"]
+        await flood.add_handler(FLOOD_TYPE, "python", handler)
+        await _saturated(flood, saturate, done + warmed, 120.0)
+        stop = asyncio.Event()
+        adder = asyncio.create_task(_keep_adding(flood, body, add_rate, stop, [0]))
+        try:
+            disk.take()
+            part = await sample_latency(victim, CALM_TYPE, samples=per_round, warm=1, pause=pause)
+            turns.disk_on += disk.take()
+        finally:
+            stop.set()
+            await adder
+        _extend(turns.on, part)
+    return turns
+
+
 async def measure_flood(
     url: str,
     flooder: tuple[str, str],
@@ -165,10 +242,12 @@ async def measure_flood(
     saturate: int,
     warmed: int,
     disk: DiskProbe,
+    rounds: int = 0,
 ) -> Flood:
     """See the module docstring; ``flooder`` and ``calm`` are (client, token), ``handler``
     the flood's python source; the flood is on once ``saturate`` of its jobs run at
-    once and ``warmed`` are done."""
+    once and ``warmed`` are done; ``rounds`` of the flood off and on in turns follow
+    (none: 0), ``samples // rounds`` calm jobs each way a round."""
     if backlog % post_lines:
         raise BenchError(f"backlog must be a multiple of {post_lines}")
     connector = aiohttp.TCPConnector(limit=0)
@@ -210,6 +289,30 @@ async def measure_flood(
             await adder  # raises what the adder met (a refused POST is a failed section)
         if after["running"] < max(1, saturate // 2) or after["waiting"] == 0:
             raise BenchError(f"the flood ran dry while the calm tenant was measured: {after}")
+        turns = None
+        if rounds:
+            per_round = max(1, samples // rounds)
+            print(
+                f"  the flood off and on in turns: {rounds} rounds of {per_round} calm jobs "
+                "each way ...",
+                flush=True,
+            )
+            turns = await _turns(
+                flood,
+                victim,
+                handler=handler,
+                body=body,
+                add_rate=add_rate,
+                rounds=rounds,
+                per_round=per_round,
+                pause=pause,
+                saturate=saturate,
+                warmed=warmed,
+                disk=disk,
+            )
+            final = await flood.stats(FLOOD_TYPE)
+            if final["waiting"] == 0:
+                raise BenchError(f"the flood ran dry during the turns: {final}")
         return Flood(
             baseline=baseline,
             flooded=flooded,
@@ -220,4 +323,5 @@ async def measure_flood(
             after=after,
             disk_idle=disk_idle,
             disk_flooded=disk_flooded,
+            turns=turns,
         )

@@ -33,6 +33,7 @@ def test_bench_quick_runs_every_section() -> None:
         "(coldstart) node context",
         "(latency) add → start, p50",
         "(flood) CPU flood: calm add → start p50",
+        "(flood) CPU flood on / off in turns, worst of p50, p99",
         "(run1) 1 daemon, python no-op",
         "(run1) 1 daemon, node no-op",
         "(run3) 3 daemons, python no-op",
