@@ -12,7 +12,9 @@ Sections (``--only`` picks some, comma-separated):
   coldstart  spawn → ready of a python and a node context (RunnerPool, in-process)
   latency  add → start of one job at a time on an idle daemon, p50/p99 (python handler)
   flood    the same for one tenant, idle and while another floods the daemon with a deep
-           backlog of 20 ms CPU jobs and keeps adding more; ratio flooded / idle (<= 2)
+           backlog of 20 ms CPU jobs and keeps adding more; ratio flooded / idle (<= 2);
+           then the flood off and on in turns (10 rounds), the same ratio under one
+           disk weather
   run1     end to end, ONE daemon: no-op python and node jobs/s, 100,000 jobs in
            1000-line POSTs after a warm-up, first POST → all done_ok; ratio vs 12k/s
   run3     the same with THREE daemons on one store, POSTs round-robin
