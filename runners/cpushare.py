@@ -72,6 +72,7 @@ OLD_PREFIX = "queue-handlers-"  # the handlers' groups of earlier versions, swep
 DAEMON_SHARES = 2048  # cpu.shares of a daemon and its handlers together: two processes
 HANDLER_SHARES = 1024  # of the handlers' group where the kernel has no cpu.idle
 DAEMON = "daemon"  # the daemon's own place in its group
+BUSY = ".busy"  # the busy tenants' group beside it: queue-daemon-<pid>.busy
 _groups = itertools.count(1)
 
 
@@ -114,6 +115,28 @@ class _Home:
         self.path = path
         self.origin = origin  # the cgroup the daemon came from, and goes back to
         self.users = 0
+        self._busy: Path | None = None  # beside it: busy tenants' handlers, idle-class
+        self._busy_lock = threading.Lock()
+
+    def busy(self) -> Path | None:
+        """``<origin>/queue-daemon-<pid>.busy``, idle-class beside every other group
+        (made at its first use); None where it cannot be."""
+        with self._busy_lock:
+            if self._busy is None:
+                path = self.origin / f"{self.path.name}{BUSY}"
+                try:
+                    path.mkdir(exist_ok=True)
+                    (path / "cpu.idle").write_text("1")
+                except OSError as exc:
+                    logger.info(
+                        "busy tenants' handlers stay in the daemon's CPU group (%s)",
+                        exc,
+                        extra={"action": "sandbox_cpu"},
+                    )
+                    remove(path)
+                    return None
+                self._busy = path
+            return self._busy
 
     @classmethod
     def make(cls, origin: Path) -> _Home:
@@ -132,6 +155,8 @@ class _Home:
         with contextlib.suppress(OSError):
             (self.origin / "cgroup.procs").write_text(str(os.getpid()))
         remove(self.path)
+        if self._busy is not None:
+            remove(self._busy)
 
 
 _home: _Home | None = None
@@ -141,16 +166,20 @@ _home_lock = threading.Lock()  # find and close run in worker threads
 class CpuGroup:
     """The CPU cgroup this daemon's handler processes run in, below the daemon's own."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, home: _Home | None = None) -> None:
         self.path = path
+        self._home = home
         self._tenants: set[str] = set()
         self._busy: set[str] = set()  # groups to mark idle-class
         self._marked: set[str] = set()  # groups marked
+        self._away: set[str] = set()  # tenants whose processes are in the busy group
         self._lock = threading.Lock()  # procs runs on the event loop, mark_busy in a thread
+        self._moving = threading.Lock()  # one mark_busy's moves at a time
 
     def procs(self, uid: int) -> Path:
         """The ``cgroup.procs`` of the group of the handlers running as ``uid`` (made
-        at its first use: a mkdir on the cgroup file system, no disk I/O)."""
+        at its first use: a mkdir on the cgroup file system, no disk I/O): in the busy
+        tenants' group while ``uid`` is marked busy there."""
         name = f"u-{uid}"
         path = self.path / name
         with self._lock:
@@ -159,17 +188,45 @@ class CpuGroup:
                 self._tenants.add(name)
                 if name in self._busy:
                     self._mark(name, True)
+                    self._away.add(name)  # its first process starts in the busy group
+            away = name in self._away
+        busy = self._busy_dir() if away else None
+        if busy is not None:
+            (busy / name).mkdir(parents=True, exist_ok=True)
+            return busy / name / "cgroup.procs"
         return path / "cgroup.procs"
 
     def mark_busy(self, uids: Set[int]) -> None:
         """Mark the groups of the handlers running as ``uids`` idle-class among the
-        tenants' groups, and the others not (a group made later gets its mark when made)."""
-        with self._lock:
-            self._busy = {f"u-{uid}" for uid in uids}
-            for name in sorted(self._tenants):
-                busy = name in self._busy
-                if busy != (name in self._marked):
-                    self._mark(name, busy)
+        tenants' groups, and the others not (a group made later gets its mark when
+        made); and move those tenants' processes into the busy tenants' group, which
+        is idle-class beside every other process, and the others' back."""
+        with self._moving:
+            with self._lock:
+                self._busy = {f"u-{uid}" for uid in uids}
+                for name in sorted(self._tenants):
+                    busy = name in self._busy
+                    if busy != (name in self._marked):
+                        self._mark(name, busy)
+                leaving = self._away - self._busy
+                coming = (self._busy & self._tenants) - self._away
+                self._away = (self._away - leaving) | coming
+            busy_dir = self._busy_dir() if coming or leaving else None
+            if busy_dir is None:
+                with self._lock:
+                    self._away -= coming
+                return
+            for name in sorted(leaving):
+                _move_procs(busy_dir / name, self.path / name)
+            for name in sorted(coming):
+                _move_procs(self.path / name, busy_dir / name)
+
+    def _busy_dir(self) -> Path | None:
+        """This group's place in the busy tenants' group (``<…>.busy/handlers-<k>``)."""
+        if self._home is None:
+            return None
+        root = self._home.busy()
+        return None if root is None else root / self.path.name
 
     def _mark(self, name: str, busy: bool) -> None:
         try:
@@ -220,12 +277,15 @@ class CpuGroup:
                 _home = None
             return None
         home.users += 1
-        return cls(path)
+        return cls(path, home)
 
     def close(self) -> None:
         """Remove the group (its processes were killed with their cgroups or contexts);
         with the last, the daemon goes back to where it was and its group goes too."""
         remove(self.path)
+        busy = self._busy_dir() if self._away else None
+        if busy is not None:
+            remove(busy)
         _unuse(self.path.parent)
 
 
@@ -283,6 +343,21 @@ def _unuse(path: Path) -> None:
             if home.users <= 0:
                 home.leave()
                 _home = None
+
+
+def _move_procs(source: Path, target: Path) -> None:
+    """Move every process of the group ``source`` into the group ``target`` (made if
+    need be); one that ended meanwhile is skipped. Each move may wait for the
+    kernel's RCU grace period (milliseconds): call from a thread."""
+    try:
+        target.mkdir(parents=True, exist_ok=True)
+        pids = (source / "cgroup.procs").read_text().split()
+    except OSError as exc:
+        logger.info("cannot move CPU group %s: %s", source, exc, extra={"action": "sandbox_cpu"})
+        return
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            (target / "cgroup.procs").write_text(pid)
 
 
 def remove(path: Path) -> None:

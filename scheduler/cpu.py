@@ -6,7 +6,10 @@ batch running, and never less than one context: a tenant running one batch at
 a time is never busy. The daemon puts busy tenants' handlers behind the others'
 when a handler wakes (``runners.cpushare``), so a flooding tenant's contexts
 do not delay another tenant's job by a time slice each; the other tenants run
-at most their share between them, so busy tenants still get theirs.
+at most their share between them, so busy tenants still get theirs. When
+every tenant with a batch running is over its share, none is busy: there is
+no one for them to yield to, and marked busy they would also wait behind
+every other process on the machine (``runners.cpushare``).
 """
 
 from __future__ import annotations
@@ -20,4 +23,5 @@ def busy_tenants(batches: Mapping[str, int], cores: int) -> frozenset[str]:
     if not active:
         return frozenset()
     share = max(1, cores // len(active))
-    return frozenset(tenant for tenant in active if batches[tenant] > share)
+    busy = frozenset(tenant for tenant in active if batches[tenant] > share)
+    return busy if len(busy) < len(active) else frozenset()

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from runners.cpushare import (
+    BUSY,
     DAEMON,
     DAEMON_SHARES,
     HANDLER_SHARES,
@@ -556,19 +557,37 @@ async def test_busy_tenants_handlers_yield_the_cpu_to_the_others(work_root: Path
                 if (handlers / f"u-{runner_uid(client)}").exists()
             }
 
+        home = handlers.parent
+        busy = home.parent / f"{home.name}{BUSY}" / handlers.name
+
+        async def group_of(handler: HandlerSpec, job: str) -> Path:
+            """The CPU group the tenant's (warm) context runs in, as it sees it."""
+            (result,) = await pool.run_batch(handler, jobs(job))
+            assert result.exitcode == 200, result
+            return mount / str(result.result).split(":", 2)[2].lstrip("/")
+
+        acme_spec = spec(CPU_LINE)
         assert marks() == {"acme": "0", "globex": "0"}
         await pool.mark_busy({"acme"})
         assert marks() == {"acme": "1", "globex": "0"}
+        # the busy tenant's running context moved beside every other process, idle-class
+        assert await group_of(acme_spec, "a2") == busy / f"u-{runner_uid('acme')}"
+        assert (busy.parent / "cpu.idle").read_text().strip() == "1"
+        assert await group_of(other, "b2") == handlers / f"u-{runner_uid('globex')}"
         await pool.mark_busy({"globex", "initech"})
         assert marks() == {"acme": "0", "globex": "1"}
+        assert await group_of(acme_spec, "a3") == handlers / f"u-{runner_uid('acme')}"
+        assert await group_of(other, "b3") == busy / f"u-{runner_uid('globex')}"
         late = HandlerSpec(version="v1", client="initech", type="t", lang="python", body=CPU_LINE)
-        (initech,) = await pool.run_batch(late, jobs("c"))
-        assert initech.exitcode == 200, initech
+        # a tenant marked before its first context: that context starts in the busy group
+        assert await group_of(late, "c") == busy / f"u-{runner_uid('initech')}"
         assert marks() == {"acme": "0", "globex": "1", "initech": "1"}
         await pool.mark_busy(set())
         assert marks() == {"acme": "0", "globex": "0", "initech": "0"}
+        assert await group_of(late, "c2") == handlers / f"u-{runner_uid('initech')}"
     finally:
         await pool.close()
+    assert not busy.parent.exists(), "the busy tenants' group outlived its pool"
 
 
 @needs_cpu_group

@@ -442,9 +442,9 @@ def test_no_tenant_is_busy_when_nothing_runs() -> None:
 
 def test_a_flood_of_contexts_is_busy_beside_a_tenant_with_one() -> None:
     assert busy_tenants({"calm": 1, "flood": 4}, 2) == {"flood"}
-    # alone, the flood's share is every core
+    # alone, the flood's share is every core, and there is no one to yield to
     assert busy_tenants({"flood": 2}, 2) == frozenset()
-    assert busy_tenants({"flood": 3}, 2) == {"flood"}
+    assert busy_tenants({"flood": 3}, 2) == frozenset()
 
 
 def test_one_context_at_a_time_is_never_busy() -> None:
@@ -456,4 +456,11 @@ def test_one_context_at_a_time_is_never_busy() -> None:
 def test_tenants_within_their_share_of_many_cores_are_not_busy() -> None:
     assert busy_tenants({"a": 4, "b": 4}, 8) == frozenset()
     assert busy_tenants({"a": 5, "b": 3}, 8) == {"a"}
-    assert busy_tenants({"a": 5, "b": 5, "idle": 0}, 8) == {"a", "b"}
+    assert busy_tenants({"a": 5, "b": 5, "c": 1}, 8) == {"a", "b"}
+
+
+def test_no_one_is_busy_when_every_tenant_is_over_its_share() -> None:
+    """Marked busy, a tenant's handlers wait behind every other process on the
+    machine; that is only worth it for a tenant within its share to gain."""
+    assert busy_tenants({"a": 5, "b": 5, "idle": 0}, 8) == frozenset()
+    assert busy_tenants({"a": 64}, 2) == frozenset()
