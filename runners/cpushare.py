@@ -41,6 +41,18 @@ handler's time slice (up to a few scheduler ticks). Busy tenants share
 equally among themselves; the others run at most their share of the cores
 between them, so the mark cannot starve a busy tenant below its share.
 
+Idle-class inside the daemon's group, a busy tenant's handlers still came
+before every process outside it, the kernel's own threads included: under a
+CPU flood the block layer's I/O completion worker waited for a core behind
+them, and every fdatasync of the journal and the WAL took several times
+longer. So a busy tenant's processes also move to
+``<its cpu cgroup>/queue-daemon-<pid>.busy/handlers-<k>/u-<uid>``, a group
+idle-class beside every other (``mark_busy``; they move back when the mark
+goes, and a tenant's contexts that start while it is busy start there).
+There they run on CPU time no other process on the machine wants. Unlike all
+handlers idle machine-wide (above), this costs only tenants over their share
+while another tenant runs within its share (``scheduler.busy_tenants``).
+
 A handler process enters its group in the same root wrapper that enters its
 cgroup v2 (see ``runners.sandbox``). The daemon moves back, and its group is
 removed, when its last handlers' group closes; groups of daemons that died are
