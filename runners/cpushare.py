@@ -130,6 +130,11 @@ class _Home:
         self._busy: Path | None = None  # beside it: busy tenants' handlers, idle-class
         self._busy_lock = threading.Lock()
 
+    def made_busy(self) -> Path | None:
+        """The busy tenants' group if it was made (``busy``), else None."""
+        with self._busy_lock:
+            return self._busy
+
     def busy(self) -> Path | None:
         """``<origin>/queue-daemon-<pid>.busy``, idle-class beside every other group
         (made at its first use); None where it cannot be."""
@@ -295,9 +300,9 @@ class CpuGroup:
         """Remove the group (its processes were killed with their cgroups or contexts);
         with the last, the daemon goes back to where it was and its group goes too."""
         remove(self.path)
-        busy = self._busy_dir() if self._away else None
+        busy = self._home.made_busy() if self._home is not None else None
         if busy is not None:
-            remove(busy)
+            remove(busy / self.path.name)
         _unuse(self.path.parent)
 
 

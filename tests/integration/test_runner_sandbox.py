@@ -585,8 +585,10 @@ async def test_busy_tenants_handlers_yield_the_cpu_to_the_others(work_root: Path
         await pool.mark_busy(set())
         assert marks() == {"acme": "0", "globex": "0", "initech": "0"}
         assert await group_of(late, "c2") == handlers / f"u-{runner_uid('initech')}"
+        assert busy.is_dir()  # empty now, until the pool closes
     finally:
         await pool.close()
+    assert not busy.exists(), "the busy tenants' group outlived its pool"
     assert not busy.parent.exists(), "the busy tenants' group outlived its pool"
 
 
