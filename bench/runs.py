@@ -243,27 +243,19 @@ def _flood(run: Run, kind: FloodKind) -> None:
         f"{before['running']}→{after['running']}, waiting {before['waiting']:,}→"
         f"{after['waiting']:,}, {result.flood_done:,} done"
     )
-    ratios = []
-    for pct, q in (("p50", 0.5), ("p99", 0.99)):
-        idle, busy = Latency.pct(base, q), Latency.pct(flooded, q)
-        ratios.append(busy / idle)
-        run.rows.append(
-            Row(
-                f"(flood) {kind.name}: calm add → start {pct}",
-                busy,
-                "ms",
-                f"idle {idle:.1f} ms",
-                busy / idle,
-                flood_note
-                if pct == "p50"
-                else (
-                    f"{samples} calm jobs one at a time, each way; under the flood min "
-                    f"{min(flooded):.1f} ms, max {max(flooded):.1f} ms, POST→200 p50 "
-                    f"{Latency.pct(result.flooded.acks_ms, 0.5):.1f} ms (idle "
-                    f"{Latency.pct(result.baseline.acks_ms, 0.5):.1f} ms)"
-                ),
-            )
-        )
+    worst = _ratio_rows(
+        run,
+        f"(flood) {kind.name}: calm add → start",
+        ("idle", base),
+        flooded,
+        (
+            flood_note,
+            f"{samples} calm jobs one at a time, each way; under the flood min "
+            f"{min(flooded):.1f} ms, max {max(flooded):.1f} ms, POST→200 p50 "
+            f"{Latency.pct(result.flooded.acks_ms, 0.5):.1f} ms (idle "
+            f"{Latency.pct(result.baseline.acks_ms, 0.5):.1f} ms)",
+        ),
+    )
     idle_disk, busy_disk = result.disk_idle, result.disk_flooded
     if idle_disk and busy_disk:
         run.rows.append(
@@ -279,18 +271,12 @@ def _flood(run: Run, kind: FloodKind) -> None:
                 "waits for one, each ingest and claim for a WAL flush)",
             )
         )
-    worst = max(ratios)
     store = "the daemon's embedded PostgreSQL" if dsn is None else "the --store server"
-    run.rows.append(
-        Row(
-            f"(flood) {kind.name}: flooded / idle, worst of p50, p99",
-            worst,
-            "x",
-            "target <= 2",
-            worst / FLOOD_TARGET_RATIO,
-            f"a tenant's flood must not raise another's add → start by more than 2x; "
-            f"store: {store}",
-        )
+    _worst_row(
+        run,
+        f"(flood) {kind.name}: flooded / idle, worst of p50, p99",
+        worst,
+        f"a tenant's flood must not raise another's add → start by more than 2x; store: {store}",
     )
     if result.turns is not None:
         _turn_rows(run, kind, result.turns)
@@ -298,36 +284,49 @@ def _flood(run: Run, kind: FloodKind) -> None:
 
 def _turn_rows(run: Run, kind: FloodKind, turns: Turns) -> None:
     """The rows of the flood off and on in turns (see ``bench.flood``)."""
-    off, on = turns.off.starts_ms, turns.on.starts_ms
-    ratios = []
-    for pct, q in (("p50", 0.5), ("p99", 0.99)):
-        calm, busy = Latency.pct(off, q), Latency.pct(on, q)
-        ratios.append(busy / calm)
-        run.rows.append(
-            Row(
-                f"(flood) {kind.name} on / off in turns: calm add → start {pct}",
-                busy,
-                "ms",
-                f"off {calm:.1f} ms",
-                busy / calm,
-                f"{turns.rounds} rounds, {len(on)} calm jobs each way; the disk's fdatasync "
-                f"p99 {Latency.pct(turns.disk_on, 0.99):.1f} ms on, "
-                f"{Latency.pct(turns.disk_off, 0.99):.1f} ms off"
-                if pct == "p99" and turns.disk_on and turns.disk_off
-                else "off: the flood's handler deleted and its adds stopped, its backlog queued",
-            )
-        )
-    worst = max(ratios)
-    run.rows.append(
-        Row(
-            f"(flood) {kind.name} on / off in turns, worst of p50, p99",
-            worst,
-            "x",
-            "target <= 2",
-            worst / FLOOD_TARGET_RATIO,
-            "the same comparison with both sides under the same disk weather",
-        )
+    off = "off: the flood's handler deleted and its adds stopped, its backlog queued"
+    disk = (
+        f"{turns.rounds} rounds, {len(turns.on.starts_ms)} calm jobs each way; the disk's "
+        f"fdatasync p99 {Latency.pct(turns.disk_on, 0.99):.1f} ms on, "
+        f"{Latency.pct(turns.disk_off, 0.99):.1f} ms off"
+        if turns.disk_on and turns.disk_off
+        else off
     )
+    worst = _ratio_rows(
+        run,
+        f"(flood) {kind.name} on / off in turns: calm add → start",
+        ("off", turns.off.starts_ms),
+        turns.on.starts_ms,
+        (off, disk),
+    )
+    _worst_row(
+        run,
+        f"(flood) {kind.name} on / off in turns, worst of p50, p99",
+        worst,
+        "the same comparison with both sides under the same disk weather",
+    )
+
+
+def _ratio_rows(
+    run: Run,
+    label: str,
+    base: tuple[str, list[float]],
+    busy: list[float],
+    notes: tuple[str, str],
+) -> float:
+    """A p50 and a p99 row of ``busy`` against ``base`` (its name and samples), with
+    ``notes`` for each; returns the worse of the two ratios."""
+    name, calm = base
+    ratios = []
+    for (pct, q), note in zip((("p50", 0.5), ("p99", 0.99)), notes, strict=True):
+        was, now = Latency.pct(calm, q), Latency.pct(busy, q)
+        ratios.append(now / was)
+        run.rows.append(Row(f"{label} {pct}", now, "ms", f"{name} {was:.1f} ms", now / was, note))
+    return max(ratios)
+
+
+def _worst_row(run: Run, label: str, worst: float, note: str) -> None:
+    run.rows.append(Row(label, worst, "x", "target <= 2", worst / FLOOD_TARGET_RATIO, note))
 
 
 def _over(times: list[float], ms: float) -> str:

@@ -189,7 +189,6 @@ class CpuGroup:
         self._tenants: set[str] = set()
         self._busy: set[str] = set()  # groups to mark idle-class
         self._marked: set[str] = set()  # groups marked
-        self._away: set[str] = set()  # tenants whose processes are in the busy group
         self._lock = threading.Lock()  # procs runs on the event loop, mark_busy in a thread
         self._moving = threading.Lock()  # one mark_busy's moves at a time
 
@@ -205,8 +204,7 @@ class CpuGroup:
                 self._tenants.add(name)
                 if name in self._busy:
                     self._mark(name, True)
-                    self._away.add(name)  # its first process starts in the busy group
-            away = name in self._away
+            away = name in self._busy  # its processes are in the busy group
         busy = self._busy_dir() if away else None
         if busy is not None:
             (busy / name).mkdir(parents=True, exist_ok=True)
@@ -220,18 +218,15 @@ class CpuGroup:
         is idle-class beside every other process, and the others' back."""
         with self._moving:
             with self._lock:
+                away = self._busy & self._tenants
                 self._busy = {f"u-{uid}" for uid in uids}
                 for name in sorted(self._tenants):
                     busy = name in self._busy
                     if busy != (name in self._marked):
                         self._mark(name, busy)
-                leaving = self._away - self._busy
-                coming = (self._busy & self._tenants) - self._away
-                self._away = (self._away - leaving) | coming
+                leaving, coming = away - self._busy, (self._busy & self._tenants) - away
             busy_dir = self._busy_dir() if coming or leaving else None
             if busy_dir is None:
-                with self._lock:
-                    self._away -= coming
                 return
             for name in sorted(leaving):
                 _move_procs(busy_dir / name, self.path / name)
