@@ -213,6 +213,8 @@ class Daemon:
             # of handlers as the daemon is (they stay in the cgroup they start in)
             self.cpu_place = await asyncio.to_thread(DaemonPlace.take)
         self.store, self.embedded = store, _ = await open_store(settings)
+        if self.cpu_place is not None and self.embedded is not None:
+            self.cpu_place.serve(self.embedded.pgdata)
         self.identity = identity = await sysids.acquire(store, settings)
         journal = identity.journal
         limits = Limits(settings.tenant_defaults())

@@ -62,6 +62,7 @@ RESERVED_BATCHES_SHARE = 8  # 1/8: 8 of the default 64
 # How often the tenants running more contexts than their share of the cores are
 # found and their handlers put behind the others' on the CPU (runners.cpushare).
 BUSY_CHECK_S = 0.25
+BUSY_REMARK_S = 10.0  # longer than runners.cpushare.RT_HOLD_S
 
 
 def _add_counts(into: dict[str, int], counts: dict[str, int]) -> None:
@@ -133,6 +134,7 @@ class Worker:
         self._tenant_batches: dict[str, int] = {}  # tenant -> batches claiming or running
         self._tenant_peak: dict[str, int] = {}  # ... the most at once since the last busy check
         self._busy: frozenset[str] = frozenset()  # tenants whose handlers yield on a wake-up
+        self._busy_seen = -BUSY_REMARK_S  # time.monotonic() when a tenant was last busy
         affinity = getattr(os, "sched_getaffinity", None)  # Linux; elsewhere every core
         self._cores = len(affinity(0)) if affinity else os.cpu_count() or 1
         parallel = settings.max_parallel_batches
@@ -201,10 +203,15 @@ class Worker:
 
     async def _mark_busy(self) -> None:
         """Tell the runners which tenants ran more contexts at once than their share
-        of the cores since the last check (``scheduler.busy_tenants``)."""
+        of the cores since the last check (``scheduler.busy_tenants``); again at every
+        check while any is and for ``BUSY_REMARK_S`` after, so processes the daemon's
+        place started since run real-time too, and it stops when its hold ends."""
         peak, self._tenant_peak = self._tenant_peak, dict(self._tenant_batches)
         busy = busy_tenants(peak, self._cores)
-        if busy != self._busy:
+        now = time.monotonic()
+        if busy:
+            self._busy_seen = now
+        if busy != self._busy or now - self._busy_seen < BUSY_REMARK_S:
             self._busy = busy
             await self._pool.mark_busy(busy)
 

@@ -62,7 +62,30 @@ hierarchies); under a pure cgroup v2 hierarchy the daemon's cgroup holds the
 daemon itself, which v2 forbids to hand controllers down from, and handlers
 keep the kernel's default weight (the README says so). Where the kernel has
 no ``cpu.idle`` (before Linux 5.15) the handlers' group gets the daemon's
-weight instead. Blocking: call through ``asyncio.to_thread``.
+weight instead.
+
+Idle-class, a busy tenant's handlers still fill every core, and then the
+kernel's wake-up placement works against everyone else: it looks for an idle
+core only while the cores' summed load is low, and counts idle-class work as
+load, so a woken PostgreSQL backend, daemon thread or handler stays on the core
+it last ran on, queued behind whatever normal process runs there (the daemon
+or a backend), while the other cores run only idle-class work it would have
+taken at once. That doubled another tenant's add → start p99 under a CPU
+flood. So while any tenant is marked busy (``realtime``), the daemon's place
+(its threads and the PostgreSQL server it started) runs at the lowest
+real-time priority (``SCHED_RR`` 1): a real-time task that wakes takes a core
+that runs no real-time task at once, whichever it last ran on. With
+``SCHED_RESET_ON_FORK``, so every process and thread started from it (every
+handler context) starts as a normal process; tasks started meanwhile (a new
+backend) are raised at the next check. The kernel's real-time throttling
+(``kernel.sched_rt_runtime_us``, by default 95% of each core) still leaves the
+rest of the machine its share; where it is off (-1) the daemon does not use
+real-time priority. Where the kernel groups real-time time by cgroup
+(``cpu.rt_runtime_us``), the daemon's group gets its parent's budget while
+real-time, and none after; where it cannot (another group holds it), the
+daemon stays a normal process and logs why. With no tenant busy (one tenant,
+or all within their share) nothing changes. Blocking: call through
+``asyncio.to_thread``.
 """
 
 from __future__ import annotations
@@ -72,6 +95,7 @@ import itertools
 import logging
 import os
 import threading
+import time
 from collections.abc import Set
 from pathlib import Path
 
@@ -85,6 +109,9 @@ DAEMON_SHARES = 2048  # cpu.shares of a daemon and its handlers together: two pr
 HANDLER_SHARES = 1024  # of the handlers' group where the kernel has no cpu.idle
 DAEMON = "daemon"  # the daemon's own place in its group
 BUSY = ".busy"  # the busy tenants' group beside it: queue-daemon-<pid>.busy
+RT_PRIORITY = 1  # the lowest real-time priority, under the kernel's own real-time threads
+RT_HOLD_S = 5.0  # real-time this long after the last busy mark
+RT_THROTTLE = Path("/proc/sys/kernel/sched_rt_runtime_us")
 _groups = itertools.count(1)
 
 
@@ -129,6 +156,10 @@ class _Home:
         self.users = 0
         self._busy: Path | None = None  # beside it: busy tenants' handlers, idle-class
         self._busy_lock = threading.Lock()
+        self._rt_wanted: dict[int, float] = {}  # handlers' group id → real-time until
+        self._rt = False  # the daemon's place runs real-time
+        self._rt_lock = threading.Lock()
+        self.server: Path | None = None  # the data dir of the PostgreSQL server started here
 
     def made_busy(self) -> Path | None:
         """The busy tenants' group if it was made (``busy``), else None."""
@@ -168,7 +199,90 @@ class _Home:
             raise
         return cls(path, origin)
 
+    def realtime(self, group: object, wanted: bool | None) -> None:
+        """The daemon's place real-time while any handlers' group (``group``) wants it,
+        and ``RT_HOLD_S`` after (a tenant's busy mark can come and go with each check),
+        normal again after the last (None: the group closed, at once); tasks started
+        since the last call are raised too."""
+        now = time.monotonic()
+        with self._rt_lock:
+            for key, until in list(self._rt_wanted.items()):
+                if until <= now:
+                    del self._rt_wanted[key]
+            if wanted:
+                self._rt_wanted[id(group)] = now + RT_HOLD_S
+            elif wanted is None:
+                self._rt_wanted.pop(id(group), None)
+            if self._rt_wanted:
+                self._rt = self._rt or self._grant_rt()
+                if self._rt:
+                    _set_realtime(self._rt_tasks(), True)
+            elif self._rt:
+                self._rt_off()
+
+    def _grant_rt(self) -> bool:
+        """Whether the daemon's place may run real-time: the kernel throttles real-time
+        tasks, and where it budgets them by cgroup, the daemon's group got its parent's."""
+        try:
+            throttled = int(RT_THROTTLE.read_text()) > 0
+        except (OSError, ValueError):
+            throttled = False
+        if not throttled:
+            logger.info(
+                "the daemon stays a normal process: real-time throttling is off",
+                extra={"action": "sandbox_cpu"},
+            )
+            return False
+        budget = self.origin / "cpu.rt_runtime_us"
+        if not budget.exists():
+            return True  # real-time time is not budgeted by cgroup here
+        try:
+            runtime = budget.read_text().strip()
+            (self.path / "cpu.rt_runtime_us").write_text(runtime)
+            (self.path / DAEMON / "cpu.rt_runtime_us").write_text(runtime)
+        except OSError as exc:
+            logger.info(
+                "the daemon stays a normal process: no real-time budget for its CPU group (%s)",
+                exc,
+                extra={"action": "sandbox_cpu"},
+            )
+            self._revoke_rt()
+            return False
+        return True
+
+    def _rt_tasks(self) -> list[int]:
+        """The daemon's threads, and the processes of the server it started (the
+        postmaster and its children in the daemon's place): not the processes the
+        daemon starts for handlers, which pass through its place on their way to
+        their own group, where a real-time process may not enter."""
+        tids = _tasks(os.getpid())
+        postmaster = _postmaster(self.server) if self.server is not None else None
+        if postmaster is None:
+            return tids
+        try:
+            pids = [int(pid) for pid in (self.path / DAEMON / "cgroup.procs").read_text().split()]
+        except (OSError, ValueError):
+            return tids
+        for pid in pids:
+            if pid == postmaster or _parent(pid) == postmaster:
+                tids += _tasks(pid)
+        return tids
+
+    def _rt_off(self) -> None:
+        _set_realtime(self._rt_tasks(), False)
+        self._revoke_rt()
+        self._rt = False
+
+    def _revoke_rt(self) -> None:
+        for group in (self.path / DAEMON, self.path):  # a child's budget first
+            with contextlib.suppress(OSError):
+                if (group / "cpu.rt_runtime_us").exists():
+                    (group / "cpu.rt_runtime_us").write_text("0")
+
     def leave(self) -> None:
+        with self._rt_lock:
+            if self._rt:
+                self._rt_off()  # real-time tasks cannot move into a group without a budget
         with contextlib.suppress(OSError):
             (self.origin / "cgroup.procs").write_text(str(os.getpid()))
         remove(self.path)
@@ -215,7 +329,9 @@ class CpuGroup:
         """Mark the groups of the handlers running as ``uids`` idle-class among the
         tenants' groups, and the others not (a group made later gets its mark when
         made); and move those tenants' processes into the busy tenants' group, which
-        is idle-class beside every other process, and the others' back."""
+        is idle-class beside every other process, and the others' back. While any
+        tenant is busy the daemon's place runs real-time (``_Home.realtime``); call
+        again with the same ``uids`` to raise tasks it started since."""
         with self._moving:
             with self._lock:
                 away = self._busy & self._tenants
@@ -225,6 +341,8 @@ class CpuGroup:
                     if busy != (name in self._marked):
                         self._mark(name, busy)
                 leaving, coming = away - self._busy, (self._busy & self._tenants) - away
+            if self._home is not None:
+                self._home.realtime(self, bool(self._busy))
             busy_dir = self._busy_dir() if coming or leaving else None
             if busy_dir is None:
                 return
@@ -294,6 +412,8 @@ class CpuGroup:
     def close(self) -> None:
         """Remove the group (its processes were killed with their cgroups or contexts);
         with the last, the daemon goes back to where it was and its group goes too."""
+        if self._home is not None:
+            self._home.realtime(self, None)
         remove(self.path)
         busy = self._home.made_busy() if self._home is not None else None
         if busy is not None:
@@ -308,7 +428,7 @@ class DaemonPlace:
     server's processes start in the daemon's place and come before handlers as
     the daemon does (processes keep the cgroup they were started in)."""
 
-    def __init__(self, home: Path) -> None:
+    def __init__(self, home: _Home) -> None:
         self._home = home
 
     @classmethod
@@ -325,12 +445,17 @@ class DaemonPlace:
             if home is None:
                 return None
             home.users += 1
-            return cls(home.path)
+            return cls(home)
+
+    def serve(self, pgdata: Path) -> None:
+        """The PostgreSQL server in ``pgdata`` was started in this place: it runs
+        real-time with the daemon (``_Home.realtime``)."""
+        self._home.server = pgdata
 
     def release(self) -> None:
         """The daemon goes back where it was unless handlers' groups still use it;
         processes still in its place (a server it started) go back with it."""
-        _unuse(self._home)
+        _unuse(self._home.path)
 
 
 def _home_now() -> _Home | None:
@@ -370,6 +495,43 @@ def _move_procs(source: Path, target: Path) -> None:
     for pid in pids:
         with contextlib.suppress(OSError):
             (target / "cgroup.procs").write_text(pid)
+
+
+def _tasks(pid: int) -> list[int]:
+    """The threads of process ``pid`` (none if it ended)."""
+    try:
+        return [int(tid) for tid in os.listdir(f"/proc/{pid}/task")]
+    except (OSError, ValueError):
+        return []
+
+
+def _parent(pid: int) -> int | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return int(stat.rsplit(")", 1)[1].split()[1])  # the field after the state
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _postmaster(pgdata: Path) -> int | None:
+    """The pid of the server running in ``pgdata``, from its ``postmaster.pid``."""
+    try:
+        return int((pgdata / "postmaster.pid").read_text().split("\n", 1)[0])
+    except (OSError, ValueError):
+        return None
+
+
+def _set_realtime(tids: list[int], realtime: bool) -> None:
+    """Every task (thread) of ``tids`` at real-time priority, or back to normal; tasks
+    of another policy (batch, idle) and tasks that ended meanwhile are left."""
+    normal, rt = os.SCHED_OTHER, os.SCHED_RR
+    for tid in tids:
+        with contextlib.suppress(OSError):
+            policy = os.sched_getscheduler(tid) & ~os.SCHED_RESET_ON_FORK
+            if realtime and policy == normal:
+                os.sched_setscheduler(tid, rt | os.SCHED_RESET_ON_FORK, os.sched_param(RT_PRIORITY))
+            elif not realtime and policy == rt:
+                os.sched_setscheduler(tid, normal, os.sched_param(0))
 
 
 def remove(path: Path) -> None:

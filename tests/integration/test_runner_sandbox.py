@@ -4,6 +4,7 @@ process groups, an unprivileged user when the daemon is root."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import pwd
@@ -590,6 +591,117 @@ async def test_busy_tenants_handlers_yield_the_cpu_to_the_others(work_root: Path
         await pool.close()
     assert not busy.exists(), "the busy tenants' group outlived its pool"
     assert not busy.parent.exists(), "the busy tenants' group outlived its pool"
+
+
+POLICY_LINE = "import os\ndef handler(p, ctx):\n    return f'policy {os.sched_getscheduler(0)}'\n"
+NORMAL = f"policy {os.SCHED_OTHER}"
+
+
+def _policy(tid: int) -> int:
+    return os.sched_getscheduler(tid) & ~os.SCHED_RESET_ON_FORK
+
+
+def _policies(pid: int) -> set[int]:
+    """The scheduling policies of every thread of process ``pid``."""
+    return {_policy(int(tid)) for tid in os.listdir(f"/proc/{pid}/task")}
+
+
+@needs_cpu_group
+async def test_the_daemon_runs_real_time_while_a_tenant_is_busy(
+    work_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While a tenant is busy, the daemon's threads and the processes of the server it
+    started in its place run at the lowest real-time priority, so a wake-up takes a
+    core at once instead of queueing behind whatever normal process last ran there;
+    every handler context (one started meanwhile too) and any other process in the
+    daemon's place stay normal; all are normal again once the mark's hold ends."""
+    import runners.cpushare as cpushare
+
+    if int(cpushare.RT_THROTTLE.read_text()) <= 0:
+        pytest.skip("real-time throttling is off: the daemon does not use real-time")
+    monkeypatch.setattr(cpushare, "RT_HOLD_S", 0.0)
+    place = DaemonPlace.take()
+    assert place is not None
+    home = _own_cpu_group().parent
+    # stand-ins: a server (a "postmaster" and its child backend) and a process on its way
+    # to a handler's group, all started in the daemon's place
+    postmaster = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", "import subprocess; subprocess.run(['sleep', '300'])"
+    )
+    passing = await asyncio.create_subprocess_exec("sleep", "300")
+    pool = RunnerPool(RunnerSettings(work_root=work_root, processes=PROCESSES))
+    backend: list[int] = []
+    try:
+        await until(lambda: _children(postmaster.pid))
+        backend = _children(postmaster.pid)
+        (tmp_path / "postmaster.pid").write_text(f"{postmaster.pid}\n{tmp_path}\n")
+        place.serve(tmp_path)
+        (first,) = await pool.run_batch(spec(POLICY_LINE), jobs("a"))
+        assert first.result == NORMAL, first
+        server = {os.getpid(), postmaster.pid, backend[0]}
+        assert {pid: _policies(pid) for pid in server} == {pid: {os.SCHED_OTHER} for pid in server}
+
+        await pool.mark_busy({"acme"})
+        await pool.mark_busy({"acme"})  # threads started by the first (the next check's)
+        assert {pid: _policies(pid) for pid in server} == {pid: {os.SCHED_RR} for pid in server}
+        assert os.sched_getparam(0).sched_priority == cpushare.RT_PRIORITY
+        assert _policies(passing.pid) == {os.SCHED_OTHER}, "a process not of the server"
+        budget = home / DAEMON / "cpu.rt_runtime_us"
+        if budget.exists():
+            assert int(budget.read_text()) > 0
+        other = HandlerSpec(
+            version="v1", client="globex", type="t", lang="python", body=POLICY_LINE
+        )
+        (started,) = await pool.run_batch(other, jobs("b"))  # a context started meanwhile
+        (warm,) = await pool.run_batch(spec(POLICY_LINE), jobs("a2"))
+        assert (started.result, warm.result) == (NORMAL, NORMAL), (started, warm)
+
+        await pool.mark_busy(set())  # the hold (0 s here) has ended
+        assert {pid: _policies(pid) for pid in server} == {pid: {os.SCHED_OTHER} for pid in server}
+        if budget.exists():
+            assert budget.read_text().strip() == "0"
+    finally:
+        await pool.close()
+        for process in (postmaster, passing):
+            process.kill()
+            await process.wait()
+        for pid in backend:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        place.release()
+    assert _policies(os.getpid()) == {os.SCHED_OTHER}
+
+
+@needs_cpu_group
+async def test_no_real_time_where_the_kernel_does_not_throttle_it(
+    work_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With real-time throttling off (``kernel.sched_rt_runtime_us`` = -1) a real-time
+    daemon could starve the machine: it stays a normal process, busy tenants or not."""
+    import runners.cpushare as cpushare
+
+    (tmp_path / "sched_rt_runtime_us").write_text("-1\n")
+    monkeypatch.setattr(cpushare, "RT_THROTTLE", tmp_path / "sched_rt_runtime_us")
+    pool = RunnerPool(RunnerSettings(work_root=work_root, processes=PROCESSES))
+    try:
+        (first,) = await pool.run_batch(spec(POLICY_LINE), jobs("a"))
+        assert first.result == NORMAL, first
+        await pool.mark_busy({"acme"})
+        assert _policies(os.getpid()) == {os.SCHED_OTHER}
+    finally:
+        await pool.close()
+
+
+def _children(pid: int) -> list[int]:
+    """The live children of process ``pid``."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            with contextlib.suppress(OSError, IndexError):
+                fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+                if int(fields[1]) == pid and fields[0] != "Z":
+                    found.append(int(entry))
+    return found
 
 
 @needs_cpu_group
