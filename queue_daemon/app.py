@@ -249,6 +249,7 @@ class Daemon:
                 payload_limit=settings.payload_limit,
                 max_result_bytes=settings.result_limit,
                 http_allow=settings.http_allow,
+                realtime=settings.realtime,
             )
         )
         metrics = Metrics(tenants=settings.metrics_tenants, types=settings.metrics_types)

@@ -99,6 +99,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="anonymous access (loopback addresses only)",
     )
     serve.add_argument(
+        "--no-realtime",
+        action="store_true",
+        default=_flag(_env("no_realtime", "")),
+        help="as root, stay a normal process while a tenant is busy (see the README)",
+    )
+    serve.add_argument(
         "--payload-limit", default=_env("payload_limit", str(MIB)), help="bytes per payload line"
     )
     serve.add_argument(
@@ -347,6 +353,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
         sysid=args.sysid,
         lease=_number(args.lease, "--lease", float, 1),
         no_auth=args.no_auth,
+        realtime=not args.no_realtime,
         payload_limit=_number(args.payload_limit, "--payload-limit", int, 1),
         body_limit=_number(args.body_limit, "--body-limit", int, 1),
         handler_limit=_number(args.handler_limit, "--handler-limit", int, 1),

@@ -238,9 +238,11 @@ class _Home:
             return True  # real-time time is not budgeted by cgroup here
         try:
             runtime = budget.read_text().strip()
+            if int(runtime) <= 0:
+                raise OSError(f"{budget} is {runtime}")
             (self.path / "cpu.rt_runtime_us").write_text(runtime)
             (self.path / DAEMON / "cpu.rt_runtime_us").write_text(runtime)
-        except OSError as exc:
+        except (OSError, ValueError) as exc:
             logger.info(
                 "the daemon stays a normal process: no real-time budget for its CPU group (%s)",
                 exc,
@@ -305,6 +307,7 @@ class CpuGroup:
         self._marked: set[str] = set()  # groups marked
         self._lock = threading.Lock()  # procs runs on the event loop, mark_busy in a thread
         self._moving = threading.Lock()  # one mark_busy's moves at a time
+        self.realtime = True  # False: busy marks leave the daemon's place normal
 
     def procs(self, uid: int) -> Path:
         """The ``cgroup.procs`` of the group of the handlers running as ``uid`` (made
@@ -342,7 +345,7 @@ class CpuGroup:
                         self._mark(name, busy)
                 leaving, coming = away - self._busy, (self._busy & self._tenants) - away
             if self._home is not None:
-                self._home.realtime(self, bool(self._busy))
+                self._home.realtime(self, bool(self._busy) and self.realtime)
             busy_dir = self._busy_dir() if coming or leaving else None
             if busy_dir is None:
                 return

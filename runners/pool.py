@@ -68,6 +68,7 @@ class RunnerPool:
             prlimit=settings.prlimit,
             python=settings.python,
             network=settings.network,
+            realtime=settings.realtime,
         )
         self._limits = OutputLimits(
             max_log_lines=settings.max_log_lines,

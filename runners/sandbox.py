@@ -242,9 +242,11 @@ class Sandbox:
         prlimit: str | None = "auto",
         python: str | None = None,
         network: bool = False,
+        realtime: bool = True,
     ) -> None:
         self.work_root = work_root
         self.network = network
+        self.realtime = realtime
         self.limits = limits
         self._run_as_setting = run_as
         self._prlimit_setting = prlimit
@@ -333,6 +335,8 @@ class Sandbox:
         self._switch_user = self._unshare or shutil.which("unshare", path=SAFE_PATH)
         cgroups = CgroupTree.find() if self._switch_user is not None else None
         self._cpu = CpuGroup.find() if self._switch_user is not None else None
+        if self._cpu is not None:
+            self._cpu.realtime = self.realtime
         if self._cpu is not None and self._busy:
             self._cpu.mark_busy(self._busy_uids())
         if self._cpu is None:

@@ -38,4 +38,7 @@ class RunnerSettings:
     # False: handlers run in a network namespace of their own (only its own loopback)
     # when the daemon is root and unshare works; True: they share the daemon's network
     network: bool = False
+    # as root, the daemon's place (itself, its embedded PostgreSQL) runs real-time while
+    # a tenant is busy (runners.cpushare); False: it stays a normal process
+    realtime: bool = True
     prlimit: str | None = "auto"  # path of prlimit, "auto" (search PATH) or None (python wrapper)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import os
 import pwd
 import shutil
@@ -690,6 +691,28 @@ async def test_no_real_time_where_the_kernel_does_not_throttle_it(
         assert _policies(os.getpid()) == {os.SCHED_OTHER}
     finally:
         await pool.close()
+
+
+def test_no_real_time_without_a_real_time_budget(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Where the kernel budgets real-time time per cgroup and the daemon's parent group
+    has none to give, the daemon stays a normal process and logs why."""
+    import runners.cpushare as cpushare
+
+    (tmp_path / "sched_rt_runtime_us").write_text("950000\n")
+    monkeypatch.setattr(cpushare, "RT_THROTTLE", tmp_path / "sched_rt_runtime_us")
+    origin = tmp_path / "cpu"
+    home = origin / f"{PREFIX}{os.getpid()}"
+    (home / DAEMON).mkdir(parents=True)
+    (origin / "cpu.rt_runtime_us").write_text("0\n")
+    with caplog.at_level(logging.INFO, logger="runners.cpushare"):
+        cpushare._Home(home, origin).realtime(object(), True)
+    assert _policies(os.getpid()) == {os.SCHED_OTHER}
+    assert "no real-time budget" in caplog.text
+    assert not (home / "cpu.rt_runtime_us").exists() or (
+        (home / "cpu.rt_runtime_us").read_text() == "0"
+    )
 
 
 def _children(pid: int) -> list[int]:
