@@ -693,6 +693,21 @@ async def test_no_real_time_where_the_kernel_does_not_throttle_it(
         await pool.close()
 
 
+@needs_cpu_group
+async def test_no_real_time_when_the_operator_says_so(work_root: Path) -> None:
+    """``serve --no-realtime`` (``RunnerSettings.realtime``): busy tenants or not, the
+    daemon stays a normal process."""
+    settings = RunnerSettings(work_root=work_root, processes=PROCESSES, realtime=False)
+    pool = RunnerPool(settings)
+    try:
+        (first,) = await pool.run_batch(spec(POLICY_LINE), jobs("a"))
+        assert first.result == NORMAL, first
+        await pool.mark_busy({"acme"})
+        assert _policies(os.getpid()) == {os.SCHED_OTHER}
+    finally:
+        await pool.close()
+
+
 def test_no_real_time_without_a_real_time_budget(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -29,6 +29,13 @@ def test_flags_and_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     assert (settings.client_timeout, settings.handler_limit) == (2.0, 99)
 
 
+def test_no_realtime_by_flag_or_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert settings_from(build_parser().parse_args(["serve"])).realtime is True
+    assert settings_from(build_parser().parse_args(["serve", "--no-realtime"])).realtime is False
+    monkeypatch.setenv("QUEUE_DAEMON_NO_REALTIME", "1")
+    assert settings_from(build_parser().parse_args(["serve"])).realtime is False
+
+
 @pytest.mark.parametrize(
     "argv",
     [
