@@ -564,4 +564,15 @@ def sweep(parent: Path) -> None:
             number = entry.name.removeprefix(prefix).split(".")[0]
             ours = entry.name.startswith(prefix) and number.isdigit() and entry.is_dir()
             if ours and int(number) != os.getpid() and not pid_alive(int(number)):
+                _normal_again(entry / DAEMON)
                 remove(entry)
+
+
+def _normal_again(place: Path) -> None:
+    """The processes left in a dead daemon's place (a server it started, raised while
+    a tenant was busy) back to normal: nothing else would, and they move up next."""
+    try:
+        tids = [int(tid) for tid in (place / "tasks").read_text().split()]
+    except (OSError, ValueError):
+        return
+    _set_realtime(tids, False)

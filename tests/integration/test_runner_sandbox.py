@@ -745,7 +745,8 @@ def _children(pid: int) -> list[int]:
 @needs_cpu_group
 def test_cpu_groups_of_a_dead_daemon_are_swept() -> None:
     """A daemon killed in its CPU group leaves it behind; the next one removes it and
-    moves what still runs there (an embedded PostgreSQL it started) up."""
+    moves what still runs there (an embedded PostgreSQL it started) up, as a normal
+    process again if it ran real-time."""
     origin = _own_cpu_group()
     dead = subprocess.Popen(["true"])
     dead.wait()
@@ -755,11 +756,17 @@ def test_cpu_groups_of_a_dead_daemon_are_swept() -> None:
     survivor = subprocess.Popen(["sleep", "300"])
     try:
         (leftover / DAEMON / "cgroup.procs").write_text(str(survivor.pid))
+        # raised while a tenant was busy, when its daemon died
+        for place in (leftover, leftover / DAEMON):
+            if (place / "cpu.rt_runtime_us").exists():
+                (place / "cpu.rt_runtime_us").write_text("10000")
+        os.sched_setscheduler(survivor.pid, os.SCHED_RR | os.SCHED_RESET_ON_FORK, os.sched_param(1))
         group = CpuGroup.find()
         assert group is not None
         try:
             assert not leftover.exists()
             assert str(survivor.pid) in (origin / "cgroup.procs").read_text().split()
+            assert _policies(survivor.pid) == {os.SCHED_OTHER}, "left real-time"
         finally:
             group.close()
     finally:
