@@ -31,6 +31,7 @@ from queue_daemon.limits import Limits, TenantLimits
 from queue_daemon.metrics import Metrics
 from queue_daemon.outcomes import Policy, code_of, no_handler, put_back, release_for
 from queue_daemon.queuelog import QueueLog
+from runners.cpushare import RT_HOLD_S
 from runners.models import HandlerSpec, JobInput, JobResult
 from runners.output import clip, emit_problem
 from runners.pool import RunnerPool
@@ -62,7 +63,7 @@ RESERVED_BATCHES_SHARE = 8  # 1/8: 8 of the default 64
 # How often the tenants running more contexts than their share of the cores are
 # found and their handlers put behind the others' on the CPU (runners.cpushare).
 BUSY_CHECK_S = 0.25
-BUSY_REMARK_S = 10.0  # longer than runners.cpushare.RT_HOLD_S
+BUSY_REMARK_S = 2 * RT_HOLD_S  # past the real-time hold, so the last re-mark ends it
 
 
 def _add_counts(into: dict[str, int], counts: dict[str, int]) -> None:

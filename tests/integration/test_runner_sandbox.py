@@ -69,6 +69,17 @@ def runner_uid(client: str = "acme") -> int | None:
 
 def group_members(pgid: int) -> list[int]:
     """Live (not zombie) processes of a process group: killed orphans wait for init."""
+    return _live_processes(2, pgid)
+
+
+def _children(pid: int) -> list[int]:
+    """The live children of process ``pid``."""
+    return _live_processes(1, pid)
+
+
+def _live_processes(field: int, value: int) -> list[int]:
+    """Live (not zombie) processes whose ``/proc/<pid>/stat`` field ``field`` (counted
+    from the state, 0) is ``value``: 1 the parent, 2 the process group."""
     pids = []
     for entry in os.listdir("/proc"):
         if entry.isdigit():
@@ -76,7 +87,7 @@ def group_members(pgid: int) -> list[int]:
                 fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
             except (FileNotFoundError, ProcessLookupError):
                 continue
-            if int(fields[2]) == pgid and fields[0] != "Z":
+            if int(fields[field]) == value and fields[0] != "Z":
                 pids.append(int(entry))
     return pids
 
@@ -683,14 +694,7 @@ async def test_no_real_time_where_the_kernel_does_not_throttle_it(
 
     (tmp_path / "sched_rt_runtime_us").write_text("-1\n")
     monkeypatch.setattr(cpushare, "RT_THROTTLE", tmp_path / "sched_rt_runtime_us")
-    pool = RunnerPool(RunnerSettings(work_root=work_root, processes=PROCESSES))
-    try:
-        (first,) = await pool.run_batch(spec(POLICY_LINE), jobs("a"))
-        assert first.result == NORMAL, first
-        await pool.mark_busy({"acme"})
-        assert _policies(os.getpid()) == {os.SCHED_OTHER}
-    finally:
-        await pool.close()
+    await _normal_while_busy(RunnerSettings(work_root=work_root, processes=PROCESSES))
 
 
 @needs_cpu_group
@@ -698,6 +702,11 @@ async def test_no_real_time_when_the_operator_says_so(work_root: Path) -> None:
     """``serve --no-realtime`` (``RunnerSettings.realtime``): busy tenants or not, the
     daemon stays a normal process."""
     settings = RunnerSettings(work_root=work_root, processes=PROCESSES, realtime=False)
+    await _normal_while_busy(settings)
+
+
+async def _normal_while_busy(settings: RunnerSettings) -> None:
+    """A pool of ``settings`` with a tenant marked busy leaves this process normal."""
     pool = RunnerPool(settings)
     try:
         (first,) = await pool.run_batch(spec(POLICY_LINE), jobs("a"))
@@ -728,18 +737,6 @@ def test_no_real_time_without_a_real_time_budget(
     assert not (home / "cpu.rt_runtime_us").exists() or (
         (home / "cpu.rt_runtime_us").read_text() == "0"
     )
-
-
-def _children(pid: int) -> list[int]:
-    """The live children of process ``pid``."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            with contextlib.suppress(OSError, IndexError):
-                fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
-                if int(fields[1]) == pid and fields[0] != "Z":
-                    found.append(int(entry))
-    return found
 
 
 @needs_cpu_group
