@@ -1,4 +1,4 @@
-"""A small asynchronous client of the tenant API (API.md), for the end-to-end sections."""
+"""A small asynchronous client of the tenant API (docs/api.md), for the end-to-end sections."""
 
 from __future__ import annotations
 

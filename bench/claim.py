@@ -4,7 +4,7 @@ For each size a fresh database gets that many waiting jobs over ``types``
 jobtypes plus as many archived ones (filled in SQL), is analyzed, and then
 serves claim + archive of batches of 100 (``store.claim`` then
 ``store.release(ARCHIVE)``), one connection, round-robin over the types.
-DESIGN.md asks that the cost not grow with the number of waiting or archived
+docs/architecture.md asks that the cost not grow with the number of waiting or archived
 jobs: the ratio of the largest size to the smallest should stay near 1.
 
     python -m bench.claim [--store DSN] [--sizes 10000,100000,1000000]

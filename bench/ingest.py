@@ -16,8 +16,8 @@ from pathlib import Path
 from bench.pg import count_jobs
 from bench.procs import BenchError
 from journal import Journal
-from queue_daemon.ids import IdGenerator
-from queue_daemon.ingester import Ingester
+from queue_daemon.engine.ids import IdGenerator
+from queue_daemon.engine.ingester import Ingester
 from store.pg import PgStore
 
 JOBTYPE = "bench-ingest"

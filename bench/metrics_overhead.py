@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 
-from queue_daemon.metrics import Metrics
+from queue_daemon.observe.metrics import Metrics
 from store.models import Release, ReleaseHow
 
 ROUNDS = 200_000

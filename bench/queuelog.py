@@ -4,7 +4,7 @@
   for requests of 1000 jobs (the add path at high rates), and the same for
   ``started`` and ``finished`` (the claim and release paths).
 - ``stats``: a log of ``--lines`` generated lines (written by ``QueueLog``
-  itself, rotated and gzipped in part) read by ``queue_daemon.analytics``:
+  itself, rotated and gzipped in part) read by ``queue_daemon.tools.analytics``:
   lines per second, and the peak memory of ``queue-daemon stats`` for a tenth
   of the lines and for all of them (constant memory: about the same).
 
@@ -28,8 +28,8 @@ from pathlib import Path
 
 import orjson
 
-from queue_daemon.analytics import Analysis, LogFile, analyze
-from queue_daemon.queuelog import QueueLog, Rotation
+from queue_daemon.observe.queuelog import QueueLog, Rotation
+from queue_daemon.tools.analytics import Analysis, LogFile, analyze
 from store.models import ClaimedJob, Release, ReleaseHow
 
 PER_REQUEST = 1000

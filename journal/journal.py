@@ -45,7 +45,7 @@ class _PendingWrite:
 
 
 class Journal:
-    """A durable local append-only journal in one directory (see DESIGN.md)."""
+    """A durable local append-only journal in one directory (see docs/architecture.md)."""
 
     def __init__(
         self,

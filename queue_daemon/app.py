@@ -27,22 +27,22 @@ from typing import Any
 
 from aiohttp import web
 
-from queue_daemon import sysid as sysids
-from queue_daemon.auth import TokenCache
-from queue_daemon.handlers import HandlerCache
-from queue_daemon.http import Services
-from queue_daemon.ids import IdGenerator
-from queue_daemon.ingester import Ingester
-from queue_daemon.limits import Limits
-from queue_daemon.metrics import Metrics, Sources
-from queue_daemon.overview import Overview
-from queue_daemon.queuelog import QueueLog, Rotation
-from queue_daemon.quotas import RateLimiter, WaitingLimiter
-from queue_daemon.routes import build_app
-from queue_daemon.server import AppRunner
+from queue_daemon.api.auth import TokenCache
+from queue_daemon.api.routes import build_app
+from queue_daemon.api.server import AppRunner
+from queue_daemon.api.web import Services
+from queue_daemon.engine import sysid as sysids
+from queue_daemon.engine.handlers import HandlerCache
+from queue_daemon.engine.ids import IdGenerator
+from queue_daemon.engine.ingester import Ingester
+from queue_daemon.engine.limits import Limits
+from queue_daemon.engine.quotas import RateLimiter, WaitingLimiter
+from queue_daemon.engine.worker import Worker, WorkerSettings
+from queue_daemon.observe.metrics import Metrics, Sources
+from queue_daemon.observe.overview import Overview
+from queue_daemon.observe.queuelog import QueueLog, Rotation
+from queue_daemon.observe.throughput import Throughput
 from queue_daemon.settings import Settings
-from queue_daemon.throughput import Throughput
-from queue_daemon.worker import Worker, WorkerSettings
 from runners.cpushare import DaemonPlace
 from runners.pool import RunnerPool, RunnerSettings
 from store.embedded import EmbeddedPostgres

@@ -22,11 +22,11 @@ from urllib.parse import urlsplit
 import orjson
 
 from queue_daemon import app
-from queue_daemon.auth import hash_token, new_token
-from queue_daemon.limits import LIMIT_KEYS, LimitsError, validate_overrides
+from queue_daemon.api.auth import hash_token, new_token
+from queue_daemon.engine.limits import LIMIT_KEYS, LimitsError, validate_overrides
+from queue_daemon.engine.sysid import SysidError
 from queue_daemon.names import valid_client, valid_sysid
 from queue_daemon.settings import MIB, Settings
-from queue_daemon.sysid import SysidError
 from runners.addresses import Network, parse_networks
 from store.errors import Conflict, NotFound, StoreError
 
@@ -263,7 +263,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _time_arg(value: str | None, flag: str) -> int | None:
-    from queue_daemon.analytics import parse_time
+    from queue_daemon.tools.analytics import parse_time
 
     if value is None:
         return None
@@ -276,7 +276,7 @@ def _time_arg(value: str | None, flag: str) -> int | None:
 def _stats(args: argparse.Namespace) -> int:
     import orjson
 
-    from queue_daemon import analytics, report_html
+    from queue_daemon.tools import analytics, report_html
 
     paths = [Path(p) for p in args.logfiles]
     for path in paths:

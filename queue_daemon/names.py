@@ -1,4 +1,4 @@
-"""Validation of the names API.md fixes: clients and jobtypes."""
+"""Validation of the names docs/api.md fixes: clients and jobtypes."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Exit codes of API.md: 1xx retry, 2xx ok, 4xx failed, 5xx error."""
+"""Exit codes of docs/api.md: 1xx retry, 2xx ok, 4xx failed, 5xx error."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""What a handler prints, read line by line (API.md "Output lines").
+"""What a handler prints, read line by line (docs/api.md "Output lines").
 
 - ``J: <type>|<payload>`` adds a follow-on job. The type is a name of the job's
   own tenant: the daemon prefixes the job's client, so a line such as

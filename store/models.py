@@ -117,7 +117,7 @@ class Release:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class HandlerRecord:
-    """A stored handler version. ``data`` holds the JSON fields of API.md."""
+    """A stored handler version. ``data`` holds the JSON fields of docs/api.md."""
 
     id: str  # version id, unique
     type: str  # stored jobtype, "client-type"

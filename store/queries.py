@@ -526,7 +526,7 @@ LIMIT 1
 
 # $3 sysid, $4 lease seconds. `= ANY(ARRAY(...))` rather than `IN (...)`: the
 # array is computed first and the update then reads the primary key; with IN
-# the planner sometimes joined against a scan of the whole table (DESIGN.md).
+# the planner sometimes joined against a scan of the whole table (docs/architecture.md).
 # due_ms: since when the job was due, in epoch ms: the later of its creation
 # and its dt before this update (a subquery in RETURNING reads the statement's
 # snapshot, which does not see the statement's own changes); the queue log

@@ -1,4 +1,4 @@
-"""A tenant's view of the daemon over HTTP (API.md), and polling with deadlines."""
+"""A tenant's view of the daemon over HTTP (docs/api.md), and polling with deadlines."""
 
 from __future__ import annotations
 
@@ -46,7 +46,7 @@ class Reply:
 
 
 def assert_error(reply: Reply, status: int, kind: str | None = None) -> dict[str, Any]:
-    """The reply is API.md's error shape with ``status`` (and ``kind``, if given)."""
+    """The reply is docs/api.md's error shape with ``status`` (and ``kind``, if given)."""
     assert reply.status == status, f"expected {status}, got {reply}"
     assert reply.content_type == "application/json", f"not JSON: {reply}"
     body = reply.json
@@ -212,7 +212,7 @@ async def until(
         await asyncio.sleep(interval)
 
 
-# --- handlers and running jobs (API.md "Handlers") ------------------------------
+# --- handlers and running jobs (docs/api.md "Handlers") ------------------------------
 
 
 async def _handler_reply(api: Api, method: str, action: str, jobtype: str, **kw: Any) -> Reply:

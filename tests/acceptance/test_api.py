@@ -1,4 +1,4 @@
-"""API.md's Jobs section end to end: one real daemon on a real PostgreSQL for the module.
+"""docs/api.md's Jobs section end to end: one real daemon on a real PostgreSQL for the module.
 
 Each test uses its own jobtypes (or tenant), so tests sharing the daemon never
 see each other's jobs.

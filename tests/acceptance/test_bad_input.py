@@ -1,4 +1,4 @@
-"""Every bad input API.md lists gets its status and the JSON error shape, and adds nothing.
+"""Every bad input docs/api.md lists gets its status and the JSON error shape, and adds nothing.
 
 One daemon for the module, started with small limits (payload 1000 bytes, body
 100000 bytes) so the limits are cheap to reach.

@@ -1,4 +1,4 @@
-"""kill -9 loses no acknowledged job and ingests none twice (DESIGN.md invariants 1 and 2).
+"""kill -9 loses no acknowledged job and ingests none twice (docs/architecture.md, 1 and 2).
 
 A real daemon is killed by SIGKILL while concurrent clients post; a new daemon
 on the same data directory adopts the dead one's journal. Then the store is

@@ -1,4 +1,4 @@
-"""The journal cannot be written: adds are 503 and accept nothing (API.md, add route).
+"""The journal cannot be written: adds are 503 and accept nothing (docs/api.md, add route).
 
 Root ignores file permissions, so the segment is made immutable (``chattr +i``),
 which refuses writes even through the daemon's open file descriptor.
@@ -79,7 +79,7 @@ async def test_an_unwritable_journal_is_503_and_accepts_nothing(
     ready = await api.readyz()
     body = assert_error(ready, 503, "unavailable")
     assert not body["checks"]["journal"]["ok"], body
-    health = await api.healthz()  # API.md: 503 when the journal cannot be written
+    health = await api.healthz()  # docs/api.md: 503 when the journal cannot be written
     assert_error(health, 503, "unavailable")
     assert health.json["journal"] == "failed", health
     live = await api.request("GET", "/livez")  # liveness: still serving, and saying so

@@ -236,7 +236,7 @@ async def test_readyz_is_503_with_reasons_while_the_store_is_down(
     assert checks["ingest_lag"]["seconds"] > 1, body
     assert checks["journal"] == {"ok": True}, body
     assert checks["store"]["reason"] in body["message"], body
-    # liveness: still 200, saying what is wrong; /healthz (API.md) is 503
+    # liveness: still 200, saying what is wrong; /healthz (docs/api.md) is 503
     live = await api.request("GET", "/livez")
     assert live.status == 200, live
     assert live.json["store"] == "unreachable", live

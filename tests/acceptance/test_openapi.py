@@ -22,7 +22,7 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from queue_daemon.openapi import document
+from queue_daemon.api.openapi import document
 from tests.acceptance.daemon import DaemonFactory, Deployment, deploy
 
 CLIENT = "fuzz"

@@ -1,4 +1,4 @@
-"""Several real daemons running one store's jobs (DESIGN.md invariants 3 and 4).
+"""Several real daemons running one store's jobs (docs/architecture.md invariants 3 and 4).
 
 Every job ends done exactly once in the store; a handler's own record (a file
 each run appends to) shows no job running twice at overlapping times; a daemon

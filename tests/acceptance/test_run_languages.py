@@ -1,4 +1,4 @@
-"""Running jobs end to end (API.md "Handlers", "Languages", "Output lines", "Exit codes").
+"""Running jobs end to end (docs/api.md "Handlers", "Languages", "Output lines", "Exit codes").
 
 One real daemon on a real PostgreSQL for the module; handlers are added over
 HTTP, jobs posted and polled until done, as a tenant does. Each test uses its

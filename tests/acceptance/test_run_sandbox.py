@@ -1,4 +1,4 @@
-"""Handlers are walled off (DESIGN.md invariant 5, "Runners" sandbox).
+"""Handlers are walled off (docs/architecture.md invariant 5, "Runners" sandbox).
 
 A handler sees none of the daemon's environment, runs in its own directory as
 an unprivileged user, and is held by time, memory and process limits: a

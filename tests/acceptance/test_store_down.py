@@ -1,4 +1,4 @@
-"""The store can be down (DESIGN.md invariant 6): adds go on, ingestion resumes.
+"""The store can be down (docs/architecture.md invariant 6): adds go on, ingestion resumes.
 
 Each test has a PostgreSQL server of its own, which it stops and starts again.
 """
@@ -82,7 +82,7 @@ async def test_adds_succeed_while_postgresql_is_down_and_reach_it_later(
     body = assert_error(await _wait_unready(api), 503, "unavailable")
     assert not body["checks"]["store"]["ok"], body
     await _add_while_down(api, acked)
-    reply = await api.healthz()  # API.md: 503 while the store cannot be reached
+    reply = await api.healthz()  # docs/api.md: 503 while the store cannot be reached
     assert_error(reply, 503, "unavailable")
     assert reply.json["store"] == "unreachable", reply
     live = await api.request("GET", "/livez")  # the daemon serves (adds succeed) meanwhile

@@ -1,4 +1,4 @@
-"""Tenants are walled off (DESIGN.md invariant 5) and managed with the real CLI.
+"""Tenants are walled off (docs/architecture.md invariant 5) and managed with the real CLI.
 
 One daemon for the module with tenants ``a``, ``ab`` (a prefix of ``a``'s
 name plus one letter), ``b``, and ``gone`` and ``again`` for the revoke tests.
@@ -23,7 +23,7 @@ from tests.acceptance.daemon import (
 
 Route = Callable[[Api], Awaitable[Reply]]
 
-# every tenant route of API.md's Jobs section, on an id that exists for someone
+# every tenant route of docs/api.md's Jobs section, on an id that exists for someone
 ROUTES: dict[str, Route] = {
     "add": lambda api: api.add_raw("t", "x\n"),
     "get": lambda api: api.get_job("0000000000000-1"),

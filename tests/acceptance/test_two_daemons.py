@@ -1,6 +1,6 @@
 """Several daemons on one machine, started at the same moment; and SIGTERM draining.
 
-Nothing may assume a single daemon (DESIGN.md "Scale"): two daemons racing on
+Nothing may assume a single daemon (docs/architecture.md "Scale"): two daemons racing on
 the same data directory and an empty store both come up with distinct sysids
 and migrate the store exactly once, on an external store and on the embedded one.
 """

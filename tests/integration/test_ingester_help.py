@@ -13,9 +13,9 @@ from typing import Any, cast
 import asyncpg
 import pytest
 
-import queue_daemon.ingester as ingester_module
+import queue_daemon.engine.ingester as ingester_module
 from journal import Journal
-from queue_daemon.ingester import Ingester
+from queue_daemon.engine.ingester import Ingester
 from store.models import NewJob
 from store.pg import PgStore
 from store.protocol import Store

@@ -13,7 +13,7 @@ from typing import Any, cast
 import asyncpg
 
 from journal import Journal
-from queue_daemon.ingester import Ingester
+from queue_daemon.engine.ingester import Ingester
 from store.errors import StoreUnavailable
 from store.models import NewJob
 from store.pg import PgStore

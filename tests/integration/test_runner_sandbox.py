@@ -1,4 +1,4 @@
-"""The sandbox (DESIGN.md invariant 5): scrubbed environment, private directory, limits,
+"""The sandbox (docs/architecture.md invariant 5): scrubbed environment, private directory, limits,
 process groups, an unprivileged user when the daemon is root."""
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ import time
 import asyncpg
 import pytest
 
-from queue_daemon.auth import hash_token, legacy_hash_token
+from queue_daemon.api.auth import hash_token, legacy_hash_token
 from store import queries
 from store.errors import NotFound
 from store.migrate import available_migrations

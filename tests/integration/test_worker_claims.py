@@ -22,10 +22,10 @@ from typing import Any, cast
 import pytest
 
 from journal import Journal
-from queue_daemon.handlers import HandlerCache
-from queue_daemon.ids import IdGenerator
-from queue_daemon.queuelog import QueueLog
-from queue_daemon.worker import Worker, WorkerSettings
+from queue_daemon.engine.handlers import HandlerCache
+from queue_daemon.engine.ids import IdGenerator
+from queue_daemon.engine.worker import Worker, WorkerSettings
+from queue_daemon.observe.queuelog import QueueLog
 from runners.models import HandlerSpec, JobInput, JobResult
 from runners.pool import RunnerPool
 from store.models import ClaimedJob, NewJob

@@ -13,9 +13,9 @@ from typing import Any
 import orjson
 import pytest
 
-from queue_daemon import analytics
-from queue_daemon.analytics import Analysis, Progress, Quantiles, analyze, in_time_order
 from queue_daemon.cli import main
+from queue_daemon.tools import analytics
+from queue_daemon.tools.analytics import Analysis, Progress, Quantiles, analyze, in_time_order
 
 T0 = 1_700_000_040_000  # on a minute boundary
 MIN = 60_000

@@ -12,7 +12,7 @@ import asyncio
 from datetime import UTC, datetime
 from typing import cast
 
-from queue_daemon.handlers import HandlerCache
+from queue_daemon.engine.handlers import HandlerCache
 from runners.models import HandlerSpec
 from store.errors import NotFound
 from store.models import HandlerRecord

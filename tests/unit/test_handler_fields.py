@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from queue_daemon.errors import ApiError
-from queue_daemon.handlers import parse_handler
+from queue_daemon.api.errors import ApiError
+from queue_daemon.api.handler_fields import parse_handler
 
 
 def test_minimal_and_full_handlers() -> None:

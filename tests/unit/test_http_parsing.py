@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from queue_daemon.errors import ApiError
-from queue_daemon.http import parse_when, split_payloads
-from queue_daemon.ids import IdGenerator
+from queue_daemon.api.errors import ApiError
+from queue_daemon.api.web import parse_when, split_payloads
+from queue_daemon.engine.ids import IdGenerator
 from queue_daemon.names import valid_client, valid_type
 
 LIMIT = 1 << 20

@@ -1,4 +1,4 @@
-"""The package boundaries of DESIGN.md, checked on the source: who may import what."""
+"""The package boundaries of docs/architecture.md, checked on the source: who may import what."""
 
 from __future__ import annotations
 

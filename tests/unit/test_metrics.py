@@ -6,7 +6,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from queue_daemon.cli import CliError, build_parser, settings_from
-from queue_daemon.metrics import OTHER, LabelCap, Metrics
+from queue_daemon.observe.metrics import OTHER, LabelCap, Metrics
 from store.models import Release, ReleaseHow
 
 

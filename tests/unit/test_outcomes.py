@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from queue_daemon.outcomes import (
+from queue_daemon.engine.outcomes import (
     RETRY_CAP_S,
     Policy,
     code_of,

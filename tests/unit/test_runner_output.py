@@ -1,4 +1,4 @@
-"""Output lines (API.md), exit-code classes and handler checks: pure functions."""
+"""Output lines (docs/api.md), exit-code classes and handler checks: pure functions."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@ samples, the last-minute mean, and a window that forgets old samples."""
 
 from __future__ import annotations
 
-from queue_daemon.throughput import Throughput
+from queue_daemon.observe.throughput import Throughput
 
 
 def test_no_rate_before_two_samples() -> None:

@@ -25,12 +25,12 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from journal import Journal, JournalError
-from queue_daemon.handlers import HandlerCache
-from queue_daemon.ids import IdGenerator
-from queue_daemon.limits import Limits, TenantLimits
-from queue_daemon.metrics import Metrics
-from queue_daemon.outcomes import Policy, code_of, no_handler, put_back, release_for
-from queue_daemon.queuelog import QueueLog
+from queue_daemon.engine.handlers import HandlerCache
+from queue_daemon.engine.ids import IdGenerator
+from queue_daemon.engine.limits import Limits, TenantLimits
+from queue_daemon.engine.outcomes import Policy, code_of, no_handler, put_back, release_for
+from queue_daemon.observe.metrics import Metrics
+from queue_daemon.observe.queuelog import QueueLog
 from runners.cpushare import RT_HOLD_S
 from runners.models import HandlerSpec, JobInput, JobResult
 from runners.output import clip, emit_problem

@@ -1,4 +1,4 @@
-"""What happens to a job after a run: the exit-code classes of API.md as store releases.
+"""What happens to a job after a run: the exit-code classes of docs/api.md as store releases.
 
 Pure functions, so the retry policy is unit-tested without processes or SQL.
 """

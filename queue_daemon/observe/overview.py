@@ -15,7 +15,7 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
-from queue_daemon.throughput import Throughput
+from queue_daemon.observe.throughput import Throughput
 from store.models import DaemonLease, FailedJob, QueueDepth, RunningJob
 from store.protocol import Store
 

@@ -1,7 +1,7 @@
-"""Routes for operators' probes: ``/healthz`` (API.md), ``/livez`` (liveness),
+"""Routes for operators' probes: ``/healthz`` (docs/api.md), ``/livez`` (liveness),
 ``/readyz`` (readiness) and ``/metrics`` (Prometheus text).
 
-``/healthz`` is what API.md fixes: ``200`` when the daemon can reach its store
+``/healthz`` is what docs/api.md fixes: ``200`` when the daemon can reach its store
 and journal, else ``503``, with what it knows about both and the ingest lag.
 ``/livez`` answers ``200`` whenever the process serves HTTP: a daemon whose store
 is down keeps accepting adds into its journal, and restarting it would not bring
@@ -19,7 +19,8 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from queue_daemon.http import SERVICES, Services, authorize_admin, json_response
+from queue_daemon.api.auth import authorize_admin
+from queue_daemon.api.web import SERVICES, Services, json_response
 from store.errors import StoreError
 
 PING_TIMEOUT_S = 2.0  # a store that takes longer to answer a ping counts as unreachable
@@ -63,7 +64,7 @@ async def _parts(services: Services) -> tuple[dict[str, Any], list[str]]:
 
 
 async def healthz(request: web.Request) -> web.Response:
-    """API.md: 200 when the store and the journal can be reached, else 503."""
+    """docs/api.md: 200 when the store and the journal can be reached, else 503."""
     body, problems = await _parts(request.app[SERVICES])
     if problems:
         return json_response(

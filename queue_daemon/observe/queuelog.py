@@ -1,6 +1,6 @@
 """The queue logfile: one JSON object per line for every event of a job's life.
 
-It is the record analytics read (``queue-daemon stats``, ``queue_daemon.analytics``),
+It is the record analytics read (``queue-daemon stats``, ``queue_daemon.tools.analytics``),
 not a durability mechanism: lines are built on the event loop (plain string
 building of fields that never need JSON escaping: ids, sysids, client and type
 names, codes), buffered, and written by one background thread. The thread also

@@ -1,4 +1,4 @@
-"""The handler routes of API.md: add (JSON, or source text with ``?lang=``), del, get."""
+"""The handler routes of docs/api.md: add (JSON, or source text with ``?lang=``), del, get."""
 
 from __future__ import annotations
 
@@ -7,9 +7,10 @@ import asyncio
 import orjson
 from aiohttp import web
 
-from queue_daemon import errors
-from queue_daemon.handlers import bad_handler, handler_body, parse_handler
-from queue_daemon.http import SERVICES, authorize, jobtype_of, json_response, read_body
+from queue_daemon.api import errors
+from queue_daemon.api.auth import authorize
+from queue_daemon.api.handler_fields import bad_handler, handler_body, parse_handler
+from queue_daemon.api.web import SERVICES, jobtype_of, json_response, read_body
 from runners.check import check_handler
 from store.errors import LimitReached, NotFound
 

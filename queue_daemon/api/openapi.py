@@ -1,6 +1,6 @@
 """The OpenAPI 3 document of every route in ``routes.py``, served at ``GET /openapi.json``.
 
-Built once, by hand, next to the code it describes: API.md is the contract and
+Built once, by hand, next to the code it describes: docs/api.md is the contract and
 this is its machine-readable form (tests/acceptance/test_openapi.py fuzzes the
 live daemon against it with schemathesis).
 """
@@ -797,7 +797,7 @@ def document() -> dict[str, Any]:
         "info": {
             "title": "queue-daemon",
             "version": "1",
-            "description": "Multi-tenant job queue daemon; the contract is API.md.",
+            "description": "Multi-tenant job queue daemon; the contract is docs/api.md.",
         },
         "paths": _paths(),
         "components": {

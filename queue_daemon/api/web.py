@@ -1,7 +1,9 @@
-"""The tenant HTTP API of API.md, on aiohttp.
+"""The web toolkit every route module shares: the services they reach, the JSON
+replies, the one error middleware, and the parsing of names, times, bodies and
+payload lines.
 
 Every error leaves through ``error_middleware`` as the JSON error shape; no
-handler builds an error reply itself.
+route builds an error reply itself.
 """
 
 from __future__ import annotations
@@ -11,7 +13,6 @@ import json
 import logging
 import math
 import re
-import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -19,23 +20,22 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from journal import Journal, JournalError
-from queue_daemon import errors
-from queue_daemon.auth import ADMIN, TokenCache
-from queue_daemon.errors import ApiError
-from queue_daemon.handlers import HandlerCache
-from queue_daemon.ids import IdGenerator
-from queue_daemon.ingester import Ingester
-from queue_daemon.limits import Limits
-from queue_daemon.metrics import Metrics
-from queue_daemon.names import valid_client, valid_type
-from queue_daemon.overview import Overview
-from queue_daemon.queuelog import QueueLog
-from queue_daemon.quotas import RateLimiter, WaitingLimiter
+from journal import Journal
+from queue_daemon.api import errors
+from queue_daemon.api.auth import TokenCache
+from queue_daemon.api.errors import ApiError
+from queue_daemon.engine.handlers import HandlerCache
+from queue_daemon.engine.ids import IdGenerator
+from queue_daemon.engine.ingester import Ingester
+from queue_daemon.engine.limits import Limits
+from queue_daemon.engine.quotas import RateLimiter, WaitingLimiter
+from queue_daemon.engine.sysid import Identity
+from queue_daemon.names import valid_type
+from queue_daemon.observe.metrics import Metrics
+from queue_daemon.observe.overview import Overview
+from queue_daemon.observe.queuelog import QueueLog
 from queue_daemon.settings import Settings
-from queue_daemon.sysid import Identity
-from store.errors import BadCursor, Conflict, NotFound, StoreError, StoreUnavailable
-from store.models import Job, JobState, TypeStats
+from store.errors import StoreError, StoreUnavailable
 from store.protocol import Store
 
 logger = logging.getLogger(__name__)
@@ -121,42 +121,6 @@ async def error_middleware(request: web.Request, handler: Any) -> web.StreamResp
         return error_response(ApiError(500, "internal", "internal error"))
 
 
-async def _token_owner(request: web.Request, services: Services) -> str:
-    """The client (or ``ADMIN``) owning the request's bearer token; 401 without one."""
-    header = request.headers.get("Authorization", "")
-    scheme, _, token = header.partition(" ")
-    if scheme.lower() != "bearer" or not token:
-        raise ApiError(
-            401, "unauthorized", "missing bearer token", headers={"WWW-Authenticate": "Bearer"}
-        )
-    owner = await services.tokens.client_for(token.strip())
-    if owner is None:
-        raise ApiError(401, "unauthorized", "invalid token", headers={"WWW-Authenticate": "Bearer"})
-    return owner
-
-
-async def authorize(request: web.Request, services: Services) -> str:
-    """Return the path's client after checking the bearer token owns it (an
-    operator token owns every client)."""
-    client = request.match_info["client"]
-    if not valid_client(client):
-        raise errors.bad_name("client must match [a-z0-9_]{1,40}")
-    if services.settings.no_auth:
-        return client
-    owner = await _token_owner(request, services)
-    if owner != client and owner != ADMIN:
-        raise ApiError(403, "forbidden", "this token does not belong to this client")
-    return client
-
-
-async def authorize_admin(request: web.Request, services: Services) -> None:
-    """Operator routes: an admin token, or any request under ``--no-auth``."""
-    if services.settings.no_auth:
-        return
-    if await _token_owner(request, services) != ADMIN:
-        raise ApiError(403, "forbidden", "this route needs an operator token")
-
-
 def jobtype_of(request: web.Request) -> str:
     name = request.match_info["type"]
     if not valid_type(name):
@@ -165,7 +129,7 @@ def jobtype_of(request: web.Request) -> str:
 
 
 def parse_when(query: Any, now_ms: int) -> int:
-    """Eligibility time in epoch ms from ``delay`` or ``dt`` (API.md), default now."""
+    """Eligibility time in epoch ms from ``delay`` or ``dt`` (docs/api.md), default now."""
     delay = query.get("delay")
     dt = query.get("dt")
     if delay is not None and dt is not None:
@@ -296,143 +260,5 @@ async def read_body(request: web.Request, limit: int, patience: float) -> bytes:
         deadline += len(chunk) / MIN_BODY_RATE
 
 
-async def add_jobs(request: web.Request) -> web.Response:
-    began = time.perf_counter()
-    services = request.app[SERVICES]
-    client = await authorize(request, services)
-    jobtype = jobtype_of(request)
-    now_ms = time.time_ns() // 1_000_000
-    dt_ms = parse_when(request.query, now_ms)
-    settings = services.settings
-    body = await read_body(request, settings.body_limit, settings.client_timeout)
-    limits = services.limits.of(client)
-    lines = split_payloads(body, request.content_type, limits.payload)
-    wait = services.rates.take(client, len(lines), limits.rate, limits.burst)
-    if wait:
-        if math.isinf(wait):
-            raise errors.too_large(
-                f"{len(lines)} jobs in one request is over this tenant's burst of {limits.burst:g}"
-            )
-        raise errors.rate_limited(f"over this tenant's add rate of {limits.rate:g} jobs/s", wait)
-    if await services.waiting.take(client, len(lines), limits.waiting):
-        if len(lines) > limits.waiting:
-            raise errors.too_large(
-                f"{len(lines)} jobs in one request is over this tenant's waiting limit of "
-                f"{limits.waiting}"
-            )
-        raise errors.rate_limited(
-            f"this tenant has its limit of {limits.waiting} waiting jobs",
-            services.waiting.RETRY_AFTER_S,
-        )
-    ids = services.ids.next_ids(len(lines))
-    stored_type = f"{client}-{jobtype}"
-    try:
-        await services.journal.write(stored_type, ids, lines, create_ms=now_ms, dt_ms=dt_ms)
-    except JournalError as exc:
-        logger.error("journal write failed: %s", exc, extra={"action": "journal_write_failed"})
-        raise errors.unavailable("the journal cannot be written; nothing was accepted") from None
-    services.queuelog.added(stored_type, ids, lines, now_ms, dt_ms)
-    metrics = services.metrics
-    metrics.added(client, jobtype, len(ids))  # once per request, whatever its size
-    metrics.add_took(time.perf_counter() - began)
-    return json_response({"ids": ids})
-
-
-def _iso(value: datetime | None) -> str | None:
+def iso(value: datetime | None) -> str | None:
     return None if value is None else value.isoformat().replace("+00:00", "Z")
-
-
-def job_body(job: Job) -> dict[str, Any]:
-    return {
-        "id": job.id,
-        "type": job.type,
-        "state": job.state.value,
-        "dt": _iso(job.dt),
-        "create_dt": _iso(job.create_dt),
-        "done_dt": _iso(job.done_dt),
-        "attempts": job.attempts,
-        "code": job.code,
-        "exitcode": job.exitcode,
-        "result": job.result,
-        "payload": job.data,
-    }
-
-
-def _job_id(request: web.Request) -> str:
-    job_id = request.match_info["id"]
-    # every id this daemon gives out is short printable ASCII; anything else (a NUL,
-    # a lone surrogate from the URL's percent-decoding) would only trouble the store
-    if len(job_id) > 200 or not (job_id.isascii() and job_id.isprintable()):
-        raise errors.not_found("no such job")
-    return job_id
-
-
-async def get_job(request: web.Request) -> web.Response:
-    services = request.app[SERVICES]
-    client = await authorize(request, services)
-    try:
-        job = await services.store.get_job(client, _job_id(request))
-    except NotFound:
-        raise errors.not_found("no such job (or not yet in the store)") from None
-    return json_response(job_body(job))
-
-
-async def cancel_job(request: web.Request) -> web.Response:
-    services = request.app[SERVICES]
-    client = await authorize(request, services)
-    try:
-        job = await services.store.cancel_job(client, _job_id(request))
-    except NotFound:
-        raise errors.not_found("no such job (or not yet in the store)") from None
-    except Conflict:
-        raise ApiError(409, "conflict", "only a waiting job can be cancelled") from None
-    services.queuelog.cancelled(f"{client}-{job.type}", job.id)
-    return json_response(job_body(job))
-
-
-async def list_jobs(request: web.Request) -> web.Response:
-    services = request.app[SERVICES]
-    client = await authorize(request, services)
-    query = request.query
-    jobtype = query.get("type") or None
-    if jobtype is not None and not valid_type(jobtype):
-        raise errors.bad_name("type must match [A-Za-z0-9_.:-]{1,100}")
-    state_text = query.get("state") or None
-    state = None
-    if state_text is not None:
-        try:
-            state = JobState(state_text)
-        except ValueError:
-            raise errors.bad_request("state must be waiting, running or done") from None
-    limit_text = query.get("limit", "100")
-    if not limit_text.isdigit() or not 1 <= int(limit_text) <= 1000:
-        raise errors.bad_request("limit must be an integer from 1 to 1000")
-    try:
-        page = await services.store.list_jobs(
-            client,
-            type=jobtype,
-            state=state,
-            limit=int(limit_text),
-            after=query.get("after") or None,
-        )
-    except BadCursor:
-        raise errors.bad_request("after is not a cursor this daemon gave out") from None
-    return json_response({"jobs": [job_body(job) for job in page.jobs], "next": page.next})
-
-
-def _stats_body(stats: TypeStats) -> dict[str, int]:
-    return {
-        "waiting": stats.waiting,
-        "scheduled": stats.scheduled,
-        "running": stats.running,
-        "done_ok": stats.done_ok,
-        "done_failed": stats.done_failed,
-        "done_error": stats.done_error,
-    }
-
-
-async def stats(request: web.Request) -> web.Response:
-    services = request.app[SERVICES]
-    client = await authorize(request, services)
-    by_type = await services.store.stats(client)
-    return json_response({"types": {name: _stats_body(s) for name, s in sorted(by_type.items())}})

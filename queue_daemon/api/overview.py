@@ -9,15 +9,16 @@ from importlib import resources
 
 from aiohttp import web
 
-from queue_daemon import errors
-from queue_daemon.http import SERVICES, authorize, authorize_admin, json_response
-from queue_daemon.overview import DEFAULT_LIMIT, MAX_LIMIT
+from queue_daemon.api import errors
+from queue_daemon.api.auth import authorize, authorize_admin
+from queue_daemon.api.web import SERVICES, json_response
+from queue_daemon.observe.overview import DEFAULT_LIMIT, MAX_LIMIT
 
 
 @functools.cache
 def page_bytes() -> bytes:
     """The page, shipped as package data: one file, inline CSS and JS, no build step."""
-    return (resources.files("queue_daemon") / "static" / "dashboard.html").read_bytes()
+    return (resources.files("queue_daemon.api") / "static" / "dashboard.html").read_bytes()
 
 
 async def dashboard(request: web.Request) -> web.Response:

@@ -8,9 +8,10 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from queue_daemon import errors
-from queue_daemon.http import SERVICES, Services, authorize_admin, json_response, read_body
-from queue_daemon.limits import LimitsError, validate_overrides
+from queue_daemon.api import errors
+from queue_daemon.api.auth import authorize_admin
+from queue_daemon.api.web import SERVICES, Services, json_response, read_body
+from queue_daemon.engine.limits import LimitsError, validate_overrides
 from queue_daemon.names import valid_client
 from store.errors import NotFound
 

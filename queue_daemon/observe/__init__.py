@@ -1,0 +1,1 @@
+"""What the daemon shows of itself: metrics, the queue logfile, throughput and the overview."""
