@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from runners.addresses import AddressPolicy
 from runners.codes import ERROR
 from runners.context import Context, failed, not_run
+from runners.cpushare import RT_HOLD_S
 from runners.errors import ContextFailed, SandboxError
 from runners.http import HttpRunner
 from runners.models import LANGS, HandlerSpec, JobInput, JobResult
@@ -308,6 +309,13 @@ class RunnerPool:
         return {
             f"{c.spec.client}-{c.spec.type}" for contexts in self._idle.values() for c in contexts
         }
+
+    @property
+    def busy_remark_s(self) -> float:
+        """How long after the last busy tenant the busy marks should still be sent
+        again at every check: past the real-time hold of the daemon's place, so the
+        last re-mark ends it and processes started meanwhile are placed too."""
+        return 2 * RT_HOLD_S
 
     async def mark_busy(self, clients: Set[str]) -> None:
         """``clients`` run more contexts at once than their share of the cores: their

@@ -1,4 +1,4 @@
-"""``PgStore``: the ``store.protocol.Store`` on PostgreSQL through an asyncpg pool."""
+"""``PgStore``: the ``store.ports.Store`` on PostgreSQL through an asyncpg pool."""
 
 from __future__ import annotations
 

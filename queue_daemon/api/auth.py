@@ -6,7 +6,7 @@ store cannot be reached. A revoked token, or a rotated-out one whose grace
 period ended, stops working at the next reload.
 
 Tokens are stored as HMAC-SHA256 digests keyed with a per-store secret
-(``Store.token_key``, created by migration 0004), so the table alone is not
+(``TenantStore.token_key``, created by migration 0004), so the table alone is not
 enough to check guesses offline. Tokens created before that migration were
 stored as plain SHA-256 (``scheme = 'sha256'``) and keep working: the lookup
 tries both digests.
@@ -31,11 +31,11 @@ from queue_daemon.api import errors
 from queue_daemon.api.errors import ApiError
 from queue_daemon.engine.limits import Limits
 from queue_daemon.names import valid_client
+from store.errors import StoreError
+from store.ports import TenantStore
 
 if TYPE_CHECKING:
     from queue_daemon.api.web import Services
-from store.errors import StoreError
-from store.protocol import Store
 
 logger = logging.getLogger(__name__)
 
@@ -69,7 +69,7 @@ class TokenCache:
 
     MISS_RELOAD_S = 0.25
 
-    def __init__(self, store: Store, limits: Limits | None = None) -> None:
+    def __init__(self, store: TenantStore, limits: Limits | None = None) -> None:
         self._store = store
         self._limits = limits
         self._by_hash: dict[bytes, str] = {}

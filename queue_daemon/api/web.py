@@ -36,7 +36,7 @@ from queue_daemon.observe.overview import Overview
 from queue_daemon.observe.queuelog import QueueLog
 from queue_daemon.settings import Settings
 from store.errors import StoreError, StoreUnavailable
-from store.protocol import Store
+from store.ports import Store
 
 logger = logging.getLogger(__name__)
 

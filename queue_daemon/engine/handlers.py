@@ -7,7 +7,7 @@ import time
 from runners.models import HandlerSpec
 from store.errors import NotFound
 from store.models import HandlerRecord
-from store.protocol import Store
+from store.ports import HandlerStore
 
 
 def spec_of(record: HandlerRecord) -> HandlerSpec:
@@ -38,7 +38,7 @@ class HandlerCache:
     may have read the version before the change.
     """
 
-    def __init__(self, store: Store, ttl: float = 30.0) -> None:
+    def __init__(self, store: HandlerStore, ttl: float = 30.0) -> None:
         self._store = store
         self._ttl = ttl
         self._entries: dict[str, tuple[float, HandlerSpec | None]] = {}

@@ -23,7 +23,7 @@ from datetime import UTC, datetime, timedelta
 from journal import Entry, Journal, Reservation
 from store.errors import StoreError, StoreUnavailable
 from store.models import NewJob
-from store.protocol import Store
+from store.ports import JobIntake
 
 logger = logging.getLogger(__name__)
 
@@ -64,7 +64,7 @@ def to_new_jobs(entries: list[Entry]) -> list[NewJob]:
 class Ingester:
     """Runs ``workers`` concurrent ingestion pipelines until stopped."""
 
-    def __init__(self, journal: Journal, store: Store, *, batch: int, workers: int) -> None:
+    def __init__(self, journal: Journal, store: JobIntake, *, batch: int, workers: int) -> None:
         self._journal = journal
         self._store = store
         self._batch = batch

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from store.errors import StoreError
-from store.protocol import Store
+from store.ports import TenantStore
 
 logger = logging.getLogger(__name__)
 
@@ -81,7 +81,7 @@ class WaitingLimiter:
     FIRST_COUNT_WAIT_S = 1.0  # a tenant's first add waits this long for its count
 
     def __init__(
-        self, store: Store, interval: float = 1.0, clock: Callable[[], float] = time.monotonic
+        self, store: TenantStore, interval: float = 1.0, clock: Callable[[], float] = time.monotonic
     ) -> None:
         self._store = store
         self._interval = interval

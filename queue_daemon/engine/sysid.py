@@ -20,7 +20,7 @@ from journal import Journal, JournalError
 from queue_daemon.names import valid_sysid
 from queue_daemon.settings import Settings
 from store.errors import StoreError, SysidTaken
-from store.protocol import Store
+from store.ports import SysidLeases
 
 logger = logging.getLogger(__name__)
 
@@ -68,7 +68,7 @@ def _read_sysid(path: Path) -> str | None:
     return text if valid_sysid(text) else None
 
 
-async def acquire(store: Store, settings: Settings) -> Identity:
+async def acquire(store: SysidLeases, settings: Settings) -> Identity:
     """Take a sysid in the store and open its journal (see module docstring)."""
     holder = holder_name()
     host = socket.gethostname()
@@ -134,7 +134,7 @@ def _candidates(settings: Settings) -> list[tuple[Path, str]]:
     return found
 
 
-async def keep_leased(store: Store, identity: Identity, lease: float) -> None:
+async def keep_leased(store: SysidLeases, identity: Identity, lease: float) -> None:
     """Renew the sysid lease at a third of its length, forever."""
     while True:
         await asyncio.sleep(lease / 3)

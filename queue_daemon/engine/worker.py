@@ -31,14 +31,13 @@ from queue_daemon.engine.limits import Limits, TenantLimits
 from queue_daemon.engine.outcomes import Policy, code_of, no_handler, put_back, release_for
 from queue_daemon.observe.metrics import Metrics
 from queue_daemon.observe.queuelog import QueueLog
-from runners.cpushare import RT_HOLD_S
 from runners.models import HandlerSpec, JobInput, JobResult
 from runners.output import clip, emit_problem
 from runners.pool import RunnerPool
 from scheduler import Pick, Scheduler, busy_tenants, tenant_of
 from store.errors import StoreError
 from store.models import ClaimedJob, Release, ReleaseHow
-from store.protocol import Store
+from store.ports import JobQueue
 
 logger = logging.getLogger(__name__)
 
@@ -63,7 +62,6 @@ RESERVED_BATCHES_SHARE = 8  # 1/8: 8 of the default 64
 # How often the tenants running more contexts than their share of the cores are
 # found and their handlers put behind the others' on the CPU (runners.cpushare).
 BUSY_CHECK_S = 0.25
-BUSY_REMARK_S = 2 * RT_HOLD_S  # past the real-time hold, so the last re-mark ends it
 
 
 def _add_counts(into: dict[str, int], counts: dict[str, int]) -> None:
@@ -88,7 +86,7 @@ class Worker:
     def __init__(
         self,
         *,
-        store: Store,
+        store: JobQueue,
         journal: Journal,
         ids: IdGenerator,
         pool: RunnerPool,
@@ -135,7 +133,7 @@ class Worker:
         self._tenant_batches: dict[str, int] = {}  # tenant -> batches claiming or running
         self._tenant_peak: dict[str, int] = {}  # ... the most at once since the last busy check
         self._busy: frozenset[str] = frozenset()  # tenants whose handlers yield on a wake-up
-        self._busy_seen = -BUSY_REMARK_S  # time.monotonic() when a tenant was last busy
+        self._busy_seen = -pool.busy_remark_s  # time.monotonic() when a tenant was last busy
         affinity = getattr(os, "sched_getaffinity", None)  # Linux; elsewhere every core
         self._cores = len(affinity(0)) if affinity else os.cpu_count() or 1
         parallel = settings.max_parallel_batches
@@ -205,14 +203,14 @@ class Worker:
     async def _mark_busy(self) -> None:
         """Tell the runners which tenants ran more contexts at once than their share
         of the cores since the last check (``scheduler.busy_tenants``); again at every
-        check while any is and for ``BUSY_REMARK_S`` after, so processes the daemon's
+        check while any is and for ``RunnerPool.busy_remark_s`` after, so processes the daemon's
         place started since run real-time too, and it stops when its hold ends."""
         peak, self._tenant_peak = self._tenant_peak, dict(self._tenant_batches)
         busy = busy_tenants(peak, self._cores)
         now = time.monotonic()
         if busy:
             self._busy_seen = now
-        if busy != self._busy or now - self._busy_seen < BUSY_REMARK_S:
+        if busy != self._busy or now - self._busy_seen < self._pool.busy_remark_s:
             self._busy = busy
             await self._pool.mark_busy(busy)
 

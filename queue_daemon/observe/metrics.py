@@ -43,7 +43,7 @@ from prometheus_client.registry import Collector
 
 from store.errors import StoreError
 from store.models import QueueDepth, Release
-from store.protocol import Store
+from store.ports import Dashboard
 
 logger = logging.getLogger(__name__)
 
@@ -164,7 +164,7 @@ class Metrics:
         self._depth_at = -1e9
         self._depth_ok: bool | None = None  # None until the first read
         self._depth_task: asyncio.Future[None] | None = None
-        self._store: Store | None = None
+        self._store: Dashboard | None = None
         self.registry.register(_EventCollector(self))
 
     # --- events: once per request or batch ------------------------------------
@@ -244,7 +244,7 @@ class Metrics:
 
     # --- state: read at scrape time -------------------------------------------
 
-    def watch(self, store: Store, sources: Sources) -> None:
+    def watch(self, store: Dashboard, sources: Sources) -> None:
         """Report ``sources`` and the store's queue depth from now on."""
         self._store = store
         self.registry.register(_StateCollector(self, sources))
@@ -267,7 +267,7 @@ class Metrics:
             if self._depth_task is task and task.done():
                 self._depth_task = None
 
-    async def _read_depth(self, store: Store) -> None:
+    async def _read_depth(self, store: Dashboard) -> None:
         loop = asyncio.get_running_loop()
         try:
             # bounded: a scrape must not hang on a store that does not answer

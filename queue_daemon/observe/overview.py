@@ -17,7 +17,7 @@ from typing import Any
 
 from queue_daemon.observe.throughput import Throughput
 from store.models import DaemonLease, FailedJob, QueueDepth, RunningJob
-from store.protocol import Store
+from store.ports import Dashboard
 
 MAX_QUEUES = 1000  # types listed at most; "queues_cut" says when there were more
 COUNT_CAP = 10_000  # waiting (and scheduled) jobs counted per type at most; "capped" beyond
@@ -41,7 +41,7 @@ def _split(stored_type: str) -> tuple[str, str]:
 class Overview:
     """Builds (and briefly caches) the overview of every tenant or of one."""
 
-    def __init__(self, store: Store, throughput: Throughput, sysid: str) -> None:
+    def __init__(self, store: Dashboard, throughput: Throughput, sysid: str) -> None:
         self.store = store
         self.throughput = throughput
         self.sysid = sysid

@@ -18,7 +18,7 @@ from collections import deque
 from collections.abc import Callable
 
 from store.errors import StoreError
-from store.protocol import Store
+from store.ports import Dashboard
 
 logger = logging.getLogger(__name__)
 
@@ -71,7 +71,7 @@ class Throughput:
         done = c1.get(stored_type, 0) - c0.get(stored_type, 0)
         return round(max(done, 0) / (t1 - t0), 2)
 
-    async def run(self, store: Store) -> None:
+    async def run(self, store: Dashboard) -> None:
         """Sample until cancelled; a store outage leaves a gap, never stops the loop
         (the rate across a gap is spread over its real length)."""
         while True:

@@ -18,7 +18,7 @@ from journal import Journal
 from queue_daemon.engine.ingester import Ingester
 from store.models import NewJob
 from store.pg import PgStore
-from store.protocol import Store
+from store.ports import Store
 
 
 class SlowBatchStore:

@@ -17,7 +17,7 @@ from queue_daemon.engine.ingester import Ingester
 from store.errors import StoreUnavailable
 from store.models import NewJob
 from store.pg import PgStore
-from store.protocol import Store
+from store.ports import Store
 
 
 class FlushStore:

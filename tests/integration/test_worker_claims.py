@@ -30,7 +30,7 @@ from runners.models import HandlerSpec, JobInput, JobResult
 from runners.pool import RunnerPool
 from store.models import ClaimedJob, NewJob
 from store.pg import PgStore
-from store.protocol import Store
+from store.ports import Store
 
 
 class GatedStore:

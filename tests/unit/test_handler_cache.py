@@ -16,7 +16,7 @@ from queue_daemon.engine.handlers import HandlerCache
 from runners.models import HandlerSpec
 from store.errors import NotFound
 from store.models import HandlerRecord
-from store.protocol import Store
+from store.ports import Store
 
 
 class Versions:

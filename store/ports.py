@@ -1,0 +1,240 @@
+"""The store's ports: one small protocol per consumer, so each part of the daemon
+depends on the few calls it makes. ``store.pg.PgStore`` implements them all
+(``Store``); ``tests/fakes/store.py`` implements the ones the engine's
+decisions are unit-tested against, in memory.
+
+| port          | used by                                               |
+|---------------|-------------------------------------------------------|
+| JobIntake     | the ingester (journal -> store)                        |
+| JobQueue      | the worker (claims, leases, releases, expiry, purge)   |
+| JobQueries    | the job routes (get, list, stats, cancel)              |
+| TenantStore   | tokens, limits and quotas, the tenant and admin CLI    |
+| HandlerStore  | the handler routes and the handler cache               |
+| SysidLeases   | the daemon's sysid                                     |
+| Dashboard     | the overview, metrics and throughput                   |
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+from store.models import (
+    ClaimedJob,
+    DaemonLease,
+    ExpiredLock,
+    FailedJob,
+    HandlerRecord,
+    Job,
+    JobPage,
+    JobState,
+    NewJob,
+    QueueDepth,
+    Release,
+    RunningJobs,
+    Tenant,
+    TypeStats,
+)
+
+
+class JobIntake(Protocol):
+    async def add_jobs(self, jobs: Sequence[NewJob], *, durable: bool = True) -> int:
+        """Insert jobs, idempotent by id; return how many rows were new. Without
+        ``durable`` it returns once they are seen, before they are flushed."""
+
+    async def flush(self) -> None:
+        """Return once every job added before the call is durable."""
+
+
+class JobQueue(Protocol):
+    async def waiting_jobtypes(self, limit_per_type: int = 1000) -> dict[str, int]:
+        """Stored jobtypes with eligible jobs (lock '' and dt <= now), each with
+        its count of eligible jobs capped at ``limit_per_type`` (cheap: never
+        counts past the cap, never touches done jobs)."""
+
+    async def claim(self, type: str, limit: int, *, sysid: str, lease: float) -> list[ClaimedJob]:
+        """Take up to ``limit`` eligible jobs of ``type`` (FOR UPDATE SKIP LOCKED):
+        lock = sysid, dt = now + lease, attempts + 1."""
+
+    async def expire_waiting(self, type: str, older_than: float, result: str) -> list[str]:
+        """Archive as error 503 (with ``result``) the waiting jobs of ``type``
+        created more than ``older_than`` seconds ago; return their ids."""
+
+    async def renew(self, ids: Sequence[str], *, sysid: str, lease: float) -> int:
+        """dt = now + lease for those of ``ids`` locked by ``sysid``; return how many."""
+
+    async def release(self, releases: Sequence[Release], *, sysid: str) -> int:
+        """Apply each release to its job if locked by ``sysid``; return how many applied."""
+
+    async def expire_locks(self) -> list[ExpiredLock]:
+        """Unlock (lock '', eligible now) running jobs whose lease passed, and at
+        once those locked by a sysid whose lease lapsed or that was released;
+        return them."""
+
+    async def purge(self, older_than: float) -> dict[str, int]:
+        """Delete archived jobs done more than ``older_than`` seconds ago; return
+        how many per stored jobtype."""
+
+    async def notify_jobs(self) -> None:
+        """Wake listening daemons: new eligible jobs may exist."""
+
+    async def listen(
+        self, on_jobs: Callable[[dict[str, int] | None], None], on_handler: Callable[[str], None]
+    ) -> None:
+        """Call ``on_jobs`` on new jobs (with the due ones added per jobtype when
+        known, else None) and ``on_handler(type)`` when a handler changes, until
+        the store is closed (a dedicated connection; reconnects)."""
+
+
+class JobQueries(Protocol):
+    async def get_job(self, client: str, job_id: str) -> Job:
+        """Raise NotFound when absent or owned by another client."""
+
+    async def list_jobs(
+        self,
+        client: str,
+        *,
+        type: str | None = None,
+        state: JobState | None = None,
+        limit: int = 100,
+        after: str | None = None,
+    ) -> JobPage: ...
+
+    async def stats(self, client: str) -> dict[str, TypeStats]:
+        """Counts per type (without the client prefix)."""
+
+    async def cancel_job(self, client: str, job_id: str) -> Job:
+        """Waiting -> done/failed/499. NotFound, or Conflict when running or done."""
+
+
+class TenantStore(Protocol):
+    async def add_tenant(self, client: str, token_hash: bytes) -> None:
+        """Create, or re-activate with a new token hash if revoked. Conflict if active."""
+
+    async def list_tenants(self) -> list[Tenant]: ...
+
+    async def rotate_tenant(self, client: str, new_hash: bytes, grace: float) -> None:
+        """New current token; the previous one stays live for ``grace`` seconds,
+        older ones end now. NotFound if no such active tenant."""
+
+    async def tenant_tokens(self) -> dict[bytes, str]:
+        """token_hash -> client for every live token: its tenant is active and
+        its grace (if any) has not ended by the database clock."""
+
+    async def tenant_limits(self) -> dict[str, dict[str, float]]:
+        """client -> its limit overrides, for active tenants that have any."""
+        ...
+
+    async def get_tenant_limits(self, client: str) -> dict[str, float]:
+        """NotFound if no such active tenant."""
+        ...
+
+    async def set_tenant_limits(self, client: str, limits: dict[str, float]) -> dict[str, float]:
+        """Replace ``client``'s overrides; NotFound if no such active tenant."""
+        ...
+
+    async def count_waiting(self, client: str, cap: int) -> int:
+        """``client``'s waiting and scheduled jobs, counting at most ``cap``."""
+        ...
+
+    async def new_admin_token(self, token_hash: bytes, grace: float) -> None:
+        """New current operator token; the previous one stays live for ``grace`` s."""
+        ...
+
+    async def revoke_admin_tokens(self) -> int:
+        """End every operator token; how many there were."""
+        ...
+
+    async def admin_tokens(self) -> set[bytes]:
+        """Digests of the live operator tokens."""
+        ...
+
+    async def token_key(self) -> bytes:
+        """The per-store secret key of the keyed token hash."""
+
+    async def revoke_tenant(self, client: str) -> None:
+        """NotFound if no such active tenant."""
+
+
+class HandlerStore(Protocol):
+    async def put_handler(
+        self, type: str, data: dict[str, object], max_handlers: int | None = None
+    ) -> HandlerRecord:
+        """Store a new version of the handler of ``type`` (client-type) and notify.
+        LimitReached if ``type`` has no live handler and its tenant already has
+        ``max_handlers``."""
+
+    async def get_handler(self, type: str) -> HandlerRecord:
+        """The newest version; NotFound if none (or deleted)."""
+
+    async def delete_handler(self, type: str) -> None:
+        """NotFound if none; notify."""
+
+    async def count_handlers(self, client: str) -> int: ...
+
+
+class SysidLeases(Protocol):
+    async def reserve_sysid(
+        self,
+        sysid: str | None,
+        *,
+        holder: str,
+        host: str,
+        data_dir: str,
+        lease: float,
+        takeover: bool = False,
+    ) -> str:
+        """Lease ``sysid`` (or a new unique one when None) for ``lease`` seconds.
+
+        Raise SysidTaken when another holder's lease is live, unless ``takeover``
+        and the row's host and data_dir equal ours (the caller proved by a file
+        lock that the previous holder on this machine is dead).
+        """
+
+    async def renew_sysid(self, sysid: str, *, holder: str, lease: float) -> None:
+        """Extend the lease; SysidTaken if someone else holds it now."""
+
+    async def release_sysid(self, sysid: str, *, holder: str) -> None: ...
+
+
+class Dashboard(Protocol):
+    async def queue_depths(self, client: str | None, limit: int, cap: int) -> list[QueueDepth]:
+        """Counts per stored jobtype, at most ``limit`` types (by name); waiting
+        and scheduled jobs are counted up to ``cap`` each."""
+        ...
+
+    async def running_jobs(self, client: str | None, limit: int) -> RunningJobs:
+        """How many jobs run, and the ``limit`` oldest of them."""
+        ...
+
+    async def recent_failures(
+        self, client: str | None, limit: int, result_chars: int
+    ) -> list[FailedJob]:
+        """The newest ``limit`` failed or errored jobs, results cut to ``result_chars``."""
+        ...
+
+    async def daemon_leases(self, limit: int) -> list[DaemonLease]:
+        """Sysid leases, live ones first."""
+        ...
+
+    async def archived_counts(self) -> dict[str, int]:
+        """Stored jobtype -> jobs ever archived (only grows): throughput samples."""
+        ...
+
+
+class Store(
+    JobIntake,
+    JobQueue,
+    JobQueries,
+    TenantStore,
+    HandlerStore,
+    SysidLeases,
+    Dashboard,
+    Protocol,
+):
+    """Every port, and the connection's own life: what the daemon's wiring holds."""
+
+    async def close(self) -> None: ...
+
+    async def ping(self) -> None:
+        """Raise StoreUnavailable unless a trivial query succeeds."""
