@@ -83,6 +83,7 @@ class InstantPool:
         self.ran: list[str] = []
         self.reads_when_ran: dict[str, int] = {}
         self.versions: dict[str, str] = {}  # job id -> the handler version it ran
+        self.busy_remark_s = 0.0
 
     async def run_batch(self, spec: HandlerSpec, jobs: Sequence[JobInput]) -> list[JobResult]:
         self.ran.extend(job.id for job in jobs)
