@@ -1,8 +1,9 @@
-"""Validation of the names docs/api.md fixes: clients and jobtypes."""
+"""The names docs/api.md fixes: clients, jobtypes and sysids, and the stored jobtype."""
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 CLIENT_RE = re.compile(r"[a-z0-9_]{1,40}")
 TYPE_RE = re.compile(r"[A-Za-z0-9_.:\-]{1,100}")
@@ -19,3 +20,28 @@ def valid_type(name: str) -> bool:
 
 def valid_sysid(name: str) -> bool:
     return SYSID_RE.fullmatch(name) is not None
+
+
+@dataclass(frozen=True, slots=True)
+class JobType:
+    """A tenant's jobtype: ``client`` and ``name``, stored as ``client-name``.
+
+    Clients never contain ``-``, so the stored form splits at its first ``-``;
+    this is the one place that builds or splits it.
+    """
+
+    client: str
+    name: str
+
+    @classmethod
+    def parse(cls, stored: str) -> JobType:
+        """The jobtype of a stored ``client-name`` string."""
+        client, _, name = stored.partition("-")
+        return cls(client, name)
+
+    @property
+    def stored(self) -> str:
+        return f"{self.client}-{self.name}"
+
+    def __str__(self) -> str:
+        return self.stored
