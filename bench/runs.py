@@ -10,7 +10,7 @@ import asyncio
 import statistics
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from bench import daemon
@@ -171,6 +171,7 @@ class FloodKind:
     describe: str  # its jobs, for the notes
     saturate: int  # flood jobs running at once when the flood is on
     warmed: int  # flood jobs done before measuring (the daemon learned their run time)
+    realtime: bool = False  # the daemon started with ``serve --realtime``
 
 
 def _flood_kinds(quick: bool) -> list[FloodKind]:
@@ -179,7 +180,15 @@ def _flood_kinds(quick: bool) -> list[FloodKind]:
     cpu = FloodKind("CPU flood", busy_handler(20.0), "jobs of 20 ms CPU", 4, 20 if quick else 50)
     # 1 s each, one per batch: the daemon runs as many at once as it may run contexts
     slots = FloodKind("context flood", sleepy_handler(1.0), "jobs idle 1 s", 48, 8)
-    return [cpu] if quick else [cpu, slots]
+    if quick:
+        return [cpu]
+    # each way, so operators can choose: the default, and the daemon's place real-time
+    # while a tenant is busy (serve --realtime)
+    return [
+        kind
+        for plain in (cpu, slots)
+        for kind in (plain, replace(plain, name=f"{plain.name} (--realtime)", realtime=True))
+    ]
 
 
 def section_flood(run: Run) -> None:
@@ -199,7 +208,7 @@ def _flood(run: Run, kind: FloodKind) -> None:
 
     quick = run.opts.quick
     samples = run.opts.flood_samples
-    name = "flood_" + kind.name.split()[0].lower()
+    name = "flood_" + kind.name.split()[0].lower() + ("_rt" if kind.realtime else "")
     # the default deployment: the daemon's own embedded PostgreSQL, which it starts in
     # its CPU place ahead of its handlers (with --store, that server, wherever it runs)
     dsn = None if run.opts.store is None else run.fresh_database(name)
@@ -208,7 +217,8 @@ def _flood(run: Run, kind: FloodKind) -> None:
     try:
         calm_token = daemon.add_tenant(dsn, data_dir)
         flood_token = daemon.add_tenant(dsn, data_dir, FLOOD_TENANT)
-        child, url = daemon.start_daemon(name, dsn, data_dir, run.work, extra=run.opts.daemon_args)
+        extra = [*run.opts.daemon_args, *(["--realtime"] if kind.realtime else [])]
+        child, url = daemon.start_daemon(name, dsn, data_dir, run.work, extra=extra)
     except BaseException:
         stop_server(data_dir / "pg")  # nothing there with --store
         raise

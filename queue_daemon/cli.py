@@ -99,10 +99,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="anonymous access (loopback addresses only)",
     )
     serve.add_argument(
-        "--no-realtime",
-        action="store_true",
-        default=_flag(_env("no_realtime", "")),
-        help="as root, stay a normal process while a tenant is busy (see the README)",
+        "--realtime",
+        action=argparse.BooleanOptionalAction,
+        # off unless asked for; QUEUE_DAEMON_NO_REALTIME, the old switch, still turns it off
+        default=_flag(_env("realtime", "")) and not _flag(_env("no_realtime", "")),
+        help="as root, run the daemon and its embedded PostgreSQL at real-time priority "
+        "(SCHED_RR 1) while a tenant is busy; env QUEUE_DAEMON_REALTIME; default off "
+        "(see docs/operations.md)",
     )
     serve.add_argument(
         "--payload-limit", default=_env("payload_limit", str(MIB)), help="bytes per payload line"
@@ -353,7 +356,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
         sysid=args.sysid,
         lease=_number(args.lease, "--lease", float, 1),
         no_auth=args.no_auth,
-        realtime=not args.no_realtime,
+        realtime=args.realtime,
         payload_limit=_number(args.payload_limit, "--payload-limit", int, 1),
         body_limit=_number(args.body_limit, "--body-limit", int, 1),
         handler_limit=_number(args.handler_limit, "--handler-limit", int, 1),

@@ -25,7 +25,7 @@ class Settings:
     sysid: str | None = None  # None = reserved automatically in the store
     lease: float = 60.0  # seconds a claimed job (and a sysid) stays leased without renewal
     no_auth: bool = False
-    realtime: bool = True  # as root: the daemon real-time while a tenant is busy
+    realtime: bool = False  # serve --realtime: as root, real-time while a tenant is busy
     payload_limit: int = MIB
     body_limit: int = 64 * MIB
     handler_limit: int = MIB  # bytes of each handler source field (body, before, …)

@@ -242,7 +242,7 @@ class Sandbox:
         prlimit: str | None = "auto",
         python: str | None = None,
         network: bool = False,
-        realtime: bool = True,
+        realtime: bool = False,
     ) -> None:
         self.work_root = work_root
         self.network = network

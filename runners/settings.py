@@ -40,5 +40,5 @@ class RunnerSettings:
     network: bool = False
     # as root, the daemon's place (itself, its embedded PostgreSQL) runs real-time while
     # a tenant is busy (runners.cpushare); False: it stays a normal process
-    realtime: bool = True
+    realtime: bool = False
     prlimit: str | None = "auto"  # path of prlimit, "auto" (search PATH) or None (python wrapper)

@@ -641,7 +641,7 @@ async def test_the_daemon_runs_real_time_while_a_tenant_is_busy(
         sys.executable, "-c", "import subprocess; subprocess.run(['sleep', '300'])"
     )
     passing = await asyncio.create_subprocess_exec("sleep", "300")
-    pool = RunnerPool(RunnerSettings(work_root=work_root, processes=PROCESSES))
+    pool = RunnerPool(RunnerSettings(work_root=work_root, processes=PROCESSES, realtime=True))
     backend: list[int] = []
     try:
         await until(lambda: _children(postmaster.pid))
@@ -694,7 +694,9 @@ async def test_no_real_time_where_the_kernel_does_not_throttle_it(
 
     (tmp_path / "sched_rt_runtime_us").write_text("-1\n")
     monkeypatch.setattr(cpushare, "RT_THROTTLE", tmp_path / "sched_rt_runtime_us")
-    await _normal_while_busy(RunnerSettings(work_root=work_root, processes=PROCESSES))
+    await _normal_while_busy(
+        RunnerSettings(work_root=work_root, processes=PROCESSES, realtime=True)
+    )
 
 
 @needs_cpu_group
@@ -703,6 +705,14 @@ async def test_no_real_time_when_the_operator_says_so(work_root: Path) -> None:
     daemon stays a normal process."""
     settings = RunnerSettings(work_root=work_root, processes=PROCESSES, realtime=False)
     await _normal_while_busy(settings)
+
+
+@needs_cpu_group
+async def test_no_real_time_unless_the_operator_asks(work_root: Path) -> None:
+    """Real-time is opt-in (``serve --realtime``): by default the daemon stays a normal
+    process while a tenant is busy (the busy tenant's handlers still get the idle mark,
+    which needs no real-time class: see the test of busy tenants above)."""
+    await _normal_while_busy(RunnerSettings(work_root=work_root, processes=PROCESSES))
 
 
 async def _normal_while_busy(settings: RunnerSettings) -> None:

@@ -29,11 +29,19 @@ def test_flags_and_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     assert (settings.client_timeout, settings.handler_limit) == (2.0, 99)
 
 
-def test_no_realtime_by_flag_or_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert settings_from(build_parser().parse_args(["serve"])).realtime is True
-    assert settings_from(build_parser().parse_args(["serve", "--no-realtime"])).realtime is False
-    monkeypatch.setenv("QUEUE_DAEMON_NO_REALTIME", "1")
-    assert settings_from(build_parser().parse_args(["serve"])).realtime is False
+def test_realtime_is_opt_in_by_flag_or_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    def realtime(*argv: str) -> bool:
+        return settings_from(build_parser().parse_args(["serve", *argv])).realtime
+
+    assert realtime() is False
+    assert realtime("--realtime") is True
+    assert realtime("--no-realtime") is False
+    monkeypatch.setenv("QUEUE_DAEMON_REALTIME", "1")
+    assert realtime() is True
+    assert realtime("--no-realtime") is False  # a flag wins over the environment
+    monkeypatch.setenv("QUEUE_DAEMON_NO_REALTIME", "1")  # the old switch still turns it off
+    assert realtime() is False
+    assert realtime("--realtime") is True
 
 
 @pytest.mark.parametrize(
