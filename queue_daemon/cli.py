@@ -27,7 +27,7 @@ from queue_daemon.engine.limits import LIMIT_KEYS, LimitsError, validate_overrid
 from queue_daemon.engine.sysid import SysidError
 from queue_daemon.names import valid_client, valid_sysid
 from queue_daemon.settings import MIB, Settings
-from runners.addresses import Network, parse_networks
+from runners.sandbox.addresses import Network, parse_networks
 from store.errors import Conflict, NotFound, StoreError
 
 ENV = "QUEUE_DAEMON_"

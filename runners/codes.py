@@ -7,7 +7,7 @@ from typing import Literal, TypeGuard
 Code = Literal["retry", "ok", "failed", "error"]
 
 OK = 200
-FORBIDDEN = 403  # http: the URL's address is refused (runners.addresses)
+FORBIDDEN = 403  # http: the URL's address is refused (runners.sandbox.addresses)
 BAD_GATEWAY = 502  # http: the endpoint could not be reached
 ERROR = 500  # exception, crash, protocol error
 TIMEOUT = 504  # a job over its time

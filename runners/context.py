@@ -10,7 +10,7 @@ kills the process tree; the read loop then sees the end of the stream.
 
 What a job starts in the background lives on after the job returns, while its
 context stays warm (it is the same tenant's, under the same limits), and is
-killed with the context: with a cgroup (``runners.cgroups``) even if it left
+killed with the context: with a cgroup (``runners.sandbox.cgroups``) even if it left
 the process group.
 """
 

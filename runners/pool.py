@@ -23,15 +23,15 @@ from collections import Counter
 from collections.abc import Sequence, Set
 from dataclasses import dataclass
 
-from runners.addresses import AddressPolicy
 from runners.codes import ERROR
 from runners.context import Context, failed, not_run
-from runners.cpushare import RT_HOLD_S
 from runners.errors import ContextFailed, SandboxError
 from runners.http import HttpRunner
 from runners.models import LANGS, HandlerSpec, JobInput, JobResult
 from runners.output import OutputLimits
 from runners.sandbox import Limits, Sandbox
+from runners.sandbox.addresses import AddressPolicy
+from runners.sandbox.cpuplace import RT_HOLD_S
 from runners.settings import RunnerSettings
 from runners.shell import ShellRunner
 

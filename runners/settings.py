@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from runners.addresses import Network
+from runners.sandbox.addresses import Network
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -39,6 +39,6 @@ class RunnerSettings:
     # when the daemon is root and unshare works; True: they share the daemon's network
     network: bool = False
     # as root, the daemon's place (itself, its embedded PostgreSQL) runs real-time while
-    # a tenant is busy (runners.cpushare); False: it stays a normal process
+    # a tenant is busy (runners.sandbox.cpushare); False: it stays a normal process
     realtime: bool = False
     prlimit: str | None = "auto"  # path of prlimit, "auto" (search PATH) or None (python wrapper)

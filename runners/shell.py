@@ -3,7 +3,7 @@
 Exit status 0 is 200 and any other 500, unless the command printed an
 ``S: <exitcode> [result]`` line. The jobs of a batch share one private
 directory and run a few at a time; each job's process group (and cgroup, see
-``runners.cgroups``) is killed when its shell exits (nothing it started in the
+``runners.sandbox.cgroups``) is killed when its shell exits (nothing it started in the
 background survives the job) or when its time is up (504).
 """
 

@@ -60,7 +60,7 @@ CLAIM_LOOPS = 2
 # Share of the parallel batches (runner contexts) no single tenant may take.
 RESERVED_BATCHES_SHARE = 8  # 1/8: 8 of the default 64
 # How often the tenants running more contexts than their share of the cores are
-# found and their handlers put behind the others' on the CPU (runners.cpushare).
+# found and their handlers put behind the others' on the CPU (runners.sandbox.cpushare).
 BUSY_CHECK_S = 0.25
 
 

@@ -47,8 +47,8 @@ CLOCK_HANDLER = (
 def _cpu_marks(calm_group: str) -> dict[str, str] | None:
     """The ``cpu.idle`` of the calm tenant's CPU group (``calm_group``, as its handler
     saw it in /proc/self/cgroup) and of the flood's beside it; None without them."""
-    from runners.cpushare import v1_cpu_mount
     from runners.sandbox import tenant_ids
+    from runners.sandbox.cpuplace import v1_cpu_mount
 
     mount = v1_cpu_mount()
     if mount is None or os.geteuid() != 0 or not calm_group.startswith("/"):

@@ -16,7 +16,7 @@ import aiohttp
 import asyncpg
 import pytest
 
-from runners.cpushare import DAEMON, PREFIX, _v1_cpu_dir
+from runners.sandbox.cpuplace import DAEMON, PREFIX, _v1_cpu_dir
 from store.embedded import stop_server
 from tests.acceptance.client import Api, until
 from tests.acceptance.daemon import (

@@ -11,9 +11,9 @@ from urllib.parse import quote
 import pytest
 from aiohttp import web
 
-from runners.addresses import parse_networks
 from runners.models import HandlerSpec, JobInput, JobResult
 from runners.pool import RunnerPool, RunnerSettings
+from runners.sandbox.addresses import parse_networks
 
 
 @pytest.fixture

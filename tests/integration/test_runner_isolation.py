@@ -1,6 +1,6 @@
 """Handler isolation from the daemon and from other tenants, with real processes: no
 network (a namespace of their own when the daemon is root), the daemon's files kept by
-permissions (``queue_daemon.app.protect_daemon_files``), one uid per tenant."""
+permissions (``queue_daemon.placement.protect_daemon_files``), one uid per tenant."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from queue_daemon.app import protect_daemon_files
+from queue_daemon.placement import protect_daemon_files
 from runners.models import HandlerSpec
 from runners.pool import RunnerPool, RunnerSettings
 from tests.integration.test_runner_python import jobs

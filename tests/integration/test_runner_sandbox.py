@@ -21,20 +21,20 @@ from pathlib import Path
 
 import pytest
 
-from runners.cpushare import (
+from runners.models import HandlerSpec
+from runners.pool import RunnerPool, RunnerSettings
+from runners.sandbox import SAFE_PATH, Limits, Sandbox, tenant_ids
+from runners.sandbox.cpuplace import (
     BUSY,
     DAEMON,
     DAEMON_SHARES,
     HANDLER_SHARES,
     PREFIX,
-    CpuGroup,
     DaemonPlace,
     remove,
     v1_cpu_mount,
 )
-from runners.models import HandlerSpec
-from runners.pool import RunnerPool, RunnerSettings
-from runners.sandbox import SAFE_PATH, Limits, Sandbox, tenant_ids
+from runners.sandbox.cpushare import CpuGroup
 from tests.integration.test_runner_python import jobs, pid_gone, spec, until
 
 ROOT = os.geteuid() == 0
@@ -393,7 +393,7 @@ async def test_shell_background_session_dies_with_its_job(
 def test_cgroups_of_a_dead_daemon_are_swept() -> None:
     if not ROOT:
         pytest.skip("cgroups need root")
-    from runners import cgroups
+    from runners.sandbox import cgroups
 
     mount, own = cgroups._mount_point(), cgroups._own_path()
     if mount is None or own is None:
@@ -435,7 +435,7 @@ async def test_private_dirs_of_a_dead_daemon_are_swept(work_root: Path, shared_d
     script = (
         "import os, sys, time\n"
         "from pathlib import Path\n"
-        "from runners.workdirs import OwnPart\n"
+        "from runners.sandbox.workdirs import OwnPart\n"
         "part = OwnPart.claim(Path(sys.argv[1]))\n"
         "(part.path / 'ctx-acme-x').mkdir()\n"
         "(part.path / 'ctx-acme-x' / 'secret').write_text('left behind')\n"
@@ -480,7 +480,7 @@ async def test_private_dirs_of_a_dead_daemon_are_swept(work_root: Path, shared_d
 
 
 def _cpu_group_root() -> Path | None:
-    from runners.cpushare import _v1_cpu_dir
+    from runners.sandbox.cpuplace import _v1_cpu_dir
 
     parent = _v1_cpu_dir()
     return parent if os.geteuid() == 0 and parent and (parent / "cpu.shares").exists() else None
@@ -499,7 +499,7 @@ CPU_LINE = (
 
 def _own_cpu_group() -> Path:
     """This process's cgroup on the v1 cpu controller."""
-    from runners.cpushare import _v1_cpu_dir
+    from runners.sandbox.cpuplace import _v1_cpu_dir
 
     path = _v1_cpu_dir()
     assert path is not None
@@ -627,7 +627,7 @@ async def test_the_daemon_runs_real_time_while_a_tenant_is_busy(
     core at once instead of queueing behind whatever normal process last ran there;
     every handler context (one started meanwhile too) and any other process in the
     daemon's place stay normal; all are normal again once the mark's hold ends."""
-    import runners.cpushare as cpushare
+    import runners.sandbox.cpuplace as cpushare
 
     if int(cpushare.RT_THROTTLE.read_text()) <= 0:
         pytest.skip("real-time throttling is off: the daemon does not use real-time")
@@ -690,7 +690,7 @@ async def test_no_real_time_where_the_kernel_does_not_throttle_it(
 ) -> None:
     """With real-time throttling off (``kernel.sched_rt_runtime_us`` = -1) a real-time
     daemon could starve the machine: it stays a normal process, busy tenants or not."""
-    import runners.cpushare as cpushare
+    import runners.sandbox.cpuplace as cpushare
 
     (tmp_path / "sched_rt_runtime_us").write_text("-1\n")
     monkeypatch.setattr(cpushare, "RT_THROTTLE", tmp_path / "sched_rt_runtime_us")
@@ -732,7 +732,7 @@ def test_no_real_time_without_a_real_time_budget(
 ) -> None:
     """Where the kernel budgets real-time time per cgroup and the daemon's parent group
     has none to give, the daemon stays a normal process and logs why."""
-    import runners.cpushare as cpushare
+    import runners.sandbox.cpuplace as cpushare
 
     (tmp_path / "sched_rt_runtime_us").write_text("950000\n")
     monkeypatch.setattr(cpushare, "RT_THROTTLE", tmp_path / "sched_rt_runtime_us")
@@ -740,8 +740,8 @@ def test_no_real_time_without_a_real_time_budget(
     home = origin / f"{PREFIX}{os.getpid()}"
     (home / DAEMON).mkdir(parents=True)
     (origin / "cpu.rt_runtime_us").write_text("0\n")
-    with caplog.at_level(logging.INFO, logger="runners.cpushare"):
-        cpushare._Home(home, origin).realtime(object(), True)
+    with caplog.at_level(logging.INFO, logger="runners.sandbox.cpuplace"):
+        cpushare.Home(home, origin).realtime(object(), True)
     assert _policies(os.getpid()) == {os.SCHED_OTHER}
     assert "no real-time budget" in caplog.text
     assert not (home / "cpu.rt_runtime_us").exists() or (
@@ -811,7 +811,7 @@ def test_a_daemon_takes_its_cpu_place_before_it_starts_its_postgresql() -> None:
 
 
 def test_no_cpu_place_without_root_or_the_cpu_controller(monkeypatch: pytest.MonkeyPatch) -> None:
-    import runners.cpushare as cpushare
+    import runners.sandbox.cpuplace as cpushare
 
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
     assert DaemonPlace.take() is None

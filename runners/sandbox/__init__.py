@@ -1,0 +1,34 @@
+"""The sandbox: how a handler process is started and walled off.
+
+| module       | holds                                                                 |
+|--------------|-----------------------------------------------------------------------|
+| jail         | ``Sandbox``: argv wrappers for uids, namespaces, cgroups and limits   |
+| users        | who handlers run as (a uid per tenant as root, or the run-as user)    |
+| process      | a handler's process: exit seen at once, its whole tree killed         |
+| probes       | what the machine offers (unshare, ip, python) and the scrubbed env    |
+| cgroups      | a cgroup v2 per context or shell job, killed as a whole               |
+| cpushare     | the handlers' CPU groups: a group per tenant, busy tenants' marks     |
+| cpuplace     | the daemon's own CPU group and its real-time hold (``--realtime``)    |
+| addresses    | the address policy of ``http`` handlers                               |
+| workdirs     | private working directories under the work root                      |
+
+Only this package touches cgroups and scheduling classes.
+"""
+
+from runners.sandbox.jail import Limits, Sandbox
+from runners.sandbox.probes import SAFE_PATH, scrubbed_env
+from runners.sandbox.process import Child, describe_exit, kill_group
+from runners.sandbox.users import RunAs, resolve_run_as, tenant_ids
+
+__all__ = [
+    "SAFE_PATH",
+    "Child",
+    "Limits",
+    "RunAs",
+    "Sandbox",
+    "describe_exit",
+    "kill_group",
+    "resolve_run_as",
+    "scrubbed_env",
+    "tenant_ids",
+]

@@ -1,0 +1,131 @@
+"""What the sandbox finds on the machine when it starts: ``unshare`` for a network
+namespace, ``ip`` for its loopback, a python the run-as user can run; and the
+scrubbed environment every handler process gets."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from runners.errors import SandboxError
+from runners.sandbox.users import RunAs
+
+logger = logging.getLogger(__name__)
+
+SAFE_PATH = "/usr/local/bin:/usr/bin:/bin"
+IP_PATH = "/usr/sbin:/sbin:" + SAFE_PATH
+
+
+def scrubbed_env(home: Path) -> dict[str, str]:
+    """The whole environment of a handler: nothing of the daemon's."""
+    return {
+        "PATH": SAFE_PATH,
+        "HOME": str(home),
+        "TMPDIR": str(home),
+        "LANG": "C.UTF-8",
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "PYTHONUNBUFFERED": "1",
+    }
+
+
+def find_unshare(run_as: RunAs | None, work_root: Path) -> str | None:
+    """``unshare`` if it works here (handlers then get no network), else None (warned)."""
+    why = ""
+    unshare = shutil.which("unshare", path=SAFE_PATH)
+    if run_as is None:
+        why = "the daemon is not root"
+    elif unshare is None:
+        why = "util-linux unshare is missing"
+    else:
+        try:
+            done = subprocess.run(
+                [unshare, "--net", "--", "true"],
+                env=scrubbed_env(work_root),
+                cwd="/",
+                capture_output=True,
+                timeout=30,
+                check=False,
+            )
+            if done.returncode == 0:
+                return unshare
+            why = f"unshare --net fails: {done.stderr.decode(errors='replace').strip()}"
+        except (OSError, subprocess.SubprocessError) as exc:
+            why = f"unshare --net fails: {exc}"
+    logger.warning(
+        "handlers have network access (%s)",
+        why,
+        extra={"action": "sandbox_network"},
+    )
+    return None
+
+
+def find_ip(unshare: str, work_root: Path) -> str | None:
+    """``ip`` if it can bring a new namespace's loopback up, else None (left down)."""
+    ip = shutil.which("ip", path=IP_PATH)
+    if ip is None:
+        return None
+    try:
+        done = subprocess.run(
+            [unshare, "--net", "--", ip, "link", "set", "lo", "up"],
+            env=scrubbed_env(work_root),
+            cwd="/",
+            capture_output=True,
+            timeout=30,
+            check=False,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if done.returncode != 0:
+        logger.info(
+            "handlers' loopback stays down: ip link set lo up fails: %s",
+            done.stderr.decode(errors="replace").strip(),
+            extra={"action": "sandbox_loopback"},
+        )
+        return None
+    return ip
+
+
+def find_python(setting: str | None, run_as: RunAs | None, work_root: Path) -> str:
+    """An interpreter the run-as user can run: the configured one, else the daemon's
+    own, else python3 on the safe PATH (the daemon's may sit in root's home)."""
+    if setting is not None:
+        candidates = [setting]
+    else:
+        system = shutil.which("python3", path=SAFE_PATH)
+        candidates = [sys.executable, *([system] if system else [])]
+    if run_as is None:
+        return candidates[0]
+    for python in candidates:
+        if runs_as(run_as, [python, "-I", "-c", "pass"], work_root):
+            if python != candidates[0]:
+                logger.info(
+                    "python handlers run %s: %s is not usable by %s",
+                    python,
+                    candidates[0],
+                    run_as.name,
+                    extra={"action": "python_chosen"},
+                )
+            return python
+    raise SandboxError(f"no python that user {run_as.name} can run: tried {candidates}")
+
+
+def runs_as(run_as: RunAs, argv: list[str], work_root: Path) -> bool:
+    """Whether ``argv`` runs (exit 0) as ``run_as``."""
+    try:
+        done = subprocess.run(
+            argv,
+            env=scrubbed_env(work_root),
+            cwd="/",
+            capture_output=True,
+            timeout=30,
+            check=False,
+            user=run_as.uid,
+            group=run_as.gid,
+            extra_groups=[],
+        )
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return done.returncode == 0

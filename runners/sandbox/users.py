@@ -1,0 +1,87 @@
+"""Who a handler process runs as: a uid of its tenant's own when the daemon is root,
+or the configured run-as user (created as a system user when missing)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import pwd
+import subprocess
+import zlib
+from dataclasses import dataclass
+
+from runners.errors import SandboxError
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_USER = "queue-runner"
+FALLBACK_USER = "nobody"
+
+
+@dataclass(frozen=True, slots=True)
+class RunAs:
+    name: str
+    uid: int
+    gid: int
+
+
+# When the daemon runs as root and no run-as user is configured, each tenant's
+# handlers run under a uid (and gid) of their own, derived from the client
+# name: one tenant cannot signal, ptrace or read the files of another's
+# processes, and RLIMIT_NPROC (counted per uid) caps each tenant separately,
+# so one tenant's fork bomb cannot stop another's contexts from starting.
+# No passwd entry is needed for these ids.
+TENANT_UID_BASE = 2_000_000
+TENANT_UID_SPAN = 1 << 20
+
+
+def tenant_ids(client: str) -> RunAs:
+    uid = TENANT_UID_BASE + zlib.crc32(client.encode()) % TENANT_UID_SPAN
+    return RunAs(f"tenant:{client}", uid, uid)
+
+
+def resolve_run_as(run_as: str | None) -> RunAs | None:
+    """The user handlers run as: None unless the daemon is root.
+
+    ``run_as`` None means ``queue-runner``, created as a system user when it is
+    missing, else ``nobody``. Blocking (may run ``useradd``).
+    """
+    if os.geteuid() != 0:
+        if run_as is not None:
+            logger.info(
+                "not root: handlers run as the daemon's own user, run_as %r ignored",
+                run_as,
+                extra={"action": "run_as_ignored"},
+            )
+        return None
+    name = run_as or DEFAULT_USER
+    try:
+        entry = pwd.getpwnam(name)
+    except KeyError:
+        if run_as is not None:
+            raise SandboxError(f"run-as user {run_as!r} does not exist") from None
+        entry = _create_user(name)
+    if entry.pw_uid == 0:
+        raise SandboxError(f"run-as user {name!r} is root: handlers must not run as root")
+    return RunAs(entry.pw_name, entry.pw_uid, entry.pw_gid)
+
+
+def _create_user(name: str) -> pwd.struct_passwd:
+    command = ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", name]
+    try:
+        subprocess.run(command, check=True, capture_output=True, timeout=60)
+        entry = pwd.getpwnam(name)
+        logger.info("created system user %s for handlers", name, extra={"action": "user_created"})
+        return entry
+    except (OSError, subprocess.SubprocessError, KeyError) as exc:
+        logger.warning(
+            "cannot create user %s (%s): handlers run as %s",
+            name,
+            exc,
+            FALLBACK_USER,
+            extra={"action": "user_fallback"},
+        )
+    try:
+        return pwd.getpwnam(FALLBACK_USER)
+    except KeyError:
+        raise SandboxError(f"neither {name!r} nor {FALLBACK_USER!r} exists") from None

@@ -1,0 +1,65 @@
+"""The rooms inside the packages, checked on the source: who may import or touch what."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.unit.test_layering import PACKAGES, ROOT, imports_of
+
+# the rooms inside queue_daemon: room -> rooms (and packages) it must never import
+ROOMS = {
+    "queue_daemon/engine": [
+        "queue_daemon.api",
+        "queue_daemon.tools",
+        "queue_daemon.cli",
+        "aiohttp",
+    ],
+    "queue_daemon/observe": [
+        "queue_daemon.api",
+        "queue_daemon.engine",
+        "queue_daemon.tools",
+        "queue_daemon.cli",
+        "aiohttp",
+    ],
+    "queue_daemon/tools": ["queue_daemon.api", "queue_daemon.engine", "queue_daemon.cli"],
+    "queue_daemon/api": ["queue_daemon.tools", "queue_daemon.cli", "queue_daemon.app"],
+}
+
+
+@pytest.mark.parametrize("room", sorted(ROOMS))
+def test_rooms_import_one_way(room: str) -> None:
+    """The API may use the engine and observability, never the reverse; the engine
+    may write to observability; offline tools stand apart."""
+    bad = [
+        (where, name)
+        for where, name in imports_of(room)
+        for prefix in ROOMS[room]
+        if name == prefix or name.startswith(prefix + ".")
+    ]
+    assert bad == []
+
+
+def test_only_the_cli_imports_the_offline_tools() -> None:
+    # (the bench may: it measures them)
+    users = {
+        where
+        for package in PACKAGES
+        for where, name in imports_of(package)
+        if name == "queue_daemon.tools" or name.startswith("queue_daemon.tools.")
+    }
+    assert {
+        u for u in users if not u.startswith(("queue_daemon/cli", "queue_daemon/tools"))
+    } == set()
+
+
+def test_only_the_sandbox_touches_cgroups_and_scheduling_classes() -> None:
+    marks = ("/sys/fs/cgroup", "cgroup.procs", "sched_setscheduler", "cpu.shares", "cpu.idle")
+    offenders = []
+    for package in PACKAGES:
+        for path in (ROOT / package).rglob("*.py"):
+            relative = str(path.relative_to(ROOT))
+            if relative.startswith("runners/sandbox/"):
+                continue
+            text = path.read_text()
+            offenders += [(relative, mark) for mark in marks if mark in text]
+    assert offenders == []
