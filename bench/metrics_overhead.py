@@ -2,7 +2,7 @@
 
 In-process timing of the calls an add request and a finished batch make
 (``Metrics.added`` + ``add_took``; ``claimed``, ``ran``, ``finished``), next to
-the time one request takes at the README's measured add rates, so the share
+the time one request takes at the measured add rates (docs/benchmark.md), so the share
 is plain. No daemon, no store: the calls touch neither.
 """
 
@@ -14,7 +14,7 @@ from queue_daemon.observe.metrics import Metrics
 from store.models import Release, ReleaseHow
 
 ROUNDS = 200_000
-ONE_LINE_REQUEST_S = 1 / 5000  # ~5k 1-line adds/s (README benchmark)
+ONE_LINE_REQUEST_S = 1 / 5000  # ~5k 1-line adds/s (docs/benchmark.md)
 BATCH_REQUEST_S = 1000 / 250_000  # 1000-line adds at ~250k jobs/s
 
 

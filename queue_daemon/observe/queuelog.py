@@ -8,7 +8,7 @@ rotates the file (by size and at UTC midnight) between whole lines, and
 ``close()`` writes what is left and fsyncs, so a SIGTERM loses no line.
 
 Every line has ``ev`` (the kind), ``t`` (epoch ms), ``tenant`` and ``type`` (the
-stored jobtype ``client-type`` split at its first ``-``); the README lists each
+stored jobtype ``client-type`` split at its first ``-``); docs/queuelog.md lists each
 kind with an example.
 """
 

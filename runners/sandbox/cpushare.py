@@ -60,7 +60,7 @@ removed by the next daemon (their processes move up to the parent). Only as
 root and where the ``cpu`` controller is mounted as cgroup v1 (as on hybrid
 hierarchies); under a pure cgroup v2 hierarchy the daemon's cgroup holds the
 daemon itself, which v2 forbids to hand controllers down from, and handlers
-keep the kernel's default weight (the README says so). Where the kernel has
+keep the kernel's default weight (docs/security.md says so). Where the kernel has
 no ``cpu.idle`` (before Linux 5.15) the handlers' group gets the daemon's
 weight instead.
 

@@ -2,7 +2,7 @@
 
 One daemon for the module with two tenants: ``capped`` gets overrides, ``free``
 keeps the daemon's defaults and must never feel ``capped``'s limits. Every
-limit named in the README's security model has a test here: waiting jobs,
+limit named in the security model (docs/security.md) has a test here: waiting jobs,
 add rate and burst, payload size, result size, handlers, running jobs.
 """
 

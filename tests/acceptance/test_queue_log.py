@@ -1,4 +1,4 @@
-"""The queue logfile of a real daemon (README "Queue logfile and analytics"):
+"""The queue logfile of a real daemon (docs/queuelog.md):
 a line for every event of each job's life with the documented fields, nothing
 lost or torn by SIGTERM, rotated files included, and ``queue-daemon stats``
 counting it right."""

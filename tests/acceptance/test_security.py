@@ -1,4 +1,4 @@
-"""The README's security model, attacked end to end.
+"""The security model (docs/security.md), attacked end to end.
 
 A daemon as a user runs it (the embedded PostgreSQL, no --store) with two
 tenants; ``mallory``'s handlers try what the security model says they cannot

@@ -1,4 +1,4 @@
-"""Every wall the README's "Security model" names has the test it cites.
+"""Every wall the security model (docs/security.md) names has the test it cites.
 
 The section cites tests as ``dir/file.py::test_name`` (later ones in the same
 cell as ``::test_name``) or a whole file as ``dir/file.py``; each must exist,
@@ -15,9 +15,7 @@ CITE = re.compile(r"`([\w/]+\.py)?(?:::(\w+))?`")
 
 
 def security_model() -> str:
-    text = (ROOT / "README.md").read_text()
-    start = text.index("## Security model")
-    return text[start : text.index("\n## ", start + 1)]
+    return (ROOT / "docs" / "security.md").read_text()
 
 
 def citations() -> list[tuple[str, str | None]]:
