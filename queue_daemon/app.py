@@ -29,9 +29,11 @@ from queue_daemon.api.routes import build_app
 from queue_daemon.api.server import AppRunner
 from queue_daemon.api.web import Services
 from queue_daemon.engine import sysid as sysids
+from queue_daemon.engine.backoff import Backoff
 from queue_daemon.engine.handlers import HandlerCache
 from queue_daemon.engine.ids import IdGenerator
 from queue_daemon.engine.ingester import Ingester
+from queue_daemon.engine.intake import Intake
 from queue_daemon.engine.limits import Limits
 from queue_daemon.engine.quotas import RateLimiter, WaitingLimiter
 from queue_daemon.engine.worker import Worker, WorkerSettings
@@ -63,7 +65,7 @@ async def open_store(settings: Settings) -> tuple[PgStore, EmbeddedPostgres | No
         dsn = await asyncio.to_thread(embedded.start)
     loop = asyncio.get_running_loop()
     deadline = loop.time() + settings.store_connect_timeout
-    delay = 0.1
+    backoff = Backoff(0.1, 2.0)
     while True:
         try:
             # every connection open from the start and kept: one opened on demand (auth
@@ -76,8 +78,7 @@ async def open_store(settings: Settings) -> tuple[PgStore, EmbeddedPostgres | No
                     await asyncio.to_thread(embedded.stop_if_last)
                 raise StoreError(f"cannot reach the store: {exc}") from exc
             logger.warning("waiting for the store: %s", exc, extra={"action": "store_wait"})
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 2.0)
+            await backoff.sleep()
 
 
 class Supervisor:
@@ -206,10 +207,10 @@ class Daemon:
             )
         )
         metrics = Metrics(tenants=settings.metrics_tenants, types=settings.metrics_types)
+        intake = Intake(journal=journal, ids=ids, queuelog=queuelog, metrics=metrics)
         self.worker = worker = Worker(
             store=store,
-            journal=journal,
-            ids=ids,
+            intake=intake,
             pool=pool,
             handlers=handlers,
             queuelog=queuelog,
@@ -242,7 +243,7 @@ class Daemon:
             settings=settings,
             store=store,
             journal=journal,
-            ids=ids,
+            intake=intake,
             tokens=tokens,
             ingester=ingester,
             queuelog=queuelog,

@@ -12,7 +12,7 @@ import asyncio
 import logging
 from collections.abc import Callable
 from contextlib import suppress
-from typing import Any
+from typing import Any, Protocol
 
 import asyncpg
 
@@ -23,8 +23,6 @@ from store.translate import is_unavailable
 logger = logging.getLogger(__name__)
 
 KEEPALIVE = 10.0  # seconds between checks that the connection still answers
-BACKOFF_MIN = 0.1  # seconds before the first reconnect, doubled up to BACKOFF_MAX
-BACKOFF_MAX = 5.0
 _CLOSE_TIMEOUT = 2.0
 
 # what a lost or refused connection raises; anything else is a bug and propagates
@@ -96,6 +94,15 @@ async def _close(conn: asyncpg.Connection) -> None:
         raise
 
 
+class Delays(Protocol):
+    """The caller's backoff (``queue_daemon.engine.backoff.Backoff``): how long to wait
+    before the next reconnect, and a fresh start once connected."""
+
+    def next(self) -> float: ...
+
+    def reset(self) -> None: ...
+
+
 async def listen_forever(
     dsn: str,
     closed: asyncio.Event,
@@ -103,13 +110,13 @@ async def listen_forever(
     on_handler: Callable[[str], None],
     *,
     connect_timeout: float,
+    retry: Delays,
 ) -> None:
     """Deliver notifications until ``closed`` is set or the task is cancelled.
 
     A lost or refused connection is logged and remade after a delay that grows
     while reconnecting fails; no connection error leaves this function.
     """
-    delay = BACKOFF_MIN
     while not closed.is_set():
         try:
             conn = await asyncpg.connect(
@@ -118,9 +125,11 @@ async def listen_forever(
                 server_settings={"application_name": "queue_daemon_listen"},
             )
         except _CONNECTION_ERRORS as exc:
+            delay = retry.next()
             _log_failure("connect", exc, delay)
         else:
-            delay = BACKOFF_MIN
+            retry.reset()
+            delay = retry.next()  # after the connection is lost
             try:
                 await _serve(conn, closed, on_jobs, on_handler, connect_timeout=connect_timeout)
             except _CONNECTION_ERRORS as exc:
@@ -133,7 +142,6 @@ async def listen_forever(
         with suppress(TimeoutError):  # not wait_for, which can swallow a cancellation on 3.11
             async with asyncio.timeout(delay):
                 await closed.wait()
-        delay = min(delay * 2, BACKOFF_MAX)
 
 
 def _log_failure(step: str, exc: BaseException, delay: float) -> None:

@@ -18,7 +18,7 @@ import orjson
 from store import queries
 from store.cursor import decode_cursor, encode_cursor
 from store.errors import Conflict, LimitReached, NotFound, StoreError, SysidTaken
-from store.listen import listen_forever
+from store.listen import Delays, listen_forever
 from store.migrate import applied_migrations as _applied_versions
 from store.migrate import migrate as apply_migrations
 from store.models import (
@@ -647,14 +647,18 @@ class PgStore:
             await conn.execute(queries.NOTIFY_JOBS, "")
 
     async def listen(
-        self, on_jobs: Callable[[dict[str, int] | None], None], on_handler: Callable[[str], None]
+        self,
+        on_jobs: Callable[[dict[str, int] | None], None],
+        on_handler: Callable[[str], None],
+        *,
+        retry: Delays,
     ) -> None:
         """Call ``on_jobs`` when jobs are added (and after each (re)connect) and
         ``on_handler(type)`` when a handler changes, until ``close`` or cancellation.
         ``on_jobs`` gets the due jobs added per jobtype, or None: anything may
         have changed.
 
-        Connection failures are logged and retried with backoff, never raised.
+        Connection failures are logged and retried after ``retry``'s delays, never raised.
         """
         if self._dsn is None:
             raise StoreError("this store was built without a DSN; it cannot listen")
@@ -664,6 +668,7 @@ class PgStore:
             on_jobs,
             on_handler,
             connect_timeout=min(self._acquire_timeout, 10.0),
+            retry=retry,
         )
 
     async def _bench_fill(self, waiting: int, archived: int, types: int) -> None:

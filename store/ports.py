@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
+from store.listen import Delays
 from store.models import (
     ClaimedJob,
     DaemonLease,
@@ -79,7 +80,11 @@ class JobQueue(Protocol):
         """Wake listening daemons: new eligible jobs may exist."""
 
     async def listen(
-        self, on_jobs: Callable[[dict[str, int] | None], None], on_handler: Callable[[str], None]
+        self,
+        on_jobs: Callable[[dict[str, int] | None], None],
+        on_handler: Callable[[str], None],
+        *,
+        retry: Delays,
     ) -> None:
         """Call ``on_jobs`` on new jobs (with the due ones added per jobtype when
         known, else None) and ``on_handler(type)`` when a handler changes, until

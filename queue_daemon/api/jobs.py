@@ -22,7 +22,7 @@ from queue_daemon.api.web import (
     read_body,
     split_payloads,
 )
-from queue_daemon.names import valid_type
+from queue_daemon.names import JobType, valid_type
 from store.errors import BadCursor, Conflict, NotFound
 from store.models import Job, JobState, TypeStats
 
@@ -57,17 +57,14 @@ async def add_jobs(request: web.Request) -> web.Response:
             f"this tenant has its limit of {limits.waiting} waiting jobs",
             services.waiting.RETRY_AFTER_S,
         )
-    ids = services.ids.next_ids(len(lines))
-    stored_type = f"{client}-{jobtype}"
     try:
-        await services.journal.write(stored_type, ids, lines, create_ms=now_ms, dt_ms=dt_ms)
+        ids = await services.intake.add(
+            JobType(client, jobtype), lines, create_ms=now_ms, dt_ms=dt_ms
+        )
     except JournalError as exc:
         logger.error("journal write failed: %s", exc, extra={"action": "journal_write_failed"})
         raise errors.unavailable("the journal cannot be written; nothing was accepted") from None
-    services.queuelog.added(stored_type, ids, lines, now_ms, dt_ms)
-    metrics = services.metrics
-    metrics.added(client, jobtype, len(ids))  # once per request, whatever its size
-    metrics.add_took(time.perf_counter() - began)
+    services.metrics.add_took(time.perf_counter() - began)
     return json_response({"ids": ids})
 
 
@@ -115,7 +112,7 @@ async def cancel_job(request: web.Request) -> web.Response:
         raise errors.not_found("no such job (or not yet in the store)") from None
     except Conflict:
         raise ApiError(409, "conflict", "only a waiting job can be cancelled") from None
-    services.queuelog.cancelled(f"{client}-{job.type}", job.id)
+    services.queuelog.cancelled(JobType(client, job.type).stored, job.id)
     return json_response(job_body(job))
 
 

@@ -25,8 +25,8 @@ from queue_daemon.api import errors
 from queue_daemon.api.auth import TokenCache
 from queue_daemon.api.errors import ApiError
 from queue_daemon.engine.handlers import HandlerCache
-from queue_daemon.engine.ids import IdGenerator
 from queue_daemon.engine.ingester import Ingester
+from queue_daemon.engine.intake import Intake
 from queue_daemon.engine.limits import Limits
 from queue_daemon.engine.quotas import RateLimiter, WaitingLimiter
 from queue_daemon.engine.sysid import Identity
@@ -53,7 +53,7 @@ class Services:
     settings: Settings
     store: Store
     journal: Journal
-    ids: IdGenerator
+    intake: Intake
     tokens: TokenCache
     ingester: Ingester
     queuelog: QueueLog

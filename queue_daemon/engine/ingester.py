@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 from datetime import UTC, datetime, timedelta
 
 from journal import Entry, Journal, Reservation
+from queue_daemon.engine.backoff import Backoff
 from store.errors import StoreError, StoreUnavailable
 from store.models import NewJob
 from store.ports import JobIntake
@@ -178,7 +178,7 @@ class Ingester:
     async def _insert(self, jobs: list[NewJob], *, durable: bool, count: bool = True) -> None:
         """Insert until it succeeds; ``count``: add the new rows to ``ingested`` (not
         when inserting again rows that may or may not have been lost)."""
-        delay = 0.05
+        backoff = Backoff(0.05, 5.0, jitter=True)
         while True:
             try:
                 added = await self._store.add_jobs(jobs, durable=durable)
@@ -197,5 +197,4 @@ class Ingester:
             if self.last_error is None:
                 logger.warning("ingestion paused: %s", reason, extra={"action": "ingest_paused"})
             self.last_error = reason
-            await asyncio.sleep(delay * (0.5 + random.random()))
-            delay = min(delay * 2, 5.0)
+            await backoff.sleep()

@@ -24,11 +24,13 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from journal import Journal, JournalError
+from journal import JournalError
+from queue_daemon.engine.backoff import Backoff
 from queue_daemon.engine.handlers import HandlerCache
-from queue_daemon.engine.ids import IdGenerator
+from queue_daemon.engine.intake import Intake
 from queue_daemon.engine.limits import Limits, TenantLimits
 from queue_daemon.engine.outcomes import Policy, code_of, no_handler, put_back, release_for
+from queue_daemon.names import JobType
 from queue_daemon.observe.metrics import Metrics
 from queue_daemon.observe.queuelog import QueueLog
 from runners.models import HandlerSpec, JobInput, JobResult
@@ -42,7 +44,10 @@ from store.ports import JobQueue
 logger = logging.getLogger(__name__)
 
 POLL_S = 1.0  # re-read the waiting jobtypes at least this often (delayed jobs come due)
+RETRY_FIRST_S = 0.05  # a failed claim or release is tried again after this, doubling
 RETRY_MAX_S = 5.0
+LISTEN_RETRY_FIRST_S = 0.1  # reconnecting the store's listener, doubling
+LISTEN_RETRY_MAX_S = 5.0
 # A batch runs its jobs one after another in one context: aim for batches that
 # take about this long, so fast handlers get big batches (few round trips) and
 # slow ones small batches (jobs spread over many contexts, short waits).
@@ -87,8 +92,7 @@ class Worker:
         self,
         *,
         store: JobQueue,
-        journal: Journal,
-        ids: IdGenerator,
+        intake: Intake,
         pool: RunnerPool,
         handlers: HandlerCache,
         queuelog: QueueLog,
@@ -98,8 +102,7 @@ class Worker:
         metrics: Metrics | None = None,
     ) -> None:
         self._store = store
-        self._journal = journal
-        self._ids = ids
+        self._intake = intake
         self._pool = pool
         self._handlers = handlers
         self._queuelog = queuelog
@@ -161,8 +164,8 @@ class Worker:
     def on_handler(self, jobtype: str) -> None:
         self._handlers.invalidate(jobtype)
         self._no_handler.pop(jobtype, None)
-        client, _, name = jobtype.partition("-")
-        self._pool.retire(client, name)
+        parsed = JobType.parse(jobtype)
+        self._pool.retire(parsed.client, parsed.name)
         self._wake.set()
 
     @property
@@ -172,7 +175,8 @@ class Worker:
     async def run(self) -> None:
         """Every loop of the worker, until cancelled."""
         async with asyncio.TaskGroup() as group:
-            group.create_task(self._store.listen(self.on_jobs, self.on_handler))
+            retry = Backoff(LISTEN_RETRY_FIRST_S, LISTEN_RETRY_MAX_S)
+            group.create_task(self._store.listen(self.on_jobs, self.on_handler, retry=retry))
             for _ in range(CLAIM_LOOPS):
                 group.create_task(self._claim_loop())
             group.create_task(self._every(self._settings.lease / 3, self._renew))
@@ -261,17 +265,16 @@ class Worker:
         self._waiting = waiting
 
     async def _claim_loop(self) -> None:
-        delay = 0.05
+        backoff = Backoff(RETRY_FIRST_S, RETRY_MAX_S)
         while not self._stopping:
             self._wake.clear()
             try:
                 claimed = await self._claim_once()
             except StoreError as exc:
                 logger.warning("claim failed: %s", exc, extra={"action": "claim_failed"})
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, RETRY_MAX_S)
+                await backoff.sleep()
                 continue
-            delay = 0.05
+            backoff.reset()
             if not claimed and not self._stopping:
                 # asyncio.timeout, not wait_for: on Python 3.11 wait_for can swallow a
                 # cancellation that comes as the wake does, and the loop would go on
@@ -505,11 +508,9 @@ class Worker:
         now_ms = time.time_ns() // 1_000_000
         try:
             for name, payloads in follow.items():
-                jobtype = f"{client}-{name}"
-                ids = self._ids.next_ids(len(payloads))
-                await self._journal.write(jobtype, ids, payloads, create_ms=now_ms, dt_ms=now_ms)
-                self._queuelog.added(jobtype, ids, payloads, now_ms, now_ms)
-                self._metrics.added(client, name, len(ids))
+                await self._intake.add(
+                    JobType(client, name), payloads, create_ms=now_ms, dt_ms=now_ms
+                )
         except (JournalError, ValueError) as exc:
             logger.error("follow-on jobs not written: %s", exc, extra={"action": "emit_failed"})
             return False
@@ -522,7 +523,7 @@ class Worker:
         releases: list[Release],
         run_ms: dict[str, float],
     ) -> None:
-        delay = 0.05
+        backoff = Backoff(RETRY_FIRST_S, RETRY_MAX_S)
         while releases:
             try:
                 await self._store.release(releases, sysid=self._sysid)
@@ -531,8 +532,7 @@ class Worker:
                 # keep trying: the lease runs out meanwhile and another daemon may rerun
                 # the jobs, which at-least-once allows
                 logger.warning("release failed: %s", exc, extra={"action": "release_failed"})
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, RETRY_MAX_S)
+                await backoff.sleep()
         for job in jobs:
             self._running.pop(job.id, None)
         self._unlearn(jobtype)

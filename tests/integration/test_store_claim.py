@@ -12,6 +12,7 @@ from datetime import UTC, datetime, timedelta
 import asyncpg
 import pytest
 
+from queue_daemon.engine.backoff import Backoff
 from store import queries
 from store.errors import NotFound
 from store.migrate import available_migrations
@@ -330,7 +331,9 @@ async def test_hot_path_plans_avoid_full_scans(store: PgStore, conn: asyncpg.Con
 async def test_listen_gets_jobs_and_handler_changes(store: PgStore, pg_dsn: str) -> None:
     jobs_seen: list[dict[str, int] | None] = []
     handlers_seen: list[str] = []
-    task = asyncio.create_task(store.listen(jobs_seen.append, handlers_seen.append))
+    task = asyncio.create_task(
+        store.listen(jobs_seen.append, handlers_seen.append, retry=Backoff(0.1, 5.0))
+    )
     try:
         await eventually(lambda: len(jobs_seen) == 1, within=5)  # the call on connecting
         assert jobs_seen == [None]  # anything may have been added meanwhile
@@ -379,7 +382,9 @@ async def test_listen_gets_jobs_and_handler_changes(store: PgStore, pg_dsn: str)
 async def test_listen_reconnects_and_ends_on_close(pg_dsn: str) -> None:
     store = await PgStore.connect(pg_dsn, min_size=1, max_size=2)
     calls: list[int] = []
-    task = asyncio.create_task(store.listen(lambda _a: calls.append(1), lambda _t: None))
+    task = asyncio.create_task(
+        store.listen(lambda _a: calls.append(1), lambda _t: None, retry=Backoff(0.1, 5.0))
+    )
     try:
         await eventually(lambda: len(calls) == 1, within=5)
         admin = await asyncpg.connect(pg_dsn)
@@ -407,7 +412,9 @@ async def test_listen_keeps_retrying_while_unreachable(
     unreachable = PgStore(store._pool, acquire_timeout=1.0, dsn="postgresql://u@127.0.0.1:1/x")
     calls: list[int] = []
     with caplog.at_level(logging.WARNING, logger="store.listen"):
-        task = asyncio.create_task(unreachable.listen(lambda _a: calls.append(1), lambda _t: None))
+        task = asyncio.create_task(
+            unreachable.listen(lambda _a: calls.append(1), lambda _t: None, retry=Backoff(0.1, 5.0))
+        )
         await eventually(
             lambda: (
                 sum(1 for r in caplog.records if getattr(r, "action", "") == "listen_lost") >= 2

@@ -21,9 +21,8 @@ from typing import Any, cast
 
 import pytest
 
-from journal import Journal
 from queue_daemon.engine.handlers import HandlerCache
-from queue_daemon.engine.ids import IdGenerator
+from queue_daemon.engine.intake import Intake
 from queue_daemon.engine.worker import Worker, WorkerSettings
 from queue_daemon.observe.queuelog import QueueLog
 from runners.models import HandlerSpec, JobInput, JobResult
@@ -122,8 +121,7 @@ async def running(
     pool = InstantPool(gated)
     worker = Worker(
         store=cast(Store, gated),
-        journal=cast(Journal, None),  # only follow-on jobs are written to it
-        ids=IdGenerator("1"),
+        intake=cast(Intake, None),  # only follow-on jobs are written to it
         pool=cast(RunnerPool, pool),
         handlers=HandlerCache(cast(Store, gated)),
         queuelog=QueueLog(tmp_path / "queue.log"),

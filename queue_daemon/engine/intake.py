@@ -1,0 +1,35 @@
+"""The one place that turns payloads into journaled jobs, for the add route and for
+the follow-on jobs of a finished batch alike: ids, the journal's group-commit
+fsync, the queue log's ``added`` line, the metrics."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from journal import Journal
+from queue_daemon.engine.ids import IdGenerator
+from queue_daemon.names import JobType
+from queue_daemon.observe.metrics import Metrics
+from queue_daemon.observe.queuelog import QueueLog
+
+
+class Intake:
+    def __init__(
+        self, *, journal: Journal, ids: IdGenerator, queuelog: QueueLog, metrics: Metrics
+    ) -> None:
+        self.journal = journal
+        self._ids = ids
+        self._queuelog = queuelog
+        self._metrics = metrics
+
+    async def add(
+        self, jobtype: JobType, payloads: Sequence[str], *, create_ms: int, dt_ms: int
+    ) -> list[str]:
+        """The new jobs' ids, once their lines are durable. JournalError (nothing was
+        accepted) or ValueError (a payload the journal cannot frame) otherwise."""
+        ids = self._ids.next_ids(len(payloads))
+        stored = jobtype.stored
+        await self.journal.write(stored, ids, payloads, create_ms=create_ms, dt_ms=dt_ms)
+        self._queuelog.added(stored, ids, payloads, create_ms, dt_ms)
+        self._metrics.added(jobtype.client, jobtype.name, len(ids))  # once per call
+        return ids
