@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from typing import NamedTuple
 
 CLIENT_RE = re.compile(r"[a-z0-9_]{1,40}")
 TYPE_RE = re.compile(r"[A-Za-z0-9_.:\-]{1,100}")
@@ -22,12 +22,12 @@ def valid_sysid(name: str) -> bool:
     return SYSID_RE.fullmatch(name) is not None
 
 
-@dataclass(frozen=True, slots=True)
-class JobType:
+class JobType(NamedTuple):
     """A tenant's jobtype: ``client`` and ``name``, stored as ``client-name``.
 
     Clients never contain ``-``, so the stored form splits at its first ``-``;
-    this is the one place that builds or splits it.
+    this is the one place that builds or splits it. A named tuple: it unpacks
+    as ``client, name = jobtype``.
     """
 
     client: str

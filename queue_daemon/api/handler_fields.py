@@ -7,7 +7,7 @@ import math
 from typing import Any
 
 from queue_daemon.api import errors
-from queue_daemon.names import valid_type
+from queue_daemon.names import JobType, valid_type
 from runners.models import LANGS
 from store.models import HandlerRecord
 
@@ -79,7 +79,7 @@ def handler_body(record: HandlerRecord) -> dict[str, object]:
     """A stored handler as the API shows it to its tenant."""
     return {
         "id": record.id,
-        "type": record.type.split("-", 1)[1],
+        "type": JobType.parse(record.type).name,
         "dt": record.dt.isoformat().replace("+00:00", "Z"),
         **record.data,
     }

@@ -11,6 +11,7 @@ from queue_daemon.api import errors
 from queue_daemon.api.auth import authorize
 from queue_daemon.api.handler_fields import bad_handler, handler_body, parse_handler
 from queue_daemon.api.web import SERVICES, jobtype_of, json_response, read_body
+from queue_daemon.names import JobType
 from runners.check import check_handler
 from store.errors import LimitReached, NotFound
 
@@ -48,7 +49,7 @@ async def add_handler(request: web.Request) -> web.Response:
     max_handlers = services.limits.of(client).handlers
     try:
         record = await services.store.put_handler(
-            f"{client}-{jobtype}", data, max_handlers=max_handlers or None
+            JobType(client, jobtype).stored, data, max_handlers=max_handlers or None
         )
     except LimitReached:
         raise errors.conflict(
@@ -62,7 +63,7 @@ async def get_handler(request: web.Request) -> web.Response:
     services = request.app[SERVICES]
     client = await authorize(request, services)
     try:
-        record = await services.store.get_handler(f"{client}-{jobtype_of(request)}")
+        record = await services.store.get_handler(JobType(client, jobtype_of(request)).stored)
     except NotFound:
         raise errors.not_found("no handler for this type") from None
     return json_response(handler_body(record))
@@ -73,8 +74,8 @@ async def delete_handler(request: web.Request) -> web.Response:
     client = await authorize(request, services)
     jobtype = jobtype_of(request)
     try:
-        await services.store.delete_handler(f"{client}-{jobtype}")
+        await services.store.delete_handler(JobType(client, jobtype).stored)
     except NotFound:
         raise errors.not_found("no handler for this type") from None
-    services.handlers.invalidate(f"{client}-{jobtype}")
+    services.handlers.invalidate(JobType(client, jobtype).stored)
     return json_response({"deleted": jobtype})

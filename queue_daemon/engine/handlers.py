@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 
+from queue_daemon.names import JobType
 from runners.models import HandlerSpec
 from store.errors import NotFound
 from store.models import HandlerRecord
@@ -11,7 +12,7 @@ from store.ports import HandlerStore
 
 
 def spec_of(record: HandlerRecord) -> HandlerSpec:
-    client, name = record.type.split("-", 1)
+    client, name = JobType.parse(record.type)
     data = record.data
     return HandlerSpec(
         version=record.id,

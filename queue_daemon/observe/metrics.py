@@ -41,6 +41,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
+from queue_daemon.names import JobType
 from store.errors import StoreError
 from store.models import QueueDepth, Release
 from store.ports import Dashboard
@@ -97,8 +98,8 @@ class LabelCap:
 
     def stored(self, stored_type: str) -> tuple[str, str]:
         """Labels of a stored jobtype ``client-type`` (client names hold no ``-``)."""
-        client, _, jobtype = stored_type.partition("-")
-        return self.pair(client, jobtype)
+        jobtype = JobType.parse(stored_type)
+        return self.pair(jobtype.client, jobtype.name)
 
 
 @dataclass(slots=True, kw_only=True)

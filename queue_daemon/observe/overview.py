@@ -15,6 +15,7 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
+from queue_daemon.names import JobType
 from queue_daemon.observe.throughput import Throughput
 from store.models import DaemonLease, FailedJob, QueueDepth, RunningJob
 from store.ports import Dashboard
@@ -34,8 +35,8 @@ def _iso(value: datetime | None) -> str | None:
 
 
 def _split(stored_type: str) -> tuple[str, str]:
-    client, _, jobtype = stored_type.partition("-")
-    return client, jobtype
+    jobtype = JobType.parse(stored_type)
+    return jobtype.client, jobtype.name
 
 
 class Overview:

@@ -30,6 +30,7 @@ from pathlib import Path
 
 import orjson
 
+from queue_daemon.names import JobType
 from store.models import ClaimedJob, Release, ReleaseHow
 
 logger = logging.getLogger(__name__)
@@ -64,7 +65,7 @@ def payload_sizes(payloads: Sequence[str]) -> Iterable[int]:
 
 
 def _head(kind: str, at_ms: int, jobtype: str) -> str:
-    tenant, _, name = jobtype.partition("-")
+    tenant, name = JobType.parse(jobtype)
     return f'{{"ev":"{kind}","t":{at_ms},"tenant":"{tenant}","type":"{name}"'
 
 
@@ -204,7 +205,7 @@ class QueueLog:
     def log(self, jobtype: str, job_id: str, lines: Sequence[str]) -> None:
         """What a run printed that was neither a follow-on job nor a status line
         (already bounded by the runner): ``{"ev": "log", …, "lines": […]}``."""
-        tenant, _, name = jobtype.partition("-")
+        tenant, name = JobType.parse(jobtype)
         record = {
             "ev": "log",
             "t": now_ms(),

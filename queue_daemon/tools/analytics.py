@@ -26,6 +26,8 @@ from typing import IO, Any
 
 import orjson
 
+from queue_daemon.names import JobType
+
 GZIP_MAGIC = b"\x1f\x8b"
 EXACT_MAX = 1024  # values kept exactly per sketch before it switches to buckets
 RELATIVE_ERROR = 0.01  # of a percentile once a sketch uses buckets
@@ -174,7 +176,7 @@ class Analysis:
             self.bad += 1
             return
         if tenant is None:  # lines of earlier versions: type "client-type"
-            tenant, _, name = name.partition("-")
+            tenant, name = JobType.parse(name)
         if not self._lo <= t < self._hi:
             return
         if self.tenants is not None and tenant not in self.tenants:

@@ -14,3 +14,8 @@ def test_stored_form_round_trips_with_dashes_in_the_name() -> None:
 
 def test_parse_splits_at_the_first_dash_only() -> None:
     assert JobType.parse("a_1-b-c") == JobType("a_1", "b-c")
+
+
+def test_a_jobtype_unpacks_as_client_and_name() -> None:
+    client, name = JobType.parse("acme-t")
+    assert (client, name) == ("acme", "t")
