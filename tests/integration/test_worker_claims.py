@@ -159,14 +159,14 @@ async def test_jobs_noted_during_a_read_of_the_waiting_types_are_claimed_without
 ) -> None:
     gated, pool, worker = running
     await _until(lambda: gated.reads >= 1, "the first read of the waiting types")
-    await _until(lambda: worker._reading is None, "that read to end")
+    await _until(lambda: worker._waiting._reading is None, "that read to end")
     gated.reads_waiting.clear()
     gated.read_gate.clear()
     worker.on_jobs(None)  # "anything may have changed": the next claim reads again
     await asyncio.wait_for(gated.reads_waiting.wait(), 10)  # that read hangs
     reads = gated.reads
     await store.add_jobs(_jobs("calm-clock", 2, "n"))  # after the read began
-    await _until(lambda: "calm-clock" in worker._waiting, "the notification of the new jobs")
+    await _until(lambda: "calm-clock" in worker._waiting.counts, "the notice of the new jobs")
     gated.read_gate.set()  # the read returns without them (it began before they were added)
     await _until(lambda: {"n0", "n1"} <= set(pool.ran), "the new jobs to run")
     assert [pool.reads_when_ran[job] for job in ("n0", "n1")] == [reads, reads], (

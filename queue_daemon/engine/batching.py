@@ -1,0 +1,53 @@
+"""How many jobs of a type one batch takes, learnt from how long its jobs run.
+
+A batch runs its jobs one after another in one context: aim for batches that
+take about ``BATCH_TARGET_S``, so fast handlers get big batches (few round
+trips) and slow ones small batches (jobs spread over many contexts, short
+waits). A type whose run time is not known yet runs batches of
+``FIRST_BATCH``, at most ``LEARNING_BATCHES`` at once, each in its own
+context. Pure: no I/O, no clock.
+"""
+
+from __future__ import annotations
+
+BATCH_TARGET_S = 0.1
+FIRST_BATCH = 1  # jobs of a type whose run time is not known yet
+LEARNING_BATCHES = 4  # such batches running at once
+
+
+class BatchSizes:
+    def __init__(self, max_batch: int) -> None:
+        self.max_batch = max_batch
+        self._job_seconds: dict[str, float] = {}  # moving average of a job's run time
+        self.learning: dict[str, int] = {}  # types still learning -> batches running
+
+    def may_claim(self, jobtype: str) -> bool:
+        """False while the type already runs all the learning batches it may."""
+        return self.learning.get(jobtype, 0) < LEARNING_BATCHES
+
+    def learning_full(self) -> set[str]:
+        """Types running all the learning batches they may."""
+        return {t for t, n in self.learning.items() if n >= LEARNING_BATCHES}
+
+    def size(self, jobtype: str) -> int:
+        """The size of the next batch of ``jobtype``; a learning batch is counted
+        until ``done`` is called for it."""
+        per_job = self._job_seconds.get(jobtype)
+        if per_job is None:
+            self.learning[jobtype] = self.learning.get(jobtype, 0) + 1
+            return FIRST_BATCH
+        return max(1, min(self.max_batch, int(BATCH_TARGET_S / max(per_job, 1e-6))))
+
+    def done(self, jobtype: str) -> None:
+        """A batch of ``jobtype`` ended (or its claim found nothing)."""
+        left = self.learning.get(jobtype, 0) - 1
+        if left > 0:
+            self.learning[jobtype] = left
+        else:
+            self.learning.pop(jobtype, None)
+
+    def timed(self, jobtype: str, seconds: float, count: int) -> None:
+        """A batch of ``count`` jobs took ``seconds``."""
+        per_job = seconds / count
+        old = self._job_seconds.get(jobtype)
+        self._job_seconds[jobtype] = per_job if old is None else 0.5 * (old + per_job)

@@ -1,0 +1,61 @@
+"""The worker's upkeep of the store: renew the leases of the jobs this daemon
+runs, unlock jobs whose lease ran out anywhere, archive jobs that waited for a
+handler past their time, and purge archived jobs past their retention."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from queue_daemon.observe.metrics import Metrics
+from queue_daemon.observe.queuelog import QueueLog
+from store.models import Release, ReleaseHow
+from store.ports import JobQueue
+
+NO_HANDLER_RESULT = "no handler for this type before the job's time ran out"
+
+
+class Upkeep:
+    def __init__(
+        self,
+        *,
+        store: JobQueue,
+        queuelog: QueueLog,
+        metrics: Metrics,
+        sysid: str,
+        lease: float,
+        job_ttl: float,
+        retention: float,
+    ) -> None:
+        self._store = store
+        self._queuelog = queuelog
+        self._metrics = metrics
+        self._sysid = sysid
+        self._lease = lease
+        self._job_ttl = job_ttl
+        self._retention = retention
+
+    async def renew(self, ids: Sequence[str]) -> None:
+        if ids:
+            await self._store.renew(ids, sysid=self._sysid, lease=self._lease)
+
+    async def expire(self) -> bool:
+        """Unlock jobs whose lease ran out; True when there were any (they wait again)."""
+        expired = await self._store.expire_locks()
+        if expired:
+            self._queuelog.expired(expired)
+        return bool(expired)
+
+    async def purge(self) -> None:
+        purged = await self._store.purge(self._retention)
+        if purged:
+            self._queuelog.purged(purged)
+
+    async def expire_unhandled(self, jobtype: str) -> None:
+        """Archive the jobs of a type without a handler whose time ran out (503)."""
+        ids = await self._store.expire_waiting(jobtype, self._job_ttl, NO_HANDLER_RESULT)
+        if ids:
+            releases = [
+                Release(id=i, how=ReleaseHow.ARCHIVE, code="error", exitcode=503) for i in ids
+            ]
+            self._queuelog.finished(jobtype, releases)
+            self._metrics.finished(jobtype, releases)

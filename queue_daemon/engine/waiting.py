@@ -1,0 +1,105 @@
+"""What waits, per jobtype: read from the store when stale (one read at a time,
+shared by the claim loops), kept up to date between reads by the store's
+notifications, and narrowed to what a claim loop may pick now."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Mapping, Set
+
+from scheduler import tenant_of
+from store.ports import JobQueue
+
+POLL_S = 1.0  # re-read the waiting jobtypes at least this often (delayed jobs come due)
+# A type without a handler is not claimed (its jobs wait); every so often its
+# oldest jobs are checked so that those whose time ran out are archived.
+NO_HANDLER_RECHECK_S = 30.0
+
+
+def _add_counts(into: dict[str, int], counts: Mapping[str, int]) -> None:
+    for jobtype, n in counts.items():
+        into[jobtype] = into.get(jobtype, 0) + n
+
+
+class WaitingTypes:
+    def __init__(self, store: JobQueue) -> None:
+        self._store = store
+        self.counts: dict[str, int] = {}
+        self._fresh = False
+        self._read_at = 0.0
+        self._reading: asyncio.Task[None] | None = None
+        self._added_while_reading: dict[str, int] = {}
+
+    def noted(self, added: Mapping[str, int] | None) -> None:
+        """New jobs: ``added`` counts the due ones per jobtype; None when it is not
+        known what changed (the store is read again)."""
+        if added is None:
+            self._fresh = False
+        else:
+            _add_counts(self.counts, added)
+            if self._reading is not None:  # the read may have missed them
+                _add_counts(self._added_while_reading, added)
+
+    def claimed(self, jobtype: str, asked: int, got: int) -> None:
+        """A claim of ``asked`` jobs of ``jobtype`` took ``got``."""
+        left = self.counts.get(jobtype, 0) - got
+        if got < asked or left <= 0:
+            # taken (by us or others), or the capped count ran out: ask the store again
+            self.counts.pop(jobtype, None)
+            self._fresh = False
+        else:
+            self.counts[jobtype] = left
+
+    async def get(self) -> dict[str, int]:
+        if not self._fresh or time.monotonic() - self._read_at > POLL_S:
+            if self._reading is None:
+                self._reading = asyncio.create_task(self._read())
+            reading = self._reading
+            try:
+                await asyncio.shield(reading)
+            finally:
+                if reading.done() and self._reading is reading:
+                    self._reading = None
+        return self.counts
+
+    async def _read(self) -> None:
+        # fresh from the moment the read begins: a "something changed" note
+        # arriving during the read makes it stale again, and jobs noted during
+        # the read are added to what it returns (it may not see them)
+        self._fresh = True
+        self._read_at = time.monotonic()
+        self._added_while_reading = {}
+        try:
+            counts = await self._store.waiting_jobtypes()
+        except BaseException:
+            self._fresh = False
+            raise
+        _add_counts(counts, self._added_while_reading)
+        self._added_while_reading = {}
+        self.counts = counts
+
+
+def claimable(
+    waiting: dict[str, int],
+    *,
+    no_handler: Mapping[str, float],
+    now: float,
+    full: Set[str],
+    claiming: Set[str],
+    learning_full: Set[str],
+) -> dict[str, int]:
+    """What a claim loop may pick from ``waiting``: not a type found without a handler
+    in the last ``NO_HANDLER_RECHECK_S``; not a full tenant's (its other jobs wait for
+    one of its own batches to end); not a type being claimed (it waits for that
+    claim); not a type running all the learning batches it may."""
+    if no_handler:
+        cutoff = now - NO_HANDLER_RECHECK_S
+        waiting = {t: n for t, n in waiting.items() if no_handler.get(t, 0) < cutoff}
+    if full or claiming or learning_full:
+        waiting = {
+            t: n
+            for t, n in waiting.items()
+            if t not in claiming and t not in learning_full and tenant_of(t) not in full
+        }
+    return waiting
