@@ -9,7 +9,8 @@ decisions are unit-tested against, in memory.
 | JobQueue      | the worker (claims, leases, releases, expiry, purge)   |
 | JobQueries    | the job routes (get, list, stats, cancel)              |
 | TenantStore   | tokens, limits and quotas, the tenant and admin CLI    |
-| HandlerStore  | the handler routes and the handler cache               |
+| HandlerLookup | the handler cache (the newest version of a type)      |
+| HandlerStore  | the handler routes                                     |
 | SysidLeases   | the daemon's sysid                                     |
 | Dashboard     | the overview, metrics and throughput                   |
 """
@@ -161,16 +162,18 @@ class TenantStore(Protocol):
         """NotFound if no such active tenant."""
 
 
-class HandlerStore(Protocol):
+class HandlerLookup(Protocol):
+    async def get_handler(self, type: str) -> HandlerRecord:
+        """The newest version; NotFound if none (or deleted)."""
+
+
+class HandlerStore(HandlerLookup, Protocol):
     async def put_handler(
         self, type: str, data: dict[str, object], max_handlers: int | None = None
     ) -> HandlerRecord:
         """Store a new version of the handler of ``type`` (client-type) and notify.
         LimitReached if ``type`` has no live handler and its tenant already has
         ``max_handlers``."""
-
-    async def get_handler(self, type: str) -> HandlerRecord:
-        """The newest version; NotFound if none (or deleted)."""
 
     async def delete_handler(self, type: str) -> None:
         """NotFound if none; notify."""

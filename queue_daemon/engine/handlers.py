@@ -8,7 +8,7 @@ from queue_daemon.names import JobType
 from runners.models import HandlerSpec
 from store.errors import NotFound
 from store.models import HandlerRecord
-from store.ports import HandlerStore
+from store.ports import HandlerLookup
 
 
 def spec_of(record: HandlerRecord) -> HandlerSpec:
@@ -39,7 +39,7 @@ class HandlerCache:
     may have read the version before the change.
     """
 
-    def __init__(self, store: HandlerStore, ttl: float = 30.0) -> None:
+    def __init__(self, store: HandlerLookup, ttl: float = 30.0) -> None:
         self._store = store
         self._ttl = ttl
         self._entries: dict[str, tuple[float, HandlerSpec | None]] = {}

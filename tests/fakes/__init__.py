@@ -1,0 +1,2 @@
+"""In-memory stand-ins for unit tests of decisions (beside, never instead of, the
+real-PostgreSQL tests)."""

@@ -1,0 +1,307 @@
+"""The engine's decisions, without PostgreSQL: the pure ones directly, and the
+worker's and the ingester's loops against the in-memory store of
+``tests/fakes/store.py`` and a pool that runs jobs at once. (The same paths run
+against a real PostgreSQL in tests/integration and tests/acceptance.)"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable, Sequence, Set
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import cast
+
+import pytest
+
+from journal import Journal, JournalError
+from queue_daemon.engine.batching import BATCH_TARGET_S, FIRST_BATCH, LEARNING_BATCHES, BatchSizes
+from queue_daemon.engine.fairness import BusyMarks, TenantBatches
+from queue_daemon.engine.handlers import HandlerCache
+from queue_daemon.engine.ingester import Ingester
+from queue_daemon.engine.intake import Intake
+from queue_daemon.engine.waiting import NO_HANDLER_RECHECK_S, WaitingTypes, claimable
+from queue_daemon.engine.worker import Worker, WorkerSettings
+from queue_daemon.names import JobType
+from queue_daemon.observe.queuelog import QueueLog
+from runners.models import HandlerSpec, JobInput, JobResult
+from store.models import NewJob
+from tests.fakes.store import FakeStore
+
+
+async def until(check: Callable[[], bool], what: str, within: float = 5.0) -> None:
+    deadline = time.monotonic() + within
+    while not check():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.005)
+
+
+# --- pure decisions -------------------------------------------------------------------
+
+
+def test_a_new_type_learns_with_small_batches_a_few_at_a_time() -> None:
+    sizes = BatchSizes(max_batch=200)
+    assert [sizes.size("a-t") for _ in range(LEARNING_BATCHES)] == [FIRST_BATCH] * 4
+    assert sizes.learning_full() == {"a-t"} and not sizes.may_claim("a-t")
+    sizes.done("a-t")
+    assert sizes.learning_full() == set() and sizes.may_claim("a-t")
+
+
+def test_batches_grow_toward_the_target_time_and_stop_at_the_cap() -> None:
+    sizes = BatchSizes(max_batch=200)
+    sizes.timed("a-fast", 0.001, 1)  # 1 ms a job
+    assert sizes.size("a-fast") == round(BATCH_TARGET_S / 0.001)
+    sizes.timed("a-tiny", 1e-5, 10)
+    assert sizes.size("a-tiny") == 200
+    sizes.timed("a-slow", 2.0, 1)
+    assert sizes.size("a-slow") == 1
+    assert sizes.learning == {}  # known types never count as learning
+
+
+def test_one_tenant_holds_at_most_all_but_an_eighth_of_the_contexts() -> None:
+    batches = TenantBatches(max_parallel_batches=64)
+    assert batches.cap == 56
+    for _ in range(55):
+        batches.started("flood")
+    assert batches.full() == set()
+    batches.started("flood")
+    batches.started("calm")
+    assert batches.full() == {"flood"}
+    batches.ended("flood")
+    assert batches.full() == set()
+    assert batches.take_peak() == {"flood": 56, "calm": 1}
+    assert batches.take_peak() == {"flood": 55, "calm": 1}  # the peak starts from now
+
+
+def test_busy_marks_are_sent_on_change_and_again_until_the_hold_ends() -> None:
+    marks = BusyMarks(cores=2, remark_s=10.0)
+    assert marks.check({"calm": 1}, now=100.0) is None  # nobody busy, nothing new
+    assert marks.check({"flood": 5, "calm": 1}, now=101.0) == frozenset({"flood"})
+    assert marks.check({"flood": 5, "calm": 1}, now=102.0) == frozenset({"flood"})  # again while busy
+    assert marks.check({"calm": 1}, now=103.0) == frozenset()  # the mark goes
+    assert marks.check({"calm": 1}, now=110.0) == frozenset()  # re-sent within the hold
+    assert marks.check({"calm": 1}, now=112.0) is None  # the hold has ended
+
+
+def test_what_a_claim_loop_may_pick() -> None:
+    waiting = {"a-new": 5, "a-nohandler": 3, "b-t": 2, "c-learning": 1, "d-claiming": 9}
+    now = 1000.0
+    picked = claimable(
+        waiting,
+        no_handler={"a-nohandler": now - 1, "a-new": now - NO_HANDLER_RECHECK_S - 1},
+        now=now,
+        full={"b"},
+        claiming={"d-claiming"},
+        learning_full={"c-learning"},
+    )
+    assert picked == {"a-new": 5}
+    nothing_to_skip = claimable(
+        waiting, no_handler={}, now=now, full=set(), claiming=set(), learning_full=set()
+    )
+    assert nothing_to_skip is waiting  # no copy on the claim path when nothing is skipped
+
+
+async def test_a_short_claim_makes_the_waiting_counts_stale() -> None:
+    store = FakeStore()
+    store.add("a-t", "1", "2", "3")
+    waiting = WaitingTypes(store)
+    assert await waiting.get() == {"a-t": 3}
+    waiting.claimed("a-t", asked=2, got=2)
+    assert await waiting.get() == {"a-t": 1}  # counted down, no read
+    assert store.calls["waiting_jobtypes"] == 1
+    waiting.claimed("a-t", asked=5, got=1)  # fewer than asked: read again
+    await waiting.get()
+    assert store.calls["waiting_jobtypes"] == 2
+
+
+# --- the worker against the fake store ------------------------------------------------
+
+
+class InstantPool:
+    """Runs every job at once: exit code 200 and the payload upper-cased, unless the
+    payload says ``emit`` (a follow-on job) or the ``gate`` is closed."""
+
+    busy_remark_s = 0.0
+
+    def __init__(self) -> None:
+        self.ran: list[str] = []
+        self.gate = asyncio.Event()
+        self.gate.set()
+        self.most_at_once = 0
+        self._now = 0
+
+    async def run_batch(self, spec: HandlerSpec, jobs: Sequence[JobInput]) -> list[JobResult]:
+        self._now += len(jobs)
+        self.most_at_once = max(self.most_at_once, self._now)
+        try:
+            await self.gate.wait()
+        finally:
+            self._now -= len(jobs)
+        self.ran.extend(job.id for job in jobs)
+        return [
+            JobResult(
+                id=job.id,
+                exitcode=200,
+                result=job.payload.upper(),
+                emits=[("next", job.payload)] if job.payload == "emit" else [],
+            )
+            for job in jobs
+        ]
+
+    def warm(self) -> set[str]:
+        return set()
+
+    def retire(self, client: str, type: str) -> None:
+        pass
+
+    async def mark_busy(self, clients: Set[str]) -> None:
+        pass
+
+
+class RecordingIntake:
+    """Follow-on jobs as the worker hands them over; ``broken`` makes them fail."""
+
+    def __init__(self) -> None:
+        self.added: list[tuple[JobType, list[str]]] = []
+        self.broken = False
+
+    async def add(
+        self, jobtype: JobType, payloads: Sequence[str], *, create_ms: int, dt_ms: int
+    ) -> list[str]:
+        if self.broken:
+            raise JournalError("the journal cannot be written")
+        self.added.append((jobtype, list(payloads)))
+        return [f"f{len(self.added)}"]
+
+
+Running = tuple[FakeStore, InstantPool, RecordingIntake, Worker]
+
+
+@pytest.fixture
+async def running(tmp_path: Path) -> AsyncIterator[Running]:
+    store, pool, intake = FakeStore(), InstantPool(), RecordingIntake()
+    worker = Worker(
+        store=store,
+        intake=cast(Intake, intake),
+        pool=pool,
+        handlers=HandlerCache(store),
+        queuelog=QueueLog(tmp_path / "queue.log"),
+        sysid="s1",
+        settings=WorkerSettings(concurrency=3, job_ttl=60.0, lease=30.0),
+    )
+    task = asyncio.create_task(worker.run())
+    try:
+        yield store, pool, intake, worker
+    finally:
+        pool.gate.set()
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_jobs_run_and_are_archived_with_their_results(running: Running) -> None:
+    store, pool, _, worker = running
+    store.set_handler("acme-t", "...")
+    ids = store.add("acme-t", "a", "b")
+    worker.on_jobs({"acme-t": 2})
+    await until(lambda: len(store.done()) == 2, "both jobs archived")
+    assert sorted(pool.ran) == sorted(ids)
+    assert {(r.code, r.exitcode, r.result) for r in store.done()} == {
+        ("ok", 200, "A"),
+        ("ok", 200, "B"),
+    }
+
+
+async def test_never_more_claimed_than_free_slots(running: Running) -> None:
+    store, pool, _, worker = running
+    store.set_handler("acme-t", "...")
+    pool.gate.clear()  # runs hang: claimed jobs stay running
+    store.add("acme-t", *"abcdefgh")
+    worker.on_jobs(None)
+    await until(lambda: worker.running == 3, "the free slots to fill")
+    await asyncio.sleep(0.05)  # give a wrong extra claim its chance to show
+    assert worker.running == 3 and pool.most_at_once == 3
+    assert sum(1 for r in store.rows.values() if r.lock == "s1") == 3
+    pool.gate.set()
+    await until(lambda: len(store.done()) == 8, "every job to run")
+
+
+async def test_a_type_without_a_handler_waits_and_its_expired_jobs_end_503(
+    running: Running,
+) -> None:
+    store, pool, _, worker = running
+    old = store.add("acme-none", "old", ago=120.0)  # past the job's time (60 s)
+    young = store.add("acme-none", "young")
+    worker.on_jobs(None)
+    await until(lambda: len(store.done()) == 1, "the expired job archived")
+    (done,) = store.done()
+    assert (done.id, done.code, done.exitcode) == (old[0], "error", 503)
+    assert store.rows[young[0]].lock == "" and store.rows[young[0]].attempts == 0
+    assert store.calls.get("claim", 0) == 0 and pool.ran == []
+
+
+async def test_follow_ons_go_through_the_intake(running: Running) -> None:
+    store, _, intake, worker = running
+    store.set_handler("acme-t", "...")
+    store.add("acme-t", "emit")
+    worker.on_jobs(None)
+    await until(lambda: len(store.done()) == 1, "the job archived")
+    assert intake.added == [(JobType("acme", "next"), ["emit"])]
+
+
+async def test_follow_ons_not_durable_put_the_jobs_back_unrun(running: Running) -> None:
+    store, pool, intake, worker = running
+    store.set_handler("acme-t", "...")
+    intake.broken = True
+    (job_id,) = store.add("acme-t", "emit")
+    worker.on_jobs(None)
+    await until(lambda: len(pool.ran) >= 2, "the job to run again")
+    row = store.rows[job_id]
+    assert row.code is None and store.done() == []  # never archived without its follow-ons
+    intake.broken = False
+    await until(lambda: len(store.done()) == 1, "the job archived once they are durable")
+    assert store.rows[job_id].attempts == 1  # the runs put back did not count
+
+
+async def test_a_failed_release_is_tried_again(running: Running) -> None:
+    store, _, _, worker = running
+    store.set_handler("acme-t", "...")
+    store.fail["release"] = 2
+    store.add("acme-t", "a")
+    worker.on_jobs(None)
+    await until(lambda: len(store.done()) == 1, "the release to go through")
+    assert store.calls["release"] == 3
+
+
+# --- the ingester against the fake store ----------------------------------------------
+
+
+async def test_the_ingester_waits_out_a_store_that_is_down_and_loses_nothing(
+    tmp_path: Path,
+) -> None:
+    store = FakeStore()
+    store.fail["add_jobs"] = 3
+    now_ms = int(datetime.now(UTC).timestamp() * 1000)
+    async with await Journal.open(tmp_path / "journal") as journal:
+        ids = [f"i{n}" for n in range(50)]
+        await journal.write(
+            "acme-t", ids, [f"p{n}" for n in range(50)], create_ms=now_ms, dt_ms=now_ms
+        )
+        ingester = Ingester(journal, store, batch=20, workers=1)
+        task = asyncio.create_task(ingester.run())
+        try:
+            assert await ingester.drain(10.0), "the journal was not ingested"
+        finally:
+            ingester.stop()
+            await asyncio.wait_for(task, 10)
+    assert sorted(store.rows) == sorted(ids)
+    assert ingester.ingested == 50 and ingester.last_error is None
+    assert store.calls["add_jobs"] >= 4  # three refusals, then the rows went in
+
+
+async def test_adding_the_same_rows_again_counts_nothing_new() -> None:
+    store = FakeStore()
+    at = datetime.now(UTC)
+    jobs = [NewJob(f"i{n}", "acme-t", at, "p", at) for n in range(3)]
+    assert await store.add_jobs(jobs) == 3
+    assert await store.add_jobs(jobs) == 0  # a crash between insert and read point
+    assert len(store.rows) == 3
