@@ -77,7 +77,8 @@ def test_busy_marks_are_sent_on_change_and_again_until_the_hold_ends() -> None:
     marks = BusyMarks(cores=2, remark_s=10.0)
     assert marks.check({"calm": 1}, now=100.0) is None  # nobody busy, nothing new
     assert marks.check({"flood": 5, "calm": 1}, now=101.0) == frozenset({"flood"})
-    assert marks.check({"flood": 5, "calm": 1}, now=102.0) == frozenset({"flood"})  # again while busy
+    # sent again while busy
+    assert marks.check({"flood": 5, "calm": 1}, now=102.0) == frozenset({"flood"})
     assert marks.check({"calm": 1}, now=103.0) == frozenset()  # the mark goes
     assert marks.check({"calm": 1}, now=110.0) == frozenset()  # re-sent within the hold
     assert marks.check({"calm": 1}, now=112.0) is None  # the hold has ended

@@ -1,0 +1,246 @@
+"""The ``queue-daemon`` argument parser: every subcommand and flag, each flag with
+its environment variable ``QUEUE_DAEMON_<FLAG>`` (a flag given on the command
+line wins over the environment).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from typing import Any
+
+from queue_daemon.settings import MIB
+
+ENV = "QUEUE_DAEMON_"
+DESCRIPTION = """``queue-daemon`` command line: the only place that configures logging.
+
+Every flag has an environment variable ``QUEUE_DAEMON_<FLAG>``; a flag given
+on the command line wins over the environment.
+"""
+
+
+def _env(name: str, default: Any = None) -> Any:
+    return os.environ.get(ENV + name.upper(), default)
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--data-dir",
+        default=_env("data_dir", "./queue-data"),
+        help="data directory (env QUEUE_DAEMON_DATA_DIR, default ./queue-data)",
+    )
+    parser.add_argument(
+        "--store",
+        default=_env("store"),
+        help="PostgreSQL DSN (env QUEUE_DAEMON_STORE); default: embedded server in DATA_DIR/pg",
+    )
+    parser.add_argument(
+        "--log-level", default=_env("log_level", "INFO"), help="env QUEUE_DAEMON_LOG_LEVEL"
+    )
+
+
+def flag(value: str) -> bool:
+    return str(value).strip().lower() not in ("", "0", "false", "no", "off")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="queue-daemon", description=DESCRIPTION)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser("serve", help="run a daemon")
+    _common(serve)
+    serve.add_argument("--host", default=_env("host", "127.0.0.1"), help="env QUEUE_DAEMON_HOST")
+    serve.add_argument("--port", default=_env("port", "8080"), help="0 = any free port")
+    serve.add_argument("--journal", default=_env("journal"), help="default DATA_DIR/journal-SYSID")
+    serve.add_argument(
+        "--logfile", default=_env("logfile"), help="default DATA_DIR/queue-SYSID.log"
+    )
+    serve.add_argument(
+        "--logfile-max-bytes",
+        default=_env("logfile_max_bytes", str(256 * MIB)),
+        help="rotate the queue logfile at this size (0 = never; default 256 MiB)",
+    )
+    serve.add_argument(
+        "--logfile-daily",
+        default=_env("logfile_daily", "on"),
+        help="on|off: also rotate the queue logfile at UTC midnight (default on)",
+    )
+    serve.add_argument(
+        "--logfile-gzip",
+        action="store_true",
+        default=flag(_env("logfile_gzip", "")),
+        help="gzip rotated queue logfiles",
+    )
+    serve.add_argument("--sysid", default=_env("sysid"), help="default: reserved in the store")
+    serve.add_argument("--lease", default=_env("lease", "60"), help="seconds, default 60")
+    serve.add_argument(
+        "--no-auth",
+        action="store_true",
+        default=flag(_env("no_auth", "")),
+        help="anonymous access (loopback addresses only)",
+    )
+    serve.add_argument(
+        "--realtime",
+        action=argparse.BooleanOptionalAction,
+        # off unless asked for; QUEUE_DAEMON_NO_REALTIME, the old switch, still turns it off
+        default=flag(_env("realtime", "")) and not flag(_env("no_realtime", "")),
+        help="as root, run the daemon and its embedded PostgreSQL at real-time priority "
+        "(SCHED_RR 1) while a tenant is busy; env QUEUE_DAEMON_REALTIME; default off "
+        "(see docs/operations.md)",
+    )
+    serve.add_argument(
+        "--payload-limit", default=_env("payload_limit", str(MIB)), help="bytes per payload line"
+    )
+    serve.add_argument(
+        "--body-limit", default=_env("body_limit", str(64 * MIB)), help="bytes per request body"
+    )
+    serve.add_argument(
+        "--handler-limit",
+        default=_env("handler_limit", str(MIB)),
+        help="bytes of a handler's source (each of body, before, beforeEach, afterEach)",
+    )
+    serve.add_argument(
+        "--client-timeout",
+        default=_env("client_timeout", "30"),
+        help="seconds a client has to send a request's headers, and to keep a body coming",
+    )
+    serve.add_argument(
+        "--drain-timeout",
+        default=_env("drain_timeout", "10"),
+        help="seconds SIGTERM waits for ingestion to catch up",
+    )
+
+    serve.add_argument(
+        "--concurrency", default=_env("concurrency", "1024"), help="jobs running at once"
+    )
+    serve.add_argument(
+        "--max-batch", default=_env("max_batch", "200"), help="jobs claimed and run as one batch"
+    )
+    serve.add_argument(
+        "--job-ttl",
+        default=_env("job_ttl", "86400"),
+        help="seconds after creation when retries stop (default one day)",
+    )
+    serve.add_argument(
+        "--retention",
+        default=_env("retention", str(7 * 86400)),
+        help="seconds archived jobs are kept (default seven days)",
+    )
+    serve.add_argument(
+        "--run-as",
+        default=_env("run_as"),
+        help="one user for all handler processes when running as root (default: a uid per tenant)",
+    )
+    serve.add_argument(
+        "--http-allow",
+        default=_env("http_allow", ""),
+        help="CIDR[,CIDR...] that http handlers may reach although not public "
+        "(loopback, private, link-local...; default: none)",
+    )
+    serve.add_argument(
+        "--context-idle",
+        default=_env("context_idle", "60"),
+        help="seconds an idle handler context stays warm",
+    )
+
+    serve.add_argument(
+        "--tenant-rate",
+        default=_env("tenant_rate", "100000"),
+        help="jobs/s one tenant may add (0 = unlimited; over it: 429 with Retry-After)",
+    )
+    serve.add_argument(
+        "--tenant-burst",
+        default=_env("tenant_burst", "200000"),
+        help="jobs one tenant may add at once above its rate",
+    )
+    serve.add_argument(
+        "--tenant-running",
+        default=_env("tenant_running", "0"),
+        help="jobs of one tenant running at once in this daemon (0 = no cap)",
+    )
+    serve.add_argument(
+        "--tenant-waiting",
+        default=_env("tenant_waiting", "1000000"),
+        help="waiting jobs one tenant may have (0 = no limit; over it: 429 with Retry-After)",
+    )
+    serve.add_argument(
+        "--tenant-handlers",
+        default=_env("tenant_handlers", "1000"),
+        help="handlers one tenant may have (0 = no limit)",
+    )
+    serve.add_argument(
+        "--result-limit",
+        default=_env("result_limit", str(MIB)),
+        help="bytes of a job's result kept (a longer one is cut)",
+    )
+    serve.add_argument(
+        "--ready-lag",
+        default=_env("ready_lag", "30"),
+        help="seconds of ingest lag over which /readyz answers 503",
+    )
+    serve.add_argument(
+        "--metrics-tenants",
+        default=_env("metrics_tenants", "100"),
+        help="tenants given a metrics label of their own; later ones are _other",
+    )
+    serve.add_argument(
+        "--metrics-types",
+        default=_env("metrics_types", "200"),
+        help="(tenant, type) pairs given a type label of their own (0 = no type labels)",
+    )
+
+    tenant = sub.add_parser("tenant", help="manage tenants")
+    tsub = tenant.add_subparsers(dest="action", required=True)
+    for action, text in (("add", "create a tenant and print its token"), ("revoke", "revoke")):
+        p = tsub.add_parser(action, help=text)
+        _common(p)
+        p.add_argument("client")
+    rotate = tsub.add_parser(
+        "rotate", help="issue a new token; the old one works until the grace period ends"
+    )
+    _common(rotate)
+    rotate.add_argument("client")
+    rotate.add_argument(
+        "--grace", default="3600", help="seconds the previous token stays valid (default 3600)"
+    )
+    _common(tsub.add_parser("list", help="list tenants"))
+    limits = tsub.add_parser(
+        "limits",
+        help="show or set a tenant's limits: KEY=VALUE (KEY=default drops an override)",
+    )
+    _common(limits)
+    limits.add_argument("client")
+    limits.add_argument("changes", nargs="*", metavar="KEY=VALUE")
+
+    admin = sub.add_parser("admin", help="operator tokens")
+    asub = admin.add_subparsers(dest="action", required=True)
+    admin_token = asub.add_parser(
+        "token", help="issue a new operator token; the previous one works for the grace period"
+    )
+    _common(admin_token)
+    admin_token.add_argument(
+        "--grace", default="0", help="seconds the previous token stays valid (default 0)"
+    )
+    _common(asub.add_parser("revoke", help="end every operator token"))
+
+    journal = sub.add_parser("journal", help="journal tools")
+    jsub = journal.add_subparsers(dest="action", required=True)
+    check = jsub.add_parser("check", help="verify a journal and print what it holds")
+    check.add_argument("path")
+    check.add_argument("--log-level", default=_env("log_level", "WARNING"))
+    stats = sub.add_parser(
+        "stats",
+        help="analytics from queue logfiles (live, rotated or gzipped)",
+        description="Per tenant and type: jobs added, done by code, retries, queue wait "
+        "and run time percentiles, throughput per minute.",
+    )
+    stats.add_argument("logfiles", nargs="+", metavar="LOGFILE")
+    stats.add_argument("--since", help="from this time on (ISO-8601 or epoch ms)")
+    stats.add_argument("--until", help="before this time (ISO-8601 or epoch ms)")
+    stats.add_argument(
+        "--tenant", action="append", help="only this tenant (may be given more than once)"
+    )
+    stats.add_argument("--json", action="store_true", help="print the report as JSON")
+    stats.add_argument("--html", metavar="FILE", help="also write a report with charts to FILE")
+    stats.add_argument("--log-level", default=_env("log_level", "WARNING"))
+    return parser
