@@ -9,6 +9,7 @@ from pathlib import Path
 
 import asyncpg
 
+from bench import storefill
 from store.pg import PgStore
 
 SCRATCH = "bench_copy_jobs_like"
@@ -43,14 +44,15 @@ def fsync_ceiling(directory: Path, seconds: float) -> tuple[float, float]:
 async def copy_ceilings(dsn: str, rows: int, batches: list[int]) -> dict[int, float]:
     """COPY rows/s into an index-free scratch table with the jobs columns, per batch size.
 
-    ``PgStore.copy_ceiling``: a temp table, so no WAL and no index either.
+    ``bench.storefill.copy_ceiling``: a temp table, so no WAL and no index either.
     """
-    store = await PgStore.connect(dsn)
+    await (await PgStore.connect(dsn)).close()  # the schema, migrated
+    conn = await asyncpg.connect(dsn)
     try:
-        await store.copy_ceiling(min(rows, 10_000), min(batches))  # warm the connection
-        return {batch: await store.copy_ceiling(rows, batch) for batch in batches}
+        await storefill.copy_ceiling(conn, min(rows, 10_000), min(batches))  # warm up
+        return {batch: await storefill.copy_ceiling(conn, rows, batch) for batch in batches}
     finally:
-        await store.close()
+        await conn.close()
 
 
 async def copy_into_jobs_like(dsn: str, rows: int, batches: list[int]) -> dict[int, float]:

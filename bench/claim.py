@@ -20,6 +20,9 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+import asyncpg
+
+from bench import storefill
 from bench.pg import Databases, PrivatePostgres
 from bench.procs import BenchError
 from store.models import Release, ReleaseHow
@@ -47,7 +50,11 @@ async def _measure(dsn: str, size: int, *, types: int, batch: int, jobs: int) ->
     store = await PgStore.connect(dsn, min_size=1, max_size=2)
     try:
         start = time.perf_counter()
-        await store._bench_fill(size, size, types)
+        conn = await asyncpg.connect(dsn)
+        try:
+            await storefill.fill(conn, size, size, types)
+        finally:
+            await conn.close()
         print(f"  {size:>9,} waiting + {size:,} archived: filled in "
               f"{time.perf_counter() - start:.1f} s", flush=True)  # fmt: skip
         names = [f"bench-t{i}" for i in range(types)]

@@ -9,7 +9,6 @@ import time
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager, suppress
-from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, TypeAlias, cast
 
 import asyncpg
@@ -295,26 +294,6 @@ class PgStore:
                 if added:  # which of them were new is not known here: "re-read"
                     await conn.execute(queries.NOTIFY_JOBS, "")
         return added
-
-    async def copy_ceiling(self, n: int, batch: int) -> float:
-        """Rows/s of bare COPY of ``n`` job rows, ``batch`` at a time, into an
-        index-free temp table with the jobs columns: what ``add_jobs`` can reach."""
-        now = datetime.now(UTC)
-        rows = [(f"ceiling-{i:09d}", "bench-ceiling", now, f'{{"n": {i}}}', now) for i in range(n)]
-        async with self._conn() as conn:
-            await conn.execute(queries.COPY_CEILING_CREATE)
-            try:
-                start = time.perf_counter()
-                for offset in range(0, n, batch):
-                    await conn.copy_records_to_table(
-                        queries.COPY_CEILING_TABLE,
-                        records=rows[offset : offset + batch],
-                        columns=queries.JOB_COPY_COLUMNS,
-                    )
-                elapsed = time.perf_counter() - start
-            finally:
-                await conn.execute(queries.COPY_CEILING_DROP)
-        return n / elapsed if elapsed > 0 else float("inf")
 
     async def get_job(self, client: str, job_id: str) -> Job:
         row = await self._fetchrow(queries.GET_JOB, job_id, client)
@@ -670,14 +649,6 @@ class PgStore:
             connect_timeout=min(self._acquire_timeout, 10.0),
             retry=retry,
         )
-
-    async def _bench_fill(self, waiting: int, archived: int, types: int) -> None:
-        """For benchmarks only: insert ``waiting`` eligible and ``archived`` done
-        jobs spread over ``types`` jobtypes ``bench-t0``... in SQL, then ANALYZE."""
-        async with self._conn() as conn:
-            await conn.execute(queries.BENCH_FILL_WAITING, waiting, types, timeout=3600)
-            await conn.execute(queries.BENCH_FILL_ARCHIVED, archived, types, timeout=3600)
-            await conn.execute(queries.ANALYZE_JOBS, timeout=3600)
 
     # --- handlers -----------------------------------------------------------
 

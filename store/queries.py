@@ -66,13 +66,6 @@ SELECT id, type, dt, data, create_dt FROM jobs_in
 ON CONFLICT (id) DO NOTHING
 """
 
-COPY_CEILING_CREATE = """
-CREATE TEMP TABLE IF NOT EXISTS jobs_copy_ceiling
-    (LIKE jobs INCLUDING DEFAULTS) ON COMMIT DELETE ROWS
-"""
-COPY_CEILING_TABLE = "jobs_copy_ceiling"
-COPY_CEILING_DROP = "DROP TABLE IF EXISTS jobs_copy_ceiling"
-
 # The eligible-jobs read without locking (CLAIM_IDS below is the claim's own);
 # kept here so a test can check its plan uses jobs_waiting_idx.
 ELIGIBLE_IDS = """
@@ -619,32 +612,6 @@ WITH gone AS (
 )
 SELECT type, count(*)::int AS n FROM gone GROUP BY type
 """
-
-# For benchmarks only: $1 waiting jobs over $3 types (bench-t0 ...), eligible
-# now, and $2 archived ones of the same types.
-BENCH_FILL_WAITING = """
-INSERT INTO jobs (id, type, dt, data, create_dt)
-SELECT 'w' || lpad(i::text, 9, '0'), 'bench-t' || (i % $2),
-       now() - interval '1 hour' + i * interval '1 microsecond',
-       '{"n": ' || i || '}', now() - interval '1 hour'
-FROM generate_series(1, $1::int) AS i
-"""
-# Inserted already done, so counted here (the triggers count only updates and
-# deletes).
-BENCH_FILL_ARCHIVED = """
-WITH added AS (
-    INSERT INTO jobs (id, type, dt, lock, data, create_dt, done_dt, attempts, code, exitcode)
-    SELECT 'a' || lpad(i::text, 9, '0'), 'bench-t' || (i % $2),
-           now() + interval '1000 years', '__done', '{"n": ' || i || '}',
-           now() - interval '2 hours', now() - interval '1 hour', 1, 'ok', 200
-    FROM generate_series(1, $1::int) AS i
-    RETURNING type, code
-)
-INSERT INTO type_counts AS c (type, code, n)
-SELECT type, code, count(*) FROM added GROUP BY 1, 2 ORDER BY 1, 2
-ON CONFLICT (type, code) DO UPDATE SET n = c.n + EXCLUDED.n
-"""
-ANALYZE_JOBS = "ANALYZE jobs"
 
 # --- handlers -----------------------------------------------------------------
 

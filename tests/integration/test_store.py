@@ -15,6 +15,7 @@ from pathlib import Path
 import asyncpg
 import pytest
 
+from bench import storefill
 from store import queries
 from store.errors import BadCursor, Conflict, NotFound, StoreUnavailable, SysidTaken
 from store.migrate import applied_migrations, available_migrations, migrate
@@ -102,7 +103,7 @@ async def test_a_few_jobs_of_a_type_go_in_beside_another_types_big_batch(
 
 
 async def test_copy_ceiling_measures(store: PgStore, conn: asyncpg.Connection) -> None:
-    assert await store.copy_ceiling(2000, 500) > 0
+    assert await storefill.copy_ceiling(conn, 2000, 500) > 0
     assert await conn.fetchval("SELECT count(*) FROM jobs") == 0
 
 

@@ -12,6 +12,7 @@ from datetime import UTC, datetime, timedelta
 import asyncpg
 import pytest
 
+from bench import storefill
 from queue_daemon.engine.backoff import Backoff
 from store import queries
 from store.errors import NotFound
@@ -298,7 +299,7 @@ async def _plan(conn: asyncpg.Connection, sql: str, *args: object) -> str:
 
 @pytest.mark.timeout(300)
 async def test_hot_path_plans_avoid_full_scans(store: PgStore, conn: asyncpg.Connection) -> None:
-    await store._bench_fill(50_000, 200_000, 20)
+    await storefill.fill(conn, 50_000, 200_000, 20)
     await conn.execute(
         "UPDATE jobs SET lock = 's' || (random() * 5)::int, dt = now() + interval '1 minute' "
         "WHERE id = ANY(ARRAY(SELECT id FROM jobs WHERE lock = '' LIMIT 500))"

@@ -9,6 +9,7 @@ from datetime import UTC, datetime, timedelta
 import asyncpg
 import pytest
 
+from bench import storefill
 from store import queries
 from store.models import NewJob, QueueDepth, Release, ReleaseHow
 from store.pg import PgStore
@@ -115,7 +116,7 @@ async def test_plans_read_indexes_not_archived_jobs(
     store: PgStore, conn: asyncpg.Connection
 ) -> None:
     """200,000 archived jobs (a tenth of them failed), 20,000 waiting, 200 running."""
-    await store._bench_fill(20_000, 200_000, 20)
+    await storefill.fill(conn, 20_000, 200_000, 20)
     await conn.execute(
         "UPDATE jobs SET code = 'failed', result = 'no' WHERE lock = '__done' AND id LIKE '%0'"
     )

@@ -10,6 +10,7 @@ from datetime import UTC, datetime, timedelta
 import asyncpg
 import pytest
 
+from bench import storefill
 from store import queries
 from store.migrate import available_migrations
 from store.models import NewJob, Release, ReleaseHow, TypeStats
@@ -210,7 +211,7 @@ async def test_tenant_isolation(store: PgStore, conn: asyncpg.Connection) -> Non
 
 @pytest.mark.timeout(300)
 async def test_stats_plan_reads_no_done_jobs(store: PgStore, conn: asyncpg.Connection) -> None:
-    await store._bench_fill(1000, 50_000, 10)
+    await storefill.fill(conn, 1000, 50_000, 10)
     await conn.execute(
         "UPDATE jobs SET lock = 's1', dt = now() + interval '1 minute' "
         "WHERE id = ANY(ARRAY(SELECT id FROM jobs WHERE lock = '' LIMIT 50))"

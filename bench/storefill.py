@@ -1,0 +1,67 @@
+"""SQL only the bench (and the tests of cost at depth) uses, kept out of the
+production store: a bare COPY ceiling, and filling the jobs table with many
+waiting and archived jobs in one statement each. It writes the store's tables
+directly, so it follows their schema (``store/migrations``)."""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime
+
+import asyncpg
+
+COPY_COLUMNS = ("id", "type", "dt", "data", "create_dt")  # the store's COPY columns
+CEILING_TABLE = "jobs_copy_ceiling"
+CEILING_CREATE = f"""
+CREATE TEMP TABLE IF NOT EXISTS {CEILING_TABLE}
+    (LIKE jobs INCLUDING DEFAULTS) ON COMMIT DELETE ROWS
+"""
+CEILING_DROP = f"DROP TABLE IF EXISTS {CEILING_TABLE}"
+FILL_WAITING = """
+INSERT INTO jobs (id, type, dt, data, create_dt)
+SELECT 'w' || lpad(i::text, 9, '0'), 'bench-t' || (i % $2),
+       now() - interval '1 hour' + i * interval '1 microsecond',
+       '{"n": ' || i || '}', now() - interval '1 hour'
+FROM generate_series(1, $1::int) AS i
+"""
+# Inserted already done, so counted here (the triggers count only updates and
+# deletes).
+FILL_ARCHIVED = """
+WITH added AS (
+    INSERT INTO jobs (id, type, dt, lock, data, create_dt, done_dt, attempts, code, exitcode)
+    SELECT 'a' || lpad(i::text, 9, '0'), 'bench-t' || (i % $2),
+           now() + interval '1000 years', '__done', '{"n": ' || i || '}',
+           now() - interval '2 hours', now() - interval '1 hour', 1, 'ok', 200
+    FROM generate_series(1, $1::int) AS i
+    RETURNING type, code
+)
+INSERT INTO type_counts AS c (type, code, n)
+SELECT type, code, count(*) FROM added GROUP BY 1, 2 ORDER BY 1, 2
+ON CONFLICT (type, code) DO UPDATE SET n = c.n + EXCLUDED.n
+"""
+
+
+async def copy_ceiling(conn: asyncpg.Connection, n: int, batch: int) -> float:
+    """Rows/s of bare COPY of ``n`` job rows, ``batch`` at a time, into an
+    index-free temp table with the jobs columns: what the store's adds can reach."""
+    now = datetime.now(UTC)
+    rows = [(f"ceiling-{i:09d}", "bench-ceiling", now, f'{{"n": {i}}}', now) for i in range(n)]
+    await conn.execute(CEILING_CREATE)
+    try:
+        start = time.perf_counter()
+        for offset in range(0, n, batch):
+            await conn.copy_records_to_table(
+                CEILING_TABLE, records=rows[offset : offset + batch], columns=COPY_COLUMNS
+            )
+        elapsed = time.perf_counter() - start
+    finally:
+        await conn.execute(CEILING_DROP)
+    return n / elapsed if elapsed > 0 else float("inf")
+
+
+async def fill(conn: asyncpg.Connection, waiting: int, archived: int, types: int) -> None:
+    """Insert ``waiting`` eligible and ``archived`` done jobs spread over ``types``
+    jobtypes ``bench-t0``... in SQL, then ANALYZE."""
+    await conn.execute(FILL_WAITING, waiting, types, timeout=3600)
+    await conn.execute(FILL_ARCHIVED, archived, types, timeout=3600)
+    await conn.execute("ANALYZE jobs", timeout=3600)
