@@ -255,7 +255,7 @@ async def test_purge_only_old_archived_jobs(store: PgStore, conn: asyncpg.Connec
 async def test_purge_goes_in_chunks(
     store: PgStore, conn: asyncpg.Connection, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("store.pg.PURGE_CHUNK", 7)
+    monkeypatch.setattr("store.pg_queue.PURGE_CHUNK", 7)
     await store.add_jobs([job(f"j{i:02d}") for i in range(30)])
     await conn.execute(
         "UPDATE jobs SET lock = '__done', done_dt = now() - interval '1 day' WHERE id < 'j21'"

@@ -1,0 +1,108 @@
+"""Handlers (``HandlerStore``) and the dashboard's reads (``Dashboard``)."""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import time
+
+import orjson
+
+from store import queries
+from store.errors import LimitReached, NotFound
+from store.models import (
+    DaemonLease,
+    FailedJob,
+    HandlerRecord,
+    QueueDepth,
+    RunningJob,
+    RunningJobs,
+)
+from store.pg_base import PgBase, handler_of
+
+logger = logging.getLogger(__name__)
+
+
+class HandlersPart(PgBase):
+    """Handlers (``HandlerStore``) and the dashboard's reads (``Dashboard``)."""
+
+    # --- handlers -----------------------------------------------------------
+
+    def _handler_id(self) -> str:
+        # "h" + 16 hex digits of ns since the epoch + 8 random: sortable by
+        # time across daemons, strictly increasing within this one
+        now = max(time.time_ns(), self._last_handler_ns + 1)
+        self._last_handler_ns = now
+        return f"h{now:016x}{secrets.token_hex(4)}"
+
+    async def put_handler(
+        self, type: str, data: dict[str, object], max_handlers: int | None = None
+    ) -> HandlerRecord:
+        """Store a new version of ``type``'s handler. With ``max_handlers``, a
+        type that has no live handler yet is refused (``LimitReached``) when its
+        tenant already has that many."""
+        body = orjson.dumps(data).decode()
+        if max_handlers is None:
+            row = await self._fetchrow(queries.PUT_HANDLER, self._handler_id(), type, body)
+        else:
+            client = type.partition("-")[0]
+            async with self._conn() as conn, conn.transaction():
+                await conn.execute(queries.LOCK_CLIENT_HANDLERS, client)
+                if not await conn.fetchval(queries.HANDLER_LIVE, type):
+                    live = await conn.fetchval(queries.COUNT_HANDLERS, client)
+                    if live >= max_handlers:
+                        raise LimitReached(f"{client} has {live} handlers, its limit")
+                row = await conn.fetchrow(queries.PUT_HANDLER, self._handler_id(), type, body)
+        assert row is not None  # INSERT ... RETURNING
+        return handler_of(row)
+
+    async def get_handler(self, type: str) -> HandlerRecord:
+        row = await self._fetchrow(queries.GET_HANDLER, type)
+        if row is None:
+            raise NotFound(f"no handler for {type!r}")
+        return handler_of(row)
+
+    async def delete_handler(self, type: str) -> None:
+        if not await self._fetch(queries.DELETE_HANDLER, type):
+            raise NotFound(f"no handler for {type!r}")
+
+    async def count_handlers(self, client: str) -> int:
+        async with self._conn() as conn:
+            count: int = await conn.fetchval(queries.COUNT_HANDLERS, client)
+        return count
+
+    # --- the dashboard ------------------------------------------------------
+
+    async def queue_depths(self, client: str | None, limit: int, cap: int) -> list[QueueDepth]:
+        if client is None:
+            rows = await self._fetch(queries.QUEUE_DEPTHS_ALL, limit, cap)
+        else:
+            rows = await self._fetch(queries.QUEUE_DEPTHS_CLIENT, client, limit, cap)
+        return [QueueDepth(**dict(row.items())) for row in rows]
+
+    async def running_jobs(self, client: str | None, limit: int) -> RunningJobs:
+        if client is None:
+            rows = await self._fetch(queries.RUNNING_JOBS_ALL, limit)
+        else:
+            rows = await self._fetch(queries.RUNNING_JOBS_CLIENT, client, limit)
+        return RunningJobs(
+            total=rows[0]["total"] if rows else 0,
+            oldest=[RunningJob(**{k: v for k, v in row.items() if k != "total"}) for row in rows],
+        )
+
+    async def recent_failures(
+        self, client: str | None, limit: int, result_chars: int
+    ) -> list[FailedJob]:
+        if client is None:
+            rows = await self._fetch(queries.RECENT_FAILURES_ALL, limit, result_chars)
+        else:
+            rows = await self._fetch(queries.RECENT_FAILURES_CLIENT, client, limit, result_chars)
+        return [FailedJob(**dict(row.items())) for row in rows]
+
+    async def daemon_leases(self, limit: int) -> list[DaemonLease]:
+        rows = await self._fetch(queries.DAEMON_LEASES, limit)
+        return [DaemonLease(**dict(row.items())) for row in rows]
+
+    async def archived_counts(self) -> dict[str, int]:
+        rows = await self._fetch(queries.ARCHIVED_COUNTS)
+        return {row["type"]: row["archived"] for row in rows}

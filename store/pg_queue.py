@@ -1,0 +1,171 @@
+"""The claim path (``JobQueue``) and the daemons' sysid leases (``SysidLeases``)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+
+from store import queries
+from store.errors import StoreError, SysidTaken
+from store.listen import Delays, listen_forever
+from store.models import (
+    ClaimedJob,
+    ExpiredLock,
+    Release,
+    ReleaseHow,
+)
+from store.pg_base import PgBase
+
+logger = logging.getLogger(__name__)
+
+PURGE_CHUNK = 10_000  # rows deleted per statement, so no purge holds locks for long
+NEW_SYSID_TRIES = 1000
+
+
+class QueuePart(PgBase):
+    """The claim path (``JobQueue``) and the daemons' sysid leases (``SysidLeases``)."""
+
+    # --- sysids -----------------------------------------------------------
+
+    async def reserve_sysid(
+        self,
+        sysid: str | None,
+        *,
+        holder: str,
+        host: str,
+        data_dir: str,
+        lease: float,
+        takeover: bool = False,
+    ) -> str:
+        async with self._conn() as conn:
+            if sysid is None:
+                for _ in range(NEW_SYSID_TRIES):
+                    new: str | None = await conn.fetchval(
+                        queries.RESERVE_NEW_SYSID, holder, host, data_dir, float(lease)
+                    )
+                    if new is not None:
+                        return new
+                raise SysidTaken("no free sysid after many tries")
+            got = await conn.fetchval(
+                queries.RESERVE_SYSID, sysid, holder, host, data_dir, float(lease), takeover
+            )
+        if got is None:
+            raise SysidTaken(f"sysid {sysid!r} is leased by another daemon")
+        return sysid
+
+    async def renew_sysid(self, sysid: str, *, holder: str, lease: float) -> None:
+        if await self._fetchrow(queries.RENEW_SYSID, sysid, holder, float(lease)) is None:
+            raise SysidTaken(f"sysid {sysid!r} is no longer ours")
+
+    async def release_sysid(self, sysid: str, *, holder: str) -> None:
+        async with self._conn() as conn:
+            await conn.execute(queries.RELEASE_SYSID, sysid, holder)
+
+    # --- running jobs: the claim path ---------------------------------------
+
+    async def waiting_jobtypes(self, limit_per_type: int = 1000) -> dict[str, int]:
+        rows = await self._fetch(queries.WAITING_JOBTYPES, max(1, limit_per_type))
+        return {row["type"]: row["n"] for row in rows}
+
+    async def claim(self, type: str, limit: int, *, sysid: str, lease: float) -> list[ClaimedJob]:
+        if limit < 1:
+            return []
+        rows = await self._fetch(queries.CLAIM, type, limit, sysid, float(lease))
+        jobs = [
+            ClaimedJob(
+                id=row["id"],
+                type=row["type"],
+                data=row["data"],
+                attempts=row["attempts"],
+                create_dt=row["create_dt"],
+                due_ms=row["due_ms"],
+                handler=row["handler"],
+            )
+            for row in rows
+        ]
+        # RETURNING follows the primary key, not the claim's dt order; ids of
+        # one daemon are time-ordered, so this is the order they were added in
+        jobs.sort(key=lambda job: (job.create_dt, job.id))
+        return jobs
+
+    async def expire_waiting(self, type: str, older_than: float, result: str) -> list[str]:
+        """Archive (error, 503, ``result``) waiting jobs of ``type`` created more than
+        ``older_than`` seconds ago; return their ids."""
+        expired: list[str] = []
+        while True:
+            rows = await self._fetch(
+                queries.EXPIRE_WAITING, type, float(older_than), result, PURGE_CHUNK
+            )
+            expired += [row["id"] for row in rows]
+            if len(rows) < PURGE_CHUNK:
+                return expired
+
+    async def renew(self, ids: Sequence[str], *, sysid: str, lease: float) -> int:
+        if not ids:
+            return 0
+        # sorted: concurrent updates of the same rows lock them in one order
+        async with self._conn() as conn:
+            status = await conn.execute(queries.RENEW, sorted(ids), sysid, float(lease))
+        return int(status.rsplit(" ", 1)[1])  # "UPDATE <n>"
+
+    async def release(self, releases: Sequence[Release], *, sysid: str) -> int:
+        if not releases:
+            return 0
+        ordered = sorted(releases, key=lambda r: r.id)
+        async with self._conn() as conn:
+            status = await conn.execute(
+                queries.RELEASE,
+                [r.id for r in ordered],
+                [ReleaseHow(r.how).value for r in ordered],
+                [r.code for r in ordered],
+                [r.exitcode for r in ordered],
+                [r.result for r in ordered],
+                [float(r.delay) for r in ordered],
+                [r.refund_attempt for r in ordered],
+                sysid,
+            )
+        return int(status.rsplit(" ", 1)[1])
+
+    async def expire_locks(self) -> list[ExpiredLock]:
+        rows = await self._fetch(queries.EXPIRE_LOCKS)
+        return [ExpiredLock(row["id"], row["type"], row["attempts"]) for row in rows]
+
+    async def purge(self, older_than: float) -> dict[str, int]:
+        """Delete archived jobs done more than ``older_than`` seconds ago, at
+        most ``PURGE_CHUNK`` rows a statement (each its own short transaction)."""
+        purged: dict[str, int] = {}
+        while True:
+            rows = await self._fetch(queries.PURGE_CHUNK, float(older_than), PURGE_CHUNK)
+            for row in rows:
+                purged[row["type"]] = purged.get(row["type"], 0) + row["n"]
+            if sum(row["n"] for row in rows) < PURGE_CHUNK:
+                return purged
+
+    async def notify_jobs(self) -> None:
+        async with self._conn() as conn:
+            await conn.execute(queries.NOTIFY_JOBS, "")
+
+    async def listen(
+        self,
+        on_jobs: Callable[[dict[str, int] | None], None],
+        on_handler: Callable[[str], None],
+        *,
+        retry: Delays,
+    ) -> None:
+        """Call ``on_jobs`` when jobs are added (and after each (re)connect) and
+        ``on_handler(type)`` when a handler changes, until ``close`` or cancellation.
+        ``on_jobs`` gets the due jobs added per jobtype, or None: anything may
+        have changed.
+
+        Connection failures are logged and retried after ``retry``'s delays, never raised.
+        """
+        if self._dsn is None:
+            raise StoreError("this store was built without a DSN; it cannot listen")
+        await listen_forever(
+            self._dsn,
+            self._closed,
+            on_jobs,
+            on_handler,
+            connect_timeout=min(self._acquire_timeout, 10.0),
+            retry=retry,
+        )
