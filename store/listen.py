@@ -74,8 +74,8 @@ async def _serve(
         _guarded("on_handler", lambda: on_handler(str(payload)))
 
     conn.add_termination_listener(on_lost)
-    await conn.add_listener(queries.JOBS_CHANNEL, jobs_note)
-    await conn.add_listener(queries.HANDLERS_CHANNEL, handler_note)
+    await conn.add_listener(queries.queue.JOBS_CHANNEL, jobs_note)
+    await conn.add_listener(queries.queue.HANDLERS_CHANNEL, handler_note)
     logger.info("listening for notifications", extra={"action": "listen_connected"})
     _guarded("on_jobs", lambda: on_jobs(None))
     while not closed.is_set():
@@ -83,7 +83,7 @@ async def _serve(
             raise asyncpg.InterfaceError("the listening connection was closed")
         await _first_of((closed, lost), KEEPALIVE)
         if not closed.is_set() and not lost.is_set():
-            await conn.fetchval(queries.PING, timeout=connect_timeout)
+            await conn.fetchval(queries.migrations.PING, timeout=connect_timeout)
 
 
 async def _close(conn: asyncpg.Connection) -> None:

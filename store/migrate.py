@@ -60,9 +60,9 @@ def available_migrations() -> list[Migration]:
 
 
 async def _versions(conn: Connection) -> list[int]:
-    if not await conn.fetchval(queries.MIGRATIONS_TABLE_EXISTS):
+    if not await conn.fetchval(queries.migrations.MIGRATIONS_TABLE_EXISTS):
         return []
-    return [row["version"] for row in await conn.fetch(queries.MIGRATIONS_APPLIED)]
+    return [row["version"] for row in await conn.fetch(queries.migrations.MIGRATIONS_APPLIED)]
 
 
 async def applied_migrations(target: Connection | PgStore) -> list[int]:
@@ -80,9 +80,11 @@ async def migrate(conn: Connection) -> list[int]:
     Return the versions this call applied. Raises asyncpg errors; the caller
     translates them.
     """
-    await conn.execute(queries.MIGRATION_LOCK, MIGRATION_LOCK_KEY, timeout=MIGRATION_TIMEOUT)
+    await conn.execute(
+        queries.migrations.MIGRATION_LOCK, MIGRATION_LOCK_KEY, timeout=MIGRATION_TIMEOUT
+    )
     try:
-        await conn.execute(queries.MIGRATIONS_TABLE)
+        await conn.execute(queries.migrations.MIGRATIONS_TABLE)
         done = set(await _versions(conn))
         applied: list[int] = []
         for migration in available_migrations():
@@ -90,7 +92,7 @@ async def migrate(conn: Connection) -> list[int]:
                 continue
             async with conn.transaction():
                 await conn.execute(migration.sql, timeout=MIGRATION_TIMEOUT)
-                await conn.execute(queries.MIGRATION_RECORD, migration.version)
+                await conn.execute(queries.migrations.MIGRATION_RECORD, migration.version)
             applied.append(migration.version)
             logger.info(
                 "migration %s applied",
@@ -100,4 +102,4 @@ async def migrate(conn: Connection) -> list[int]:
         return applied
     finally:
         if not conn.is_closed():
-            await conn.execute(queries.MIGRATION_UNLOCK, MIGRATION_LOCK_KEY)
+            await conn.execute(queries.migrations.MIGRATION_UNLOCK, MIGRATION_LOCK_KEY)

@@ -67,7 +67,7 @@ def handler_of(row: asyncpg.Record) -> HandlerRecord:
 
 
 async def _init_connection(conn: Connection) -> None:
-    await conn.execute(queries.CREATE_JOBS_IN)
+    await conn.execute(queries.migrations.CREATE_JOBS_IN)
 
 
 async def _no_reset(conn: Connection) -> None:
@@ -184,7 +184,7 @@ class PgBase:
 
     async def ping(self) -> None:
         async with self._conn() as conn:
-            await conn.fetchval(queries.PING)
+            await conn.fetchval(queries.migrations.PING)
 
     async def applied_migrations(self) -> list[int]:
         async with self._conn() as conn:

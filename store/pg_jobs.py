@@ -65,7 +65,7 @@ class JobsPart(PgBase):
 
     async def flush(self) -> None:
         """Return once every row added before the call is durable (WAL flushed)."""
-        await self._fetch(queries.FLUSHED)
+        await self._fetch(queries.queue.FLUSHED)
 
     async def _add_many(self, records: list[NewJob]) -> int:
         parts = max(1, min(self.COPY_PARTS, len(records) // self.MIN_PART_ROWS))
@@ -89,7 +89,7 @@ class JobsPart(PgBase):
     async def _add_few(self, records: Sequence[NewJob]) -> int:
         columns = list(zip(*records, strict=True))
         async with self._conn() as conn:
-            row = await conn.fetchrow(queries.INSERT_FEW, *columns, added_payload(records))
+            row = await conn.fetchrow(queries.intake.INSERT_FEW, *columns, added_payload(records))
         return int(row["n"]) if row is not None else 0
 
     async def _add_records(self, records: Sequence[NewJob]) -> int:
@@ -99,28 +99,32 @@ class JobsPart(PgBase):
             # table with ON CONFLICT DO NOTHING, which also counts the new rows.
             try:
                 async with conn.transaction():
-                    await conn.execute(queries.ASYNC_COMMIT)
+                    await conn.execute(queries.queue.ASYNC_COMMIT)
                     await conn.copy_records_to_table(
-                        queries.JOBS_TABLE, records=records, columns=queries.JOB_COPY_COLUMNS
+                        queries.intake.JOBS_TABLE,
+                        records=records,
+                        columns=queries.migrations.JOB_COPY_COLUMNS,
                     )
                     # sent at commit, so a woken daemon finds the rows
-                    await conn.execute(queries.NOTIFY_JOBS, added_payload(records))
+                    await conn.execute(queries.queue.NOTIFY_JOBS, added_payload(records))
                 return len(records)
             except asyncpg.UniqueViolationError:
                 pass
             async with conn.transaction():
-                await conn.execute(queries.ASYNC_COMMIT)
+                await conn.execute(queries.queue.ASYNC_COMMIT)
                 await conn.copy_records_to_table(
-                    queries.JOBS_IN_TABLE, records=records, columns=queries.JOB_COPY_COLUMNS
+                    queries.migrations.JOBS_IN_TABLE,
+                    records=records,
+                    columns=queries.migrations.JOB_COPY_COLUMNS,
                 )
-                status = await conn.execute(queries.INSERT_FROM_JOBS_IN)
+                status = await conn.execute(queries.intake.INSERT_FROM_JOBS_IN)
                 added = int(status.rsplit(" ", 1)[1])  # "INSERT 0 <n>"
                 if added:  # which of them were new is not known here: "re-read"
-                    await conn.execute(queries.NOTIFY_JOBS, "")
+                    await conn.execute(queries.queue.NOTIFY_JOBS, "")
         return added
 
     async def get_job(self, client: str, job_id: str) -> Job:
-        row = await self._fetchrow(queries.GET_JOB, job_id, client)
+        row = await self._fetchrow(queries.jobs.GET_JOB, job_id, client)
         if row is None:
             raise NotFound(f"no job {job_id!r}")
         return job_of(row)
@@ -138,11 +142,13 @@ class JobsPart(PgBase):
         state_arg = None if state is None else JobState(state).value
         # one row more than asked tells whether a next page exists
         if after is None:
-            rows = await self._fetch(queries.LIST_JOBS_FIRST, client, type, state_arg, limit + 1)
+            rows = await self._fetch(
+                queries.jobs.LIST_JOBS_FIRST, client, type, state_arg, limit + 1
+            )
         else:
             create_dt, last_id = decode_cursor(after)
             rows = await self._fetch(
-                queries.LIST_JOBS_AFTER, client, type, state_arg, limit + 1, create_dt, last_id
+                queries.jobs.LIST_JOBS_AFTER, client, type, state_arg, limit + 1, create_dt, last_id
             )
         jobs = [job_of(row) for row in rows[:limit]]
         more = len(rows) > limit
@@ -153,7 +159,7 @@ class JobsPart(PgBase):
         """Done counts from type_counts (kept by triggers on jobs, migration
         0003), the others from the waiting and running partial indexes: the
         cost does not grow with the number of archived jobs."""
-        rows = await self._fetch(queries.STATS, client)
+        rows = await self._fetch(queries.jobs.STATS, client)
         return {
             row["type"]: TypeStats(
                 waiting=row["waiting"],
@@ -169,10 +175,10 @@ class JobsPart(PgBase):
     async def cancel_job(self, client: str, job_id: str) -> Job:
         async with self._conn() as conn:
             for _ in range(3):
-                row = await conn.fetchrow(queries.CANCEL_JOB, job_id, client)
+                row = await conn.fetchrow(queries.jobs.CANCEL_JOB, job_id, client)
                 if row is not None:
                     return job_of(row)
-                row = await conn.fetchrow(queries.GET_JOB, job_id, client)
+                row = await conn.fetchrow(queries.jobs.GET_JOB, job_id, client)
                 if row is None:
                     raise NotFound(f"no job {job_id!r}")
                 lock = row["lock"]

@@ -41,36 +41,36 @@ class QueuePart(PgBase):
             if sysid is None:
                 for _ in range(NEW_SYSID_TRIES):
                     new: str | None = await conn.fetchval(
-                        queries.RESERVE_NEW_SYSID, holder, host, data_dir, float(lease)
+                        queries.sysids.RESERVE_NEW_SYSID, holder, host, data_dir, float(lease)
                     )
                     if new is not None:
                         return new
                 raise SysidTaken("no free sysid after many tries")
             got = await conn.fetchval(
-                queries.RESERVE_SYSID, sysid, holder, host, data_dir, float(lease), takeover
+                queries.sysids.RESERVE_SYSID, sysid, holder, host, data_dir, float(lease), takeover
             )
         if got is None:
             raise SysidTaken(f"sysid {sysid!r} is leased by another daemon")
         return sysid
 
     async def renew_sysid(self, sysid: str, *, holder: str, lease: float) -> None:
-        if await self._fetchrow(queries.RENEW_SYSID, sysid, holder, float(lease)) is None:
+        if await self._fetchrow(queries.sysids.RENEW_SYSID, sysid, holder, float(lease)) is None:
             raise SysidTaken(f"sysid {sysid!r} is no longer ours")
 
     async def release_sysid(self, sysid: str, *, holder: str) -> None:
         async with self._conn() as conn:
-            await conn.execute(queries.RELEASE_SYSID, sysid, holder)
+            await conn.execute(queries.sysids.RELEASE_SYSID, sysid, holder)
 
     # --- running jobs: the claim path ---------------------------------------
 
     async def waiting_jobtypes(self, limit_per_type: int = 1000) -> dict[str, int]:
-        rows = await self._fetch(queries.WAITING_JOBTYPES, max(1, limit_per_type))
+        rows = await self._fetch(queries.queue.WAITING_JOBTYPES, max(1, limit_per_type))
         return {row["type"]: row["n"] for row in rows}
 
     async def claim(self, type: str, limit: int, *, sysid: str, lease: float) -> list[ClaimedJob]:
         if limit < 1:
             return []
-        rows = await self._fetch(queries.CLAIM, type, limit, sysid, float(lease))
+        rows = await self._fetch(queries.queue.CLAIM, type, limit, sysid, float(lease))
         jobs = [
             ClaimedJob(
                 id=row["id"],
@@ -94,7 +94,7 @@ class QueuePart(PgBase):
         expired: list[str] = []
         while True:
             rows = await self._fetch(
-                queries.EXPIRE_WAITING, type, float(older_than), result, PURGE_CHUNK
+                queries.queue.EXPIRE_WAITING, type, float(older_than), result, PURGE_CHUNK
             )
             expired += [row["id"] for row in rows]
             if len(rows) < PURGE_CHUNK:
@@ -105,7 +105,7 @@ class QueuePart(PgBase):
             return 0
         # sorted: concurrent updates of the same rows lock them in one order
         async with self._conn() as conn:
-            status = await conn.execute(queries.RENEW, sorted(ids), sysid, float(lease))
+            status = await conn.execute(queries.queue.RENEW, sorted(ids), sysid, float(lease))
         return int(status.rsplit(" ", 1)[1])  # "UPDATE <n>"
 
     async def release(self, releases: Sequence[Release], *, sysid: str) -> int:
@@ -114,7 +114,7 @@ class QueuePart(PgBase):
         ordered = sorted(releases, key=lambda r: r.id)
         async with self._conn() as conn:
             status = await conn.execute(
-                queries.RELEASE,
+                queries.queue.RELEASE,
                 [r.id for r in ordered],
                 [ReleaseHow(r.how).value for r in ordered],
                 [r.code for r in ordered],
@@ -127,7 +127,7 @@ class QueuePart(PgBase):
         return int(status.rsplit(" ", 1)[1])
 
     async def expire_locks(self) -> list[ExpiredLock]:
-        rows = await self._fetch(queries.EXPIRE_LOCKS)
+        rows = await self._fetch(queries.queue.EXPIRE_LOCKS)
         return [ExpiredLock(row["id"], row["type"], row["attempts"]) for row in rows]
 
     async def purge(self, older_than: float) -> dict[str, int]:
@@ -135,7 +135,7 @@ class QueuePart(PgBase):
         most ``PURGE_CHUNK`` rows a statement (each its own short transaction)."""
         purged: dict[str, int] = {}
         while True:
-            rows = await self._fetch(queries.PURGE_CHUNK, float(older_than), PURGE_CHUNK)
+            rows = await self._fetch(queries.queue.PURGE_CHUNK, float(older_than), PURGE_CHUNK)
             for row in rows:
                 purged[row["type"]] = purged.get(row["type"], 0) + row["n"]
             if sum(row["n"] for row in rows) < PURGE_CHUNK:
@@ -143,7 +143,7 @@ class QueuePart(PgBase):
 
     async def notify_jobs(self) -> None:
         async with self._conn() as conn:
-            await conn.execute(queries.NOTIFY_JOBS, "")
+            await conn.execute(queries.queue.NOTIFY_JOBS, "")
 
     async def listen(
         self,

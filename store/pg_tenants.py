@@ -25,10 +25,10 @@ class TenantsPart(PgBase):
     async def add_tenant(self, client: str, token_hash: bytes) -> None:
         try:
             async with self._conn() as conn, conn.transaction():
-                if await conn.fetchrow(queries.ADD_TENANT, client) is None:
+                if await conn.fetchrow(queries.tenants.ADD_TENANT, client) is None:
                     raise Conflict(f"tenant {client!r} exists")
-                await conn.execute(queries.DELETE_TENANT_TOKENS, client)
-                await conn.execute(queries.INSERT_TENANT_TOKEN, client, token_hash)
+                await conn.execute(queries.tenants.DELETE_TENANT_TOKENS, client)
+                await conn.execute(queries.tenants.INSERT_TENANT_TOKEN, client, token_hash)
         except StoreError as exc:
             if isinstance(exc.__cause__, asyncpg.UniqueViolationError):
                 raise Conflict("token hash already in use") from exc
@@ -40,19 +40,19 @@ class TenantsPart(PgBase):
         tokens). NotFound if no such active tenant."""
         try:
             async with self._conn() as conn, conn.transaction():
-                row = await conn.fetchrow(queries.LOCK_TENANT, client)
+                row = await conn.fetchrow(queries.tenants.LOCK_TENANT, client)
                 if row is None or row["revoked_at"] is not None:
                     raise NotFound(f"no active tenant {client!r}")
-                await conn.execute(queries.ROTATE_DROP_OLD, client)
-                await conn.execute(queries.ROTATE_EXPIRE_CURRENT, client, float(grace))
-                await conn.execute(queries.INSERT_TENANT_TOKEN, client, new_hash)
+                await conn.execute(queries.tenants.ROTATE_DROP_OLD, client)
+                await conn.execute(queries.tenants.ROTATE_EXPIRE_CURRENT, client, float(grace))
+                await conn.execute(queries.tenants.INSERT_TENANT_TOKEN, client, new_hash)
         except StoreError as exc:
             if isinstance(exc.__cause__, asyncpg.UniqueViolationError):
                 raise Conflict("token hash already in use") from exc
             raise
 
     async def list_tenants(self) -> list[Tenant]:
-        rows = await self._fetch(queries.LIST_TENANTS)
+        rows = await self._fetch(queries.tenants.LIST_TENANTS)
         return [
             Tenant(
                 client=row["client"],
@@ -67,22 +67,22 @@ class TenantsPart(PgBase):
         ]
 
     async def revoke_tenant(self, client: str) -> None:
-        if await self._fetchrow(queries.REVOKE_TENANT, client) is None:
+        if await self._fetchrow(queries.tenants.REVOKE_TENANT, client) is None:
             raise NotFound(f"no active tenant {client!r}")
 
     async def tenant_tokens(self) -> dict[bytes, str]:
         """token_hash -> client for every live token (database clock)."""
-        rows = await self._fetch(queries.TENANT_TOKENS)
+        rows = await self._fetch(queries.tenants.TENANT_TOKENS)
         return {bytes(row["token_hash"]): row["client"] for row in rows}
 
     async def tenant_limits(self) -> dict[str, dict[str, float]]:
         """client -> its limit overrides, for active tenants that have any."""
-        rows = await self._fetch(queries.TENANT_LIMITS)
+        rows = await self._fetch(queries.tenants.TENANT_LIMITS)
         return {row["client"]: orjson.loads(row["limits"]) for row in rows}
 
     async def get_tenant_limits(self, client: str) -> dict[str, float]:
         """NotFound if no such active tenant."""
-        row = await self._fetchrow(queries.GET_TENANT_LIMITS, client)
+        row = await self._fetchrow(queries.tenants.GET_TENANT_LIMITS, client)
         if row is None:
             raise NotFound(f"no active tenant {client!r}")
         limits: dict[str, float] = orjson.loads(row["limits"])
@@ -90,7 +90,9 @@ class TenantsPart(PgBase):
 
     async def set_tenant_limits(self, client: str, limits: dict[str, float]) -> dict[str, float]:
         """Replace ``client``'s overrides; NotFound if no such active tenant."""
-        row = await self._fetchrow(queries.SET_TENANT_LIMITS, client, orjson.dumps(limits).decode())
+        row = await self._fetchrow(
+            queries.tenants.SET_TENANT_LIMITS, client, orjson.dumps(limits).decode()
+        )
         if row is None:
             raise NotFound(f"no active tenant {client!r}")
         stored: dict[str, float] = orjson.loads(row["limits"])
@@ -100,7 +102,7 @@ class TenantsPart(PgBase):
         """``client``'s waiting and scheduled jobs, counting at most ``cap``."""
         async with self._conn() as conn:
             count: int = await conn.fetchval(
-                queries.COUNT_WAITING_CAPPED, f"{client}-", f"{client}.", cap
+                queries.tenants.COUNT_WAITING_CAPPED, f"{client}-", f"{client}.", cap
             )
         return count
 
@@ -108,26 +110,26 @@ class TenantsPart(PgBase):
         """Make ``token_hash`` the current operator token; the previous one stays
         live for ``grace`` seconds, older ones end now."""
         async with self._conn() as conn, conn.transaction():
-            await conn.execute(queries.LOCK_ADMIN_TOKENS)
-            await conn.execute(queries.ADMIN_DROP_OLD)
-            await conn.execute(queries.ADMIN_EXPIRE_CURRENT, float(grace))
-            await conn.execute(queries.INSERT_ADMIN_TOKEN, token_hash)
+            await conn.execute(queries.tenants.LOCK_ADMIN_TOKENS)
+            await conn.execute(queries.tenants.ADMIN_DROP_OLD)
+            await conn.execute(queries.tenants.ADMIN_EXPIRE_CURRENT, float(grace))
+            await conn.execute(queries.tenants.INSERT_ADMIN_TOKEN, token_hash)
 
     async def revoke_admin_tokens(self) -> int:
         """End every operator token; how many there were."""
         async with self._conn() as conn:
-            status: str = await conn.execute(queries.REVOKE_ADMIN_TOKENS)
+            status: str = await conn.execute(queries.tenants.REVOKE_ADMIN_TOKENS)
         return int(status.split()[-1])
 
     async def admin_tokens(self) -> set[bytes]:
         """Digests of the live operator tokens (database clock)."""
-        rows = await self._fetch(queries.ADMIN_TOKENS)
+        rows = await self._fetch(queries.tenants.ADMIN_TOKENS)
         return {bytes(row["token_hash"]) for row in rows}
 
     async def token_key(self) -> bytes:
         """The per-store HMAC key for token hashes (created by migration 0004)."""
         async with self._conn() as conn:
-            value = await conn.fetchval(queries.TOKEN_KEY)
+            value = await conn.fetchval(queries.tenants.TOKEN_KEY)
         if value is None:
             raise StoreError("the store has no token key; is migration 0004 applied?")
         return bytes(value)

@@ -280,7 +280,7 @@ async def test_eligible_query_uses_partial_index(store: PgStore, conn: asyncpg.C
     for mode in ["auto", "force_generic_plan"]:
         await conn.execute(f"SET plan_cache_mode = {mode}")
         for stored_type in ["a-t3", "a-none"]:
-            rows = await conn.fetch("EXPLAIN " + queries.ELIGIBLE_IDS, stored_type)
+            rows = await conn.fetch("EXPLAIN " + queries.intake.ELIGIBLE_IDS, stored_type)
             plan = "\n".join(r[0] for r in rows)
             assert "jobs_waiting_idx" in plan, plan
             assert "Seq Scan" not in plan, plan
@@ -532,7 +532,7 @@ async def test_a_pooled_connection_goes_back_as_it_is_one_round_trip_a_call(pg_d
         await store.ping()
         await store.ping()
         await asyncio.sleep(0)  # the loggers run as callbacks of the loop
-        assert seen == [queries.PING, queries.PING]
+        assert seen == [queries.migrations.PING, queries.migrations.PING]
 
         with pytest.raises(RuntimeError):
             async with store._conn() as conn:

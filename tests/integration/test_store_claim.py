@@ -311,16 +311,16 @@ async def test_hot_path_plans_avoid_full_scans(store: PgStore, conn: asyncpg.Con
     await conn.execute("VACUUM ANALYZE jobs")
     await conn.execute("ANALYZE sysids")
 
-    claim = await _plan(conn, queries.CLAIM_IDS, "bench-t3", 100)
+    claim = await _plan(conn, queries.queue.CLAIM_IDS, "bench-t3", 100)
     assert "jobs_waiting_idx" in claim, claim
-    whole_claim = await _plan(conn, queries.CLAIM, "bench-t3", 100, "s1", 60.0)
+    whole_claim = await _plan(conn, queries.queue.CLAIM, "bench-t3", 100, "s1", 60.0)
     assert "jobs_waiting_idx" in whole_claim and "jobs_pkey" in whole_claim, whole_claim
     assert "handlers_live_idx" in whole_claim, whole_claim
-    waiting = await _plan(conn, queries.WAITING_JOBTYPES, 1000)
+    waiting = await _plan(conn, queries.queue.WAITING_JOBTYPES, 1000)
     assert "jobs_waiting_idx" in waiting, waiting
-    expire = await _plan(conn, queries.EXPIRE_LOCKS)
+    expire = await _plan(conn, queries.queue.EXPIRE_LOCKS)
     assert "jobs_running_idx" in expire, expire
-    purge = await _plan(conn, queries.PURGE_CHUNK, 3600.0, 10_000)
+    purge = await _plan(conn, queries.queue.PURGE_CHUNK, 3600.0, 10_000)
     assert "jobs_done_idx" in purge, purge
     for plan in (claim, whole_claim, waiting, expire, purge):
         assert "Seq Scan on jobs" not in plan, plan

@@ -127,12 +127,12 @@ async def test_plans_read_indexes_not_archived_jobs(
     await conn.execute("ANALYZE jobs")
     await conn.execute("ANALYZE type_counts")
     statements = [
-        (queries.QUEUE_DEPTHS_ALL, (1001, 100_000), "jobs_waiting_idx"),
-        (queries.QUEUE_DEPTHS_CLIENT, ("bench", 1001, 100_000), "jobs_waiting_idx"),
-        (queries.RUNNING_JOBS_ALL, (50,), "jobs_running_idx"),
-        (queries.RUNNING_JOBS_CLIENT, ("bench", 50), "jobs_running_idx"),
-        (queries.RECENT_FAILURES_ALL, (50, 500), "jobs_failed_idx"),
-        (queries.RECENT_FAILURES_CLIENT, ("bench", 50, 500), "jobs_failed_idx"),
+        (queries.dashboard.QUEUE_DEPTHS_ALL, (1001, 100_000), "jobs_waiting_idx"),
+        (queries.dashboard.QUEUE_DEPTHS_CLIENT, ("bench", 1001, 100_000), "jobs_waiting_idx"),
+        (queries.dashboard.RUNNING_JOBS_ALL, (50,), "jobs_running_idx"),
+        (queries.dashboard.RUNNING_JOBS_CLIENT, ("bench", 50), "jobs_running_idx"),
+        (queries.dashboard.RECENT_FAILURES_ALL, (50, 500), "jobs_failed_idx"),
+        (queries.dashboard.RECENT_FAILURES_CLIENT, ("bench", 50, 500), "jobs_failed_idx"),
     ]
     for mode in ["auto", "force_generic_plan"]:
         await conn.execute(f"SET plan_cache_mode = {mode}")

@@ -221,7 +221,7 @@ async def test_stats_plan_reads_no_done_jobs(store: PgStore, conn: asyncpg.Conne
     for mode in ["auto", "force_generic_plan"]:
         await conn.execute(f"SET plan_cache_mode = {mode}")
         for client in ["bench", "nobody"]:
-            rows = await conn.fetch("EXPLAIN " + queries.STATS, client)
+            rows = await conn.fetch("EXPLAIN " + queries.jobs.STATS, client)
             plan = "\n".join(r[0] for r in rows)
             assert "Seq Scan on jobs" not in plan, plan
             assert "jobs_waiting_idx" in plan and "jobs_running_idx" in plan, plan

@@ -92,11 +92,11 @@ async def test_migration_moves_old_hashes_as_sha256(pg_empty_dsn: str) -> None:
     """A store from before 0004: its tenants' tokens keep working as 'sha256'."""
     c = await asyncpg.connect(pg_empty_dsn)
     try:
-        await c.execute(queries.MIGRATIONS_TABLE)
+        await c.execute(queries.migrations.MIGRATIONS_TABLE)
         for migration in available_migrations():
             if migration.version < 4:
                 await c.execute(migration.sql)
-                await c.execute(queries.MIGRATION_RECORD, migration.version)
+                await c.execute(queries.migrations.MIGRATION_RECORD, migration.version)
         old = legacy_hash_token("qd_old")
         await c.execute("INSERT INTO tenants (client, token_hash) VALUES ('old', $1)", old)
         await c.execute(

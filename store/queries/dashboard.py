@@ -1,0 +1,128 @@
+"""The dashboard (GET /admin/overview, GET /{client}/overview): depths, running,
+failures, daemons, throughput."""
+
+from __future__ import annotations
+
+# Each query comes in two forms: every tenant (operator), and one tenant, whose
+# stored types are the C-collated range ['client-', 'client.') as in STATS
+# ($1 is that client; the other parameters follow it, and move up by one in
+# the operator's form). Two texts rather than "$1 IS NULL OR ...": a prepared
+# statement's generic plan could not use the range as an index condition.
+_ALL = "true"
+_ONE = "type >= $1 || '-' AND type < $1 || '.'"
+
+# Depth per stored type ({limit} rows at most, by type), without reading
+# archived jobs and without counting a deep queue to its end: the waiting
+# types are found by a loose scan of jobs_waiting_idx (one descent per type, as
+# in WAITING_JOBTYPES), and each type's waiting and scheduled jobs are counted
+# up to {cap} index entries each; running jobs from jobs_running_idx; done
+# counts from type_counts (0003). The cost is bounded by types x cap, not by
+# the number of jobs.
+_QUEUE_DEPTHS = """
+WITH RECURSIVE wtypes(type) AS (
+    (SELECT type FROM jobs WHERE lock = '' AND {scope} ORDER BY type LIMIT 1)
+    UNION ALL
+    SELECT (SELECT j.type FROM jobs j
+            WHERE j.lock = '' AND j.type > wtypes.type AND {scope_j}
+            ORDER BY j.type LIMIT 1)
+    FROM wtypes
+    WHERE wtypes.type IS NOT NULL
+), waiting AS (
+    SELECT t.type,
+           (SELECT count(*) FROM (
+                SELECT 1 FROM jobs j
+                WHERE j.type = t.type AND j.lock = '' AND j.dt <= now() LIMIT {cap}
+           ) c) AS waiting,
+           (SELECT count(*) FROM (
+                SELECT 1 FROM jobs j
+                WHERE j.type = t.type AND j.lock = '' AND j.dt > now() LIMIT {cap}
+           ) c) AS scheduled
+    FROM wtypes t
+    WHERE t.type IS NOT NULL
+), done AS (
+    SELECT type,
+           sum(n) FILTER (WHERE code = 'ok') AS done_ok,
+           sum(n) FILTER (WHERE code = 'failed') AS done_failed,
+           sum(n) FILTER (WHERE code = 'error') AS done_error
+    FROM type_counts
+    WHERE {scope} AND n <> 0
+    GROUP BY type
+), running AS (
+    SELECT type, count(*) AS running
+    FROM jobs
+    WHERE lock <> '' AND lock <> '__done' AND {scope}
+    GROUP BY type
+)
+SELECT type,
+       coalesce(w.waiting, 0) AS waiting,
+       coalesce(w.scheduled, 0) AS scheduled,
+       coalesce(w.waiting >= {cap} OR w.scheduled >= {cap}, false) AS capped,
+       coalesce(r.running, 0) AS running,
+       coalesce(d.done_ok, 0)::bigint AS done_ok,
+       coalesce(d.done_failed, 0)::bigint AS done_failed,
+       coalesce(d.done_error, 0)::bigint AS done_error
+FROM waiting w
+FULL JOIN running r USING (type)
+FULL JOIN done d USING (type)
+ORDER BY type
+LIMIT {limit}
+"""
+_ONE_J = "j.type >= $1 || '-' AND j.type < $1 || '.'"
+QUEUE_DEPTHS_ALL = _QUEUE_DEPTHS.format(scope=_ALL, scope_j=_ALL, limit="$1", cap="$2")
+QUEUE_DEPTHS_CLIENT = _QUEUE_DEPTHS.format(scope=_ONE, scope_j=_ONE_J, limit="$2", cap="$3")
+
+# Running jobs, oldest first ({limit} at most), with how many run in all. Reads
+# jobs_running_idx only: the running set is bounded by the daemons' concurrency.
+_RUNNING_JOBS = """
+SELECT id, type, lock AS sysid, attempts, create_dt, dt AS lease_until,
+       count(*) OVER () AS total
+FROM jobs
+WHERE lock <> '' AND lock <> '__done' AND {scope}
+ORDER BY create_dt, id
+LIMIT {limit}
+"""
+RUNNING_JOBS_ALL = _RUNNING_JOBS.format(scope=_ALL, limit="$1")
+RUNNING_JOBS_CLIENT = _RUNNING_JOBS.format(scope=_ONE, limit="$2")
+
+# The newest {limit} failed or errored jobs, their result cut to {chars}
+# characters. One descent of jobs_failed_idx (0006) per type that has such a
+# job (found in type_counts), at most {limit} entries each; then the newest
+# {limit} of those.
+_RECENT_FAILURES = """
+SELECT f.*
+FROM (
+    SELECT DISTINCT type FROM type_counts
+    WHERE code IN ('failed', 'error') AND n > 0 AND {scope}
+) t
+CROSS JOIN LATERAL (
+    SELECT j.id, j.type, j.code, j.exitcode, j.attempts, j.create_dt, j.done_dt,
+           left(j.result, {chars}) AS result,
+           coalesce(char_length(j.result) > {chars}, false) AS result_cut
+    FROM jobs j
+    WHERE j.type = t.type AND j.lock = '__done' AND j.code IN ('failed', 'error')
+    ORDER BY j.done_dt DESC
+    LIMIT {limit}
+) f
+ORDER BY f.done_dt DESC, f.id DESC
+LIMIT {limit}
+"""
+RECENT_FAILURES_ALL = _RECENT_FAILURES.format(scope=_ALL, limit="$1", chars="$2")
+RECENT_FAILURES_CLIENT = _RECENT_FAILURES.format(scope=_ONE, limit="$2", chars="$3")
+
+# Daemons' sysid leases ($1 at most): live ones first, then those that lapsed
+# or were released most recently.
+DAEMON_LEASES = """
+SELECT sysid, host, data_dir, expires, released_at,
+       CASE WHEN released_at IS NOT NULL THEN 'released'
+            WHEN expires IS NULL OR expires <= now() THEN 'expired'
+            ELSE 'live' END AS state,
+       now() AS now
+FROM sysids
+ORDER BY (released_at IS NULL AND expires > now()) DESC,
+         coalesce(released_at, expires) DESC NULLS LAST, sysid
+LIMIT $1
+"""
+
+# Jobs ever archived per stored type (0006), every code together: sampled by
+# each daemon for the throughput. type_counts has a row per (type, code).
+ARCHIVED_COUNTS = "SELECT type, sum(archived)::bigint AS archived FROM type_counts GROUP BY type"

@@ -1,0 +1,97 @@
+"""A tenant's view of its jobs: get, list, stats, cancel."""
+
+from __future__ import annotations
+
+_JOB_COLUMNS = """
+    id,
+    substr(type, strpos(type, '-') + 1) AS type,
+    lock, dt, create_dt, done_dt, attempts, code, exitcode, result, data
+"""
+
+GET_JOB = f"""
+SELECT {_JOB_COLUMNS}
+FROM jobs
+WHERE id = $1 AND split_part(type, '-', 1) = $2
+"""
+
+# $1 client, $2 type without prefix or NULL, $3 state or NULL, $4 limit
+_LIST_FILTERS = """
+WHERE split_part(type, '-', 1) = $1
+  AND ($2::text IS NULL OR type = $1 || '-' || $2::text)
+  AND ($3::text IS NULL OR $3::text = CASE lock
+        WHEN '' THEN 'waiting' WHEN '__done' THEN 'done' ELSE 'running' END)
+"""
+
+LIST_JOBS_FIRST = f"""
+SELECT {_JOB_COLUMNS}
+FROM jobs
+{_LIST_FILTERS}
+ORDER BY split_part(type, '-', 1), create_dt DESC, id DESC
+LIMIT $4
+"""
+
+# $5 create_dt, $6 id of the last row of the previous page. The row comparison
+# with the index's own order (both DESC) makes it an index condition.
+LIST_JOBS_AFTER = f"""
+SELECT {_JOB_COLUMNS}
+FROM jobs
+{_LIST_FILTERS}
+  AND (create_dt, id) < ($5::timestamptz, $6::text)
+ORDER BY split_part(type, '-', 1), create_dt DESC, id DESC
+LIMIT $4
+"""
+
+# $1 client. Never reads a done job: done counts come from type_counts (kept
+# by the triggers of migration 0003), waiting and scheduled from
+# jobs_waiting_idx, running from jobs_running_idx. The range on the C-collated
+# type is the client's prefix ('.' follows '-'). Every code is counted in
+# type_counts, so a type shows as long as any of its jobs exists, whatever
+# its code, as when this counted the jobs themselves.
+STATS = """
+WITH done AS (
+    SELECT type,
+           sum(n) FILTER (WHERE code = 'ok') AS done_ok,
+           sum(n) FILTER (WHERE code = 'failed') AS done_failed,
+           sum(n) FILTER (WHERE code = 'error') AS done_error
+    FROM type_counts
+    WHERE type >= $1 || '-' AND type < $1 || '.' AND n <> 0
+    GROUP BY type
+), waiting AS (
+    SELECT type,
+           count(*) FILTER (WHERE dt <= now()) AS waiting,
+           count(*) FILTER (WHERE dt > now()) AS scheduled
+    FROM jobs
+    WHERE lock = '' AND type >= $1 || '-' AND type < $1 || '.'
+    GROUP BY type
+), running AS (
+    SELECT type, count(*) AS running
+    FROM jobs
+    WHERE lock <> '' AND lock <> '__done' AND type >= $1 || '-' AND type < $1 || '.'
+    GROUP BY type
+)
+SELECT substr(type, strpos(type, '-') + 1) AS type,
+       coalesce(w.waiting, 0) AS waiting,
+       coalesce(w.scheduled, 0) AS scheduled,
+       coalesce(r.running, 0) AS running,
+       coalesce(d.done_ok, 0)::bigint AS done_ok,
+       coalesce(d.done_failed, 0)::bigint AS done_failed,
+       coalesce(d.done_error, 0)::bigint AS done_error
+FROM waiting w
+FULL JOIN running r USING (type)
+FULL JOIN done d USING (type)
+ORDER BY type
+"""
+
+# Only a waiting job; a concurrent claim that wins the row lock makes this
+# update find lock <> '' on re-check, so the caller sees Conflict, not a race.
+CANCEL_JOB = f"""
+UPDATE jobs
+SET lock = '__done',
+    done_dt = now(),
+    dt = now() + interval '1000 years',
+    code = 'failed',
+    exitcode = 499,
+    result = 'cancelled'
+WHERE id = $1 AND split_part(type, '-', 1) = $2 AND lock = ''
+RETURNING {_JOB_COLUMNS}
+"""

@@ -1,0 +1,162 @@
+"""The claim path: waiting types, claims, renewals, releases, expiry, purge, notifications."""
+
+from __future__ import annotations
+
+JOBS_CHANNEL = "qd_jobs"
+HANDLERS_CHANNEL = "qd_handlers"
+
+# $1 the payload: "" (anything may have changed) or which jobs were added and
+# are due now, as "jobtype=count" separated by spaces (see store.notes)
+NOTIFY_JOBS = "SELECT pg_notify('qd_jobs', $1)"
+# The ingest's commits do not wait for the WAL flush (the rows are seen and
+# notified at once); FLUSHED then waits for it (in add_jobs, or in flush for
+# every batch inserted before it). A transaction that wrote WAL commits
+# synchronously, flushing the WAL up to its own commit record, which comes
+# after theirs; one that only took an id (as
+# pg_current_xact_id() does) wrote none and would not wait. A transactional
+# logical message is a WAL record of a few bytes, at any wal_level.
+ASYNC_COMMIT = "SELECT set_config('synchronous_commit', 'off', true)"
+FLUSHED = "SELECT pg_logical_emit_message(true, 'queue_daemon', '')"
+
+# Stored jobtypes with eligible jobs, each counted up to $1. A loose index scan
+# over jobs_waiting_idx: each step of the recursion is one descent of the index
+# to the next distinct type, so the cost grows with the number of waiting
+# types, not of waiting jobs. The count of a type reads at most $1 index
+# entries. A type with only future jobs is stepped over with a count of 0.
+WAITING_JOBTYPES = """
+WITH RECURSIVE types(type) AS (
+    (SELECT type FROM jobs WHERE lock = '' ORDER BY type LIMIT 1)
+    UNION ALL
+    SELECT (SELECT j.type FROM jobs j
+            WHERE j.lock = '' AND j.type > types.type
+            ORDER BY j.type LIMIT 1)
+    FROM types
+    WHERE types.type IS NOT NULL
+)
+SELECT types.type, eligible.n
+FROM types
+CROSS JOIN LATERAL (
+    SELECT count(*) AS n
+    FROM (SELECT 1 FROM jobs j
+          WHERE j.type = types.type AND j.lock = '' AND j.dt <= now()
+          LIMIT $1) capped
+) eligible
+WHERE types.type IS NOT NULL AND eligible.n > 0
+"""
+
+# $1 type, $2 limit. Kept apart so a test can EXPLAIN it: it must read
+# jobs_waiting_idx, oldest dt first.
+CLAIM_IDS = """
+SELECT id FROM jobs
+WHERE type = $1 AND lock = '' AND dt <= now()
+ORDER BY dt
+LIMIT $2
+FOR UPDATE SKIP LOCKED
+"""
+
+# The type's live handler version (evaluated once per statement): the claim
+# reads it in the snapshot that found the jobs, so a job added after a handler
+# was replaced is never run by the version before (its daemon's cache may not
+# have heard of the change yet).
+LIVE_HANDLER_ID = """
+SELECT h.id FROM handlers h
+WHERE h.type = $1 AND h.deleted_at IS NULL
+ORDER BY h.dt DESC, h.id DESC
+LIMIT 1
+"""
+
+# $3 sysid, $4 lease seconds. `= ANY(ARRAY(...))` rather than `IN (...)`: the
+# array is computed first and the update then reads the primary key; with IN
+# the planner sometimes joined against a scan of the whole table (docs/architecture.md).
+# due_ms: since when the job was due, in epoch ms: the later of its creation
+# and its dt before this update (a subquery in RETURNING reads the statement's
+# snapshot, which does not see the statement's own changes); the queue log
+# reports how long each job waited from then.
+CLAIM = f"""
+UPDATE jobs
+SET lock = $3, dt = now() + make_interval(secs => $4), attempts = attempts + 1
+WHERE id = ANY(ARRAY({CLAIM_IDS}))
+RETURNING id, type, data, attempts, create_dt,
+          (SELECT floor(extract(epoch FROM greatest(o.dt, o.create_dt)) * 1000)::bigint
+           FROM jobs o WHERE o.id = jobs.id) AS due_ms,
+          ({LIVE_HANDLER_ID}) AS handler
+"""
+
+# Waiting jobs of type $1 created more than $2 seconds ago are done with
+# error 503 and result $3 (a type without a handler whose jobs' time ran
+# out), at most $4 a statement; through the waiting index, never done jobs.
+EXPIRE_WAITING = """
+UPDATE jobs
+SET lock = '__done', done_dt = now(), dt = now() + interval '1000 years',
+    code = 'error', exitcode = 503, result = $3
+WHERE id = ANY(ARRAY(
+    SELECT id FROM jobs
+    WHERE type = $1 AND lock = '' AND dt <= now()
+      AND create_dt < now() - make_interval(secs => $2)
+    LIMIT $4
+    FOR UPDATE SKIP LOCKED
+))
+RETURNING id
+"""
+
+# $1 ids, $2 sysid, $3 lease seconds
+RENEW = """
+UPDATE jobs SET dt = now() + make_interval(secs => $3)
+WHERE id = ANY($1::text[]) AND lock = $2
+"""
+
+# One row of the unnest per release: $1 id, $2 how, $3 code, $4 exitcode,
+# $5 result, $6 delay seconds, $7 refund_attempt; $8 sysid. The outcome
+# (code, exitcode, result) is written as a whole when code is given and kept
+# as it was when not, so a result never outlives the run that produced it.
+RELEASE = """
+UPDATE jobs j
+SET lock = CASE r.how WHEN 'archive' THEN '__done' ELSE '' END,
+    dt = CASE r.how
+        WHEN 'retry' THEN now() + make_interval(secs => r.delay)
+        WHEN 'unget' THEN now()
+        ELSE now() + interval '1000 years'
+    END,
+    done_dt = CASE r.how WHEN 'archive' THEN now() ELSE j.done_dt END,
+    code = CASE WHEN r.code IS NULL THEN j.code ELSE r.code END,
+    exitcode = CASE WHEN r.code IS NULL THEN j.exitcode ELSE r.exitcode END,
+    result = CASE WHEN r.code IS NULL THEN j.result ELSE r.result END,
+    attempts = CASE WHEN r.refund THEN greatest(j.attempts - 1, 0) ELSE j.attempts END
+FROM unnest($1::text[], $2::text[], $3::text[], $4::int[], $5::text[], $6::float8[],
+            $7::bool[]) AS r(id, how, code, exitcode, result, delay, refund)
+WHERE j.id = r.id AND j.lock = $8
+"""
+
+# Running jobs whose lease passed, or whose owner's sysid lapsed or was
+# released (at once, whatever their dt). Reads only running jobs
+# (jobs_running_idx), never waiting or done ones. SKIP LOCKED: a row that its
+# owner is releasing right now is left to it, and two daemons expiring at once
+# neither wait on nor deadlock with each other.
+EXPIRE_LOCKS = """
+UPDATE jobs SET lock = '', dt = now()
+WHERE id = ANY(ARRAY(
+    SELECT j.id
+    FROM jobs j
+    LEFT JOIN sysids s ON s.sysid = j.lock
+    WHERE j.lock <> '' AND j.lock <> '__done'
+      AND (j.dt < now() OR s.expires < now() OR s.released_at IS NOT NULL)
+    FOR UPDATE OF j SKIP LOCKED
+))
+RETURNING id, type, attempts
+"""
+
+# $1 retention seconds, $2 chunk size: one bounded chunk per statement; the
+# rows deleted, counted per jobtype (for the queue log).
+PURGE_CHUNK = """
+WITH gone AS (
+    DELETE FROM jobs
+    WHERE id = ANY(ARRAY(
+        SELECT id FROM jobs
+        WHERE lock = '__done' AND done_dt < now() - make_interval(secs => $1)
+        LIMIT $2
+        FOR UPDATE SKIP LOCKED
+    ))
+    RETURNING type
+)
+SELECT type, count(*)::int AS n FROM gone GROUP BY type
+"""
