@@ -29,7 +29,8 @@ from pathlib import Path
 import orjson
 
 from queue_daemon.observe.queuelog import QueueLog, Rotation
-from queue_daemon.tools.analytics import Analysis, LogFile, analyze
+from queue_daemon.tools.analytics import Analysis, analyze
+from queue_daemon.tools.readlog import LogFile
 from store.models import ClaimedJob, Release, ReleaseHow
 
 PER_REQUEST = 1000

@@ -31,6 +31,7 @@ from pathlib import Path
 import orjson
 
 from queue_daemon.names import JobType
+from queue_daemon.observe.records import Ev, record_head
 from store.models import ClaimedJob, Release, ReleaseHow
 
 logger = logging.getLogger(__name__)
@@ -62,11 +63,6 @@ def payload_sizes(payloads: Sequence[str]) -> Iterable[int]:
     if all(map(str.isascii, payloads)):
         return map(len, payloads)
     return map(payload_size, payloads)
-
-
-def _head(kind: str, at_ms: int, jobtype: str) -> str:
-    tenant, name = JobType.parse(jobtype)
-    return f'{{"ev":"{kind}","t":{at_ms},"tenant":"{tenant}","type":"{name}"'
 
 
 def _due_ms(job: ClaimedJob) -> int:
@@ -112,7 +108,7 @@ class QueueLog:
         The hot path of adds (1000 lines a request): the lines are joined from
         their constant parts and each job's id and size, without a dict or a
         format call per job."""
-        head = _head("added", at_ms, jobtype) + ',"id":"'
+        head = record_head(Ev.ADDED, at_ms, jobtype) + ',"id":"'
         tail = f'{self._sys},"dt":{dt_ms}}}\n'
         sizes = map(str, payload_sizes(payloads))
         self._append(
@@ -123,7 +119,7 @@ class QueueLog:
         """One line per claimed job: its attempt and how long it waited since it was due,
         ``wait_ms = start - max(create time, dt)``."""
         at_ms = now_ms() if at_ms is None else at_ms
-        head = _head("started", at_ms, jobtype) + ',"id":"'
+        head = record_head(Ev.STARTED, at_ms, jobtype) + ',"id":"'
         sys_part = self._sys
         self._append(
             "".join(
@@ -146,7 +142,7 @@ class QueueLog:
         """One line per run that ended (``how``: archive = done, retry, unget = put
         back without counting), and a ``retry`` line for each job that will run again."""
         at_ms = now_ms()
-        head = _head("finished", at_ms, jobtype) + ',"id":"'
+        head = record_head(Ev.FINISHED, at_ms, jobtype) + ',"id":"'
         attempts = attempts or {}
         run_ms = run_ms or {}
         sys_part = self._sys
@@ -170,8 +166,9 @@ class QueueLog:
             )
             if r.how is _RETRY:
                 delay = int(r.delay * 1000)
+                retry = record_head(Ev.RETRY, at_ms, jobtype)
                 parts.append(
-                    f'{_head("retry", at_ms, jobtype)},"id":"{r.id}","attempt":{_int(attempt)}'
+                    f'{retry},"id":"{r.id}","attempt":{_int(attempt)}'
                     f'{sys_part},"code":{_str(r.code)},"exitcode":{_int(r.exitcode)},'
                     f'"delay_ms":{delay},"dt":{at_ms + delay}}}\n'
                 )
@@ -183,21 +180,23 @@ class QueueLog:
         at_ms = now_ms()
         self._append(
             "".join(
-                f'{_head("expired", at_ms, jobtype)},"id":"{job_id}","attempt":{attempts}'
+                f'{record_head(Ev.EXPIRED, at_ms, jobtype)},"id":"{job_id}","attempt":{attempts}'
                 f"{self._sys}}}\n"
                 for job_id, jobtype, attempts in jobs
             )
         )
 
     def cancelled(self, jobtype: str, job_id: str) -> None:
-        self._append(f'{_head("cancelled", now_ms(), jobtype)},"id":"{job_id}"{self._sys}}}\n')
+        self._append(
+            f'{record_head(Ev.CANCELLED, now_ms(), jobtype)},"id":"{job_id}"{self._sys}}}\n'
+        )
 
     def purged(self, counts: Mapping[str, int]) -> None:
         """Archived jobs deleted after the retention time, counted per jobtype."""
         at_ms = now_ms()
         self._append(
             "".join(
-                f'{_head("purged", at_ms, jobtype)},"n":{n}{self._sys}}}\n'
+                f'{record_head(Ev.PURGED, at_ms, jobtype)},"n":{n}{self._sys}}}\n'
                 for jobtype, n in sorted(counts.items())
             )
         )
@@ -207,7 +206,7 @@ class QueueLog:
         (already bounded by the runner): ``{"ev": "log", …, "lines": […]}``."""
         tenant, name = JobType.parse(jobtype)
         record = {
-            "ev": "log",
+            "ev": Ev.LOG.value,
             "t": now_ms(),
             "tenant": tenant,
             "type": name,

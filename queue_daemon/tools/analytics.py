@@ -13,110 +13,31 @@ as bad, never raised.
 from __future__ import annotations
 
 import gzip
-import io
-import math
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any
 
-import orjson
+from queue_daemon.observe.records import Ev, read_head
+from queue_daemon.tools.quantiles import PERCENTILE_METHOD, PERCENTILES, Quantiles
+from queue_daemon.tools.readlog import LogFile, file_size, in_time_order
 
-from queue_daemon.names import JobType
-
-GZIP_MAGIC = b"\x1f\x8b"
-EXACT_MAX = 1024  # values kept exactly per sketch before it switches to buckets
-RELATIVE_ERROR = 0.01  # of a percentile once a sketch uses buckets
-_GAMMA = (1 + RELATIVE_ERROR) / (1 - RELATIVE_ERROR)
-_LOG_GAMMA = math.log(_GAMMA)
-_SMALLEST = 1e-3  # ms; anything at or below counts as zero
 MINUTE_MS = 60_000
 _NEVER_LO = 1 << 62  # first_ms before any line
 _NEVER_HI = -(1 << 62)
 CODES = ("ok", "failed", "error", "retry")
-PERCENTILES = (50, 95, 99)
-PERCENTILE_METHOD = (
-    f"exact (nearest rank) up to {EXACT_MAX} values per tenant and type, beyond that "
-    f"log-scale buckets with at most {RELATIVE_ERROR:.0%} relative error"
+# the record kinds as plain strings: compared once per line in the inner loop
+_ADDED, _STARTED, _FINISHED, _RETRY = (
+    Ev.ADDED.value,
+    Ev.STARTED.value,
+    Ev.FINISHED.value,
+    Ev.RETRY.value,
 )
-
-
-class Quantiles:
-    """Percentiles of a stream of non-negative numbers in bounded memory.
-
-    Exact (nearest rank) while it holds at most ``EXACT_MAX`` values; then a
-    log-bucket sketch (as DDSketch): with ``g = (1+e)/(1-e)``, bucket ``i`` holds
-    values in ``(g^(i-1), g^i]`` and reports ``2g^i/(g+1)``, within ``e = RELATIVE_ERROR``
-    of every value in it. A few thousand buckets cover 1 µs to years in ms.
-    Sketches merge by adding their buckets.
-    """
-
-    __slots__ = ("buckets", "count", "values", "zeros")
-
-    def __init__(self) -> None:
-        self.values: list[float] | None = []
-        self.buckets: Counter[int] = Counter()
-        self.zeros = 0
-        self.count = 0
-
-    def add(self, value: float) -> None:
-        self.count += 1
-        values = self.values
-        if values is not None:
-            values.append(value)
-            if len(values) > EXACT_MAX:
-                self.values = None
-                for v in values:
-                    self._bucket(v)
-            return
-        self._bucket(value)
-
-    def _bucket(self, value: float) -> None:
-        if value <= _SMALLEST:
-            self.zeros += 1
-        else:
-            self.buckets[math.ceil(math.log(value) / _LOG_GAMMA)] += 1
-
-    def merge(self, other: Quantiles) -> None:
-        """Add ``other``'s values (sketches of several daemons or files combine)."""
-        if other.values is not None:
-            for v in other.values:
-                self.add(v)
-            return
-        if self.values is not None:
-            values, self.values = self.values, None
-            for v in values:
-                self._bucket(v)
-        self.buckets.update(other.buckets)
-        self.zeros += other.zeros
-        self.count += other.count
-
-    def quantile(self, q: float) -> float | None:
-        """The nearest-rank ``q`` quantile (0 < q <= 1); None when empty."""
-        if not self.count:
-            return None
-        rank = max(1, math.ceil(q * self.count))
-        if self.values is not None:
-            return sorted(self.values)[rank - 1]
-        if rank <= self.zeros:
-            return 0.0
-        seen = self.zeros
-        for index in sorted(self.buckets):
-            seen += self.buckets[index]
-            if seen >= rank:
-                return 2 * _GAMMA**index / (_GAMMA + 1)
-        return None  # not reached: the buckets hold count - zeros values
-
-    def summary(self) -> dict[str, float | int | None]:
-        out: dict[str, float | int | None] = {"n": self.count}
-        for p in PERCENTILES:
-            value = self.quantile(p / 100)
-            out[f"p{p}"] = None if value is None else round(value, 3)
-        return out
+_CANCELLED, _EXPIRED, _PURGED = Ev.CANCELLED.value, Ev.EXPIRED.value, Ev.PURGED.value
 
 
 @dataclass(slots=True)
@@ -163,20 +84,11 @@ class Analysis:
     def feed(self, raw: bytes) -> None:
         """One line of a logfile (the inner loop of ``stats``: kept flat)."""
         self.lines += 1
-        try:
-            record = orjson.loads(raw)
-            ev = record["ev"]
-            t = record["t"]
-            name = record["type"]
-            tenant = record.get("tenant")
-        except (orjson.JSONDecodeError, KeyError, TypeError, AttributeError):
+        parsed = read_head(raw)
+        if parsed is None:
             self.bad += 1
             return
-        if type(t) is not int or type(ev) is not str or type(name) is not str:
-            self.bad += 1
-            return
-        if tenant is None:  # lines of earlier versions: type "client-type"
-            tenant, name = JobType.parse(name)
+        ev, t, tenant, name, record = parsed
         if not self._lo <= t < self._hi:
             return
         if self.tenants is not None and tenant not in self.tenants:
@@ -202,15 +114,15 @@ class Analysis:
             self._last = t
 
     def _count(self, group: Group, ev: str, t: int, record: dict[str, Any]) -> None:
-        if ev == "added":
+        if ev == _ADDED:
             group.added += 1
             self.added_per_minute[t // MINUTE_MS] += 1
-        elif ev == "started":
+        elif ev == _STARTED:
             wait = record.get("wait_ms")
             if wait is not None:
                 group.wait.add(_number(wait))
             group.started += 1
-        elif ev == "finished":
+        elif ev == _FINISHED:
             ran = record.get("run_ms")
             if ran is not None:
                 group.run.add(_number(ran))
@@ -220,14 +132,14 @@ class Analysis:
                 self.done_per_minute[t // MINUTE_MS] += 1
             elif how == "unget":
                 group.put_back += 1
-        elif ev == "retry":
+        elif ev == _RETRY:
             group.retries += 1
-        elif ev == "cancelled":
+        elif ev == _CANCELLED:
             group.cancelled += 1
             self.done_per_minute[t // MINUTE_MS] += 1
-        elif ev == "expired":
+        elif ev == _EXPIRED:
             group.expired += 1
-        elif ev == "purged":
+        elif ev == _PURGED:
             group.purged += int(record.get("n", 0))
 
     @property
@@ -308,59 +220,6 @@ def _number(value: object) -> float:
 # --- reading ------------------------------------------------------------------
 
 
-class LogFile:
-    """One logfile opened for reading; ``position`` is how far into the file on
-    disk (compressed bytes for gzip) reading has come."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self._raw: IO[bytes] = path.open("rb")
-        gzipped = self._raw.read(2) == GZIP_MAGIC
-        self._raw.seek(0)
-        self.lines: IO[bytes] = (
-            io.BufferedReader(gzip.GzipFile(fileobj=self._raw, mode="rb"), 1 << 20)
-            if gzipped
-            else self._raw
-        )
-
-    @property
-    def position(self) -> int:
-        return self._raw.tell()
-
-    def close(self) -> None:
-        self.lines.close()
-        self._raw.close()
-
-    def __enter__(self) -> LogFile:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-def first_time(path: Path, probe: int = 100) -> int | None:
-    """The time of the first readable record among the first ``probe`` lines."""
-    try:
-        with LogFile(path) as log:
-            for _, raw in zip(range(probe), log.lines, strict=False):
-                try:
-                    t = orjson.loads(raw).get("t")
-                except (orjson.JSONDecodeError, AttributeError):
-                    continue
-                if isinstance(t, int):
-                    return t
-    except (OSError, EOFError, gzip.BadGzipFile):
-        return None
-    return None
-
-
-def in_time_order(paths: Iterable[Path]) -> list[Path]:
-    """Rotated files and live files in the order they were written."""
-    keyed = [(first_time(p), p.name, p) for p in paths]
-    keyed.sort(key=lambda k: (k[0] if k[0] is not None else math.inf, k[1]))
-    return [p for _, _, p in keyed]
-
-
 class Progress:
     """A one-line progress bar on a terminal's stderr; silent otherwise."""
 
@@ -416,17 +275,10 @@ def analyze(
             analysis.bad += 1
             if on_error is not None:
                 on_error(path, exc)
-        base += _size(path)
+        base += file_size(path)
     if progress is not None:
         progress.end()
     return analysis
-
-
-def _size(path: Path) -> int:
-    try:
-        return path.stat().st_size
-    except OSError:
-        return 0
 
 
 def parse_time(value: str) -> int:

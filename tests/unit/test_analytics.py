@@ -14,8 +14,10 @@ import orjson
 import pytest
 
 from queue_daemon.cli import main
-from queue_daemon.tools import analytics
-from queue_daemon.tools.analytics import Analysis, Progress, Quantiles, analyze, in_time_order
+from queue_daemon.tools import quantiles
+from queue_daemon.tools.analytics import Analysis, Progress, analyze
+from queue_daemon.tools.quantiles import Quantiles
+from queue_daemon.tools.readlog import in_time_order
 
 T0 = 1_700_000_040_000  # on a minute boundary
 MIN = 60_000
@@ -294,7 +296,7 @@ def test_sketch_percentiles_within_the_documented_error() -> None:
         exact = ordered[math.ceil(q * len(values)) - 1]
         for estimate in (sketch.quantile(q), halves[0].quantile(q)):
             assert estimate is not None
-            assert abs(estimate - exact) <= analytics.RELATIVE_ERROR * exact + 1e-9
+            assert abs(estimate - exact) <= quantiles.RELATIVE_ERROR * exact + 1e-9
 
 
 def test_progress_bar_only_on_a_terminal() -> None:
