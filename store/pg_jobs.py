@@ -63,9 +63,21 @@ class JobsPart(PgBase):
             await self.flush()
         return added
 
-    async def flush(self) -> None:
-        """Return once every row added before the call is durable (WAL flushed)."""
-        await self._fetch(queries.queue.FLUSHED)
+    async def flush(self) -> str:
+        """Return once every row added before the call is durable (WAL flushed), with
+        the epoch of the server that flushed; see ``epoch``."""
+        row = await self._fetchrow(queries.queue.FLUSHED)
+        assert row is not None
+        return str(row["epoch"])
+
+    async def epoch(self) -> str:
+        """The server's incarnation (its start time). A flush covers only rows
+        committed on its own incarnation: rows added after ``epoch`` returned E and
+        flushed by a ``flush`` that returned E are durable; otherwise the server
+        restarted in between and may have lost them."""
+        row = await self._fetchrow(queries.queue.SERVER_EPOCH)
+        assert row is not None
+        return str(row[0])
 
     async def _add_many(self, records: list[NewJob]) -> int:
         parts = max(1, min(self.COPY_PARTS, len(records) // self.MIN_PART_ROWS))

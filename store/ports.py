@@ -44,8 +44,14 @@ class JobIntake(Protocol):
         """Insert jobs, idempotent by id; return how many rows were new. Without
         ``durable`` it returns once they are seen, before they are flushed."""
 
-    async def flush(self) -> None:
-        """Return once every job added before the call is durable."""
+    async def flush(self) -> str:
+        """Return once every job added before the call is durable, with the epoch
+        (the server's incarnation) it was flushed on."""
+
+    async def epoch(self) -> str:
+        """The server's incarnation. Jobs added after ``epoch`` returned E are made
+        durable by a ``flush`` that returns E; a flush that returns another epoch
+        means the server restarted in between and may have lost them."""
 
 
 class JobQueue(Protocol):

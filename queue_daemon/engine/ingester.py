@@ -8,9 +8,11 @@ point over them (one fsync). A line added behind a batch so does not also wait
 for that batch's flushes. The insert is idempotent by id, so a crash between
 insert and rsync re-ingests the batch without duplicating it; rows that a
 store crash took before they were flushed are inserted again before the read
-point passes them. While the store is unreachable a pipeline keeps its batch
-and retries with capped exponential backoff; adds keep landing in the journal
-meanwhile.
+point passes them: those of a flush that failed, and those inserted on an
+earlier incarnation of the server than the one that flushed (its epoch, read
+before each insert), which a crash and a quick restart would otherwise hide.
+While the store is unreachable a pipeline keeps its batch and retries with
+capped exponential backoff; adds keep landing in the journal meanwhile.
 """
 
 from __future__ import annotations
@@ -74,7 +76,8 @@ class Ingester:
         self._first_busy_since: float | None = None  # the first pipeline's batch began
         self._first_busy_lines = 0  # ... and its lines
         self.last_error: str | None = None
-        self._unsettled: list[tuple[Reservation, list[NewJob]]] = []  # in, not known flushed
+        # in the store, not known flushed: each batch with the epoch it was inserted on
+        self._unsettled: list[tuple[Reservation, list[NewJob], str]] = []
         self._room = asyncio.Semaphore(MAX_UNSETTLED)
         self._to_settle = asyncio.Event()
         self._pipelines_done = False
@@ -129,12 +132,12 @@ class Ingester:
             try:
                 entries = await journal.read(reservation)
                 jobs = to_new_jobs(entries)
-                await self._insert(jobs, durable=False)
+                epoch = await self._insert(jobs, durable=False)
             finally:
                 if not helper:
                     self._first_busy_since = None
             await self._room.acquire()
-            self._unsettled.append((reservation, jobs))
+            self._unsettled.append((reservation, jobs, epoch))
             self._to_settle.set()
             streaming = began - last_began < 2 * SMALL_BATCH_CYCLE
             last_began = began
@@ -154,18 +157,26 @@ class Ingester:
                 continue
             batches, self._unsettled = self._unsettled, []
             try:
-                await self._store.flush()
+                epoch = await self._store.flush()
             except StoreError as exc:
                 # a store that went away may have lost rows not yet flushed
+                again = batches
+                reason = f"ingest flush failed ({exc})"
+            else:
+                # a flush on a server that restarted since a batch went in does not
+                # cover that batch: the crash may have taken it
+                again = [batch for batch in batches if batch[2] != epoch]
+                reason = "the store restarted since they were inserted"
+            if again:
                 logger.warning(
-                    "ingest flush failed (%s): inserting %d batches again",
-                    exc,
-                    len(batches),
+                    "%s: inserting %d batches again",
+                    reason,
+                    len(again),
                     extra={"action": "ingest_reinsert"},
                 )
-                for _, jobs in batches:
-                    await self._insert(jobs, durable=True, count=False)
-            for reservation, _ in batches:
+            for _, jobs, _ in again:
+                await self._insert(jobs, durable=True, count=False)
+            for reservation, _, _ in batches:
                 await self._journal.rsync(reservation)
                 self._room.release()
 
@@ -175,12 +186,15 @@ class Ingester:
             return False
         return self._first_busy_lines >= BIG_BATCH or loop.time() - since >= HELP_AFTER
 
-    async def _insert(self, jobs: list[NewJob], *, durable: bool, count: bool = True) -> None:
+    async def _insert(self, jobs: list[NewJob], *, durable: bool, count: bool = True) -> str:
         """Insert until it succeeds; ``count``: add the new rows to ``ingested`` (not
-        when inserting again rows that may or may not have been lost)."""
+        when inserting again rows that may or may not have been lost). Return the
+        store's epoch read before the insert that succeeded ("" when ``durable``):
+        a flush on another epoch does not cover these rows."""
         backoff = Backoff(0.05, 5.0, jitter=True)
         while True:
             try:
+                epoch = "" if durable else await self._store.epoch()
                 added = await self._store.add_jobs(jobs, durable=durable)
                 # not `self.ingested += await ...`: that reads the count before the
                 # await, and a concurrent pipeline's rows would be lost from it
@@ -189,7 +203,7 @@ class Ingester:
                 if self.last_error is not None:
                     logger.info("store reachable again", extra={"action": "ingest_resumed"})
                     self.last_error = None
-                return
+                return epoch
             except StoreUnavailable as exc:
                 reason = f"store unavailable: {exc}"
             except StoreError as exc:

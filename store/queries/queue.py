@@ -16,7 +16,13 @@ NOTIFY_JOBS = "SELECT pg_notify('qd_jobs', $1)"
 # pg_current_xact_id() does) wrote none and would not wait. A transactional
 # logical message is a WAL record of a few bytes, at any wal_level.
 ASYNC_COMMIT = "SELECT set_config('synchronous_commit', 'off', true)"
-FLUSHED = "SELECT pg_logical_emit_message(true, 'queue_daemon', '')"
+# Both also name the server's incarnation (its start time): a flush proves
+# durable only the commits made on the incarnation it ran on.
+FLUSHED = (
+    "SELECT pg_logical_emit_message(true, 'queue_daemon', ''), "
+    "pg_postmaster_start_time()::text AS epoch"
+)
+SERVER_EPOCH = "SELECT pg_postmaster_start_time()::text"
 
 # Stored jobtypes with eligible jobs, each counted up to $1. A loose index scan
 # over jobs_waiting_idx: each step of the recursion is one descent of the index

@@ -44,6 +44,8 @@ class FakeStore:
     fail: dict[str, int] = field(default_factory=dict)  # method -> failures still to raise
     calls: dict[str, int] = field(default_factory=dict)
     now: Callable[[], datetime] = lambda: datetime.now(UTC)
+    incarnation: int = 1  # the server's epoch; ``restart`` starts another
+    _unflushed: list[str] = field(default_factory=list)  # ids added, not yet flushed
     _versions: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
 
     def _call(self, name: str) -> None:
@@ -60,10 +62,25 @@ class FakeStore:
             if job.id not in self.rows:
                 self.rows[job.id] = Row(job.id, job.type, job.dt, job.data, job.create_dt)
                 new += 1
+                if not durable:
+                    self._unflushed.append(job.id)
         return new
 
-    async def flush(self) -> None:
+    async def flush(self) -> str:
         self._call("flush")
+        self._unflushed.clear()
+        return str(self.incarnation)
+
+    async def epoch(self) -> str:
+        self._call("epoch")
+        return str(self.incarnation)
+
+    def restart(self) -> None:
+        """A crash and restart: rows added but not yet flushed are gone."""
+        for job_id in self._unflushed:
+            self.rows.pop(job_id, None)
+        self._unflushed.clear()
+        self.incarnation += 1
 
     # JobQueue
     def _due(self, row: Row) -> bool:

@@ -41,7 +41,7 @@ class FlushStore:
         self.inserted.append(durable)
         return await self._store.add_jobs(jobs, durable=durable)
 
-    async def flush(self) -> None:
+    async def flush(self) -> str:
         self.flushes += 1
         self.flushing.set()
         await self.gate.wait()
@@ -49,7 +49,7 @@ class FlushStore:
             self.lose -= 1
             await self._conn.execute("DELETE FROM jobs")
             raise StoreUnavailable("the server went away")
-        await self._store.flush()
+        return await self._store.flush()
 
 
 async def _count(conn: asyncpg.Connection) -> int:

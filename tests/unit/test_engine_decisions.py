@@ -306,3 +306,35 @@ async def test_adding_the_same_rows_again_counts_nothing_new() -> None:
     assert await store.add_jobs(jobs) == 3
     assert await store.add_jobs(jobs) == 0  # a crash between insert and read point
     assert len(store.rows) == 3
+
+
+async def test_rows_a_quick_restart_took_before_their_flush_are_inserted_again(
+    tmp_path: Path,
+) -> None:
+    """A crash between a batch's insert and its flush, with the server back before the
+    flush: the flush succeeds on the new server, which never had the rows. The
+    epoch each batch was inserted on tells the ingester to insert them again."""
+    store = FakeStore()
+    flush = store.flush
+    restarted = False
+
+    async def restart_before_the_first_flush() -> str:
+        nonlocal restarted
+        if not restarted:
+            restarted = True
+            store.restart()
+        return await flush()
+
+    store.flush = restart_before_the_first_flush  # type: ignore[method-assign]
+    now_ms = int(datetime.now(UTC).timestamp() * 1000)
+    async with await Journal.open(tmp_path / "journal") as journal:
+        ids = [f"r{n}" for n in range(30)]
+        await journal.write("acme-t", ids, ["p"] * 30, create_ms=now_ms, dt_ms=now_ms)
+        ingester = Ingester(journal, store, batch=10, workers=1)
+        task = asyncio.create_task(ingester.run())
+        try:
+            assert await ingester.drain(10.0), "the journal was not ingested"
+        finally:
+            ingester.stop()
+            await asyncio.wait_for(task, 10)
+    assert restarted and sorted(store.rows) == sorted(ids)
