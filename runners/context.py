@@ -24,15 +24,13 @@ import os
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
-
-import orjson
 
 from runners import framing
-from runners.codes import ERROR, NOT_RUN, TIMEOUT, valid_exitcode
+from runners.codes import ERROR, TIMEOUT
 from runners.errors import ContextFailed, FrameTooLarge, ProtocolError
 from runners.models import HandlerSpec, JobInput, JobResult
-from runners.output import OutputLimits, clip, parse_output
+from runners.output import OutputLimits
+from runners.results import failed, job_result, not_run
 from runners.ring import LineRing, drain
 from runners.sandbox import Child, Sandbox, describe_exit
 
@@ -260,7 +258,9 @@ class Context:
                     if running is None or job_id != running.id:
                         raise ProtocolError(f"unexpected result of job {job_id!r}")
                     now = loop.time()
-                    results.append(self._job_result(running, message, (now - began) * 1000))
+                    result = job_result(running, message, (now - began) * 1000, self._limits)
+                    self.broken = self.broken or result.recycle  # e.g. after a MemoryError
+                    results.append(result)
                     began = now
                     running = None
                 elif op == "done":
@@ -345,49 +345,6 @@ class Context:
         tail = [line for line in self.output.tail(STDERR_TAIL) if line.strip()]
         return f"{text}: " + " | ".join(tail) if tail else text
 
-    def _job_result(self, job: JobInput, message: dict[str, Any], run_ms: float) -> JobResult:
-        exitcode = message.get("exitcode")
-        result = message.get("result")
-        output = message.get("output")
-        emits = message.get("emits")
-        if (
-            not output
-            and not emits
-            and valid_exitcode(exitcode)
-            and (result is None or isinstance(result, str))
-            and "recycle" not in message
-        ):  # the common case, quickly
-            if result is not None:
-                result = clip(result, self._limits.max_result_bytes)
-            return JobResult(id=job.id, exitcode=exitcode, result=result, run_ms=run_ms)
-        pairs: list[tuple[object, object]] = []
-        if isinstance(emits, list):
-            for emit in emits:
-                ok = isinstance(emit, list) and len(emit) == 2
-                pairs.append((emit[0], emit[1]) if ok else (None, None))
-        parsed = parse_output(output if isinstance(output, str) else "", self._limits, pairs)
-        if not valid_exitcode(exitcode):
-            result = f"invalid exit code {clip(repr(exitcode), 100)}"
-            exitcode = ERROR
-        elif result is not None and not isinstance(result, str):
-            result = orjson.dumps(result).decode()
-        if parsed.exitcode is not None:
-            exitcode = parsed.exitcode
-            if parsed.result_set:
-                result = parsed.result
-        if message.get("recycle"):
-            self.broken = True  # e.g. MemoryError: the process may be in a bad state
-        assert isinstance(exitcode, int)
-        return JobResult(
-            id=job.id,
-            exitcode=exitcode,
-            result=None if result is None else clip(result, self._limits.max_result_bytes),
-            emits=parsed.emits,
-            log=parsed.log,
-            dropped=parsed.dropped,
-            run_ms=run_ms,
-        )
-
     # ------------------------------------------------------------------ close
 
     async def close(self) -> None:
@@ -431,11 +388,3 @@ class Context:
 def pipe_file(fd: int, mode: str) -> io.FileIO:
     """An unbuffered file object owning ``fd``, for the event loop's pipe transports."""
     return io.FileIO(fd, mode[0], closefd=True)
-
-
-def failed(job: JobInput, exitcode: int, reason: str) -> JobResult:
-    return JobResult(id=job.id, exitcode=exitcode, result=reason)
-
-
-def not_run(job: JobInput, reason: str) -> JobResult:
-    return JobResult(id=job.id, exitcode=NOT_RUN, result=f"not started: {reason}", ran=False)

@@ -54,3 +54,5 @@ class JobResult:
     ran: bool = True
     # milliseconds from its start to its result, when the runner measured it
     run_ms: float | None = None
+    # the context said it may be in a bad state (e.g. after a MemoryError): recycle it
+    recycle: bool = False

@@ -24,11 +24,12 @@ from collections.abc import Sequence, Set
 from dataclasses import dataclass
 
 from runners.codes import ERROR
-from runners.context import Context, failed, not_run
+from runners.context import Context
 from runners.errors import ContextFailed, SandboxError
 from runners.http import HttpRunner
 from runners.models import LANGS, HandlerSpec, JobInput, JobResult
 from runners.output import OutputLimits
+from runners.results import failed, not_run
 from runners.sandbox import Limits, Sandbox
 from runners.sandbox.addresses import AddressPolicy
 from runners.sandbox.cpuplace import RT_HOLD_S

@@ -1,0 +1,68 @@
+"""A job's result as the daemon keeps it: from a context's reply, or for a job that
+failed or never ran."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from runners.codes import ERROR, NOT_RUN, valid_exitcode
+from runners.models import JobInput, JobResult
+from runners.output import OutputLimits, clip, parse_output
+
+
+def job_result(
+    job: JobInput, message: dict[str, Any], run_ms: float, limits: OutputLimits
+) -> JobResult:
+    """A job's result from its context's reply: exit code, result, output lines
+    (follow-on jobs, status lines, log). ``recycle`` in the reply (e.g. after a
+    MemoryError) marks the result ``recycle``: the context may be in a bad state."""
+    exitcode = message.get("exitcode")
+    result = message.get("result")
+    output = message.get("output")
+    emits = message.get("emits")
+    if (
+        not output
+        and not emits
+        and valid_exitcode(exitcode)
+        and (result is None or isinstance(result, str))
+        and "recycle" not in message
+    ):  # the common case, quickly
+        if result is not None:
+            result = clip(result, limits.max_result_bytes)
+        return JobResult(id=job.id, exitcode=exitcode, result=result, run_ms=run_ms)
+    pairs: list[tuple[object, object]] = []
+    if isinstance(emits, list):
+        for emit in emits:
+            ok = isinstance(emit, list) and len(emit) == 2
+            pairs.append((emit[0], emit[1]) if ok else (None, None))
+    parsed = parse_output(output if isinstance(output, str) else "", limits, pairs)
+    if not valid_exitcode(exitcode):
+        result = f"invalid exit code {clip(repr(exitcode), 100)}"
+        exitcode = ERROR
+    elif result is not None and not isinstance(result, str):
+        result = orjson.dumps(result).decode()
+    if parsed.exitcode is not None:
+        exitcode = parsed.exitcode
+        if parsed.result_set:
+            result = parsed.result
+    assert isinstance(exitcode, int)
+    return JobResult(
+        id=job.id,
+        exitcode=exitcode,
+        result=None if result is None else clip(result, limits.max_result_bytes),
+        emits=parsed.emits,
+        log=parsed.log,
+        dropped=parsed.dropped,
+        run_ms=run_ms,
+        recycle=bool(message.get("recycle")),
+    )
+
+
+def failed(job: JobInput, exitcode: int, reason: str) -> JobResult:
+    return JobResult(id=job.id, exitcode=exitcode, result=reason)
+
+
+def not_run(job: JobInput, reason: str) -> JobResult:
+    return JobResult(id=job.id, exitcode=NOT_RUN, result=f"not started: {reason}", ran=False)
