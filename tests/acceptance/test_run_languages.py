@@ -393,7 +393,9 @@ async def test_before_runs_once_per_context(api: Api, handlers: Handlers) -> Non
     # batches of a new type side by side while it learns their run time)
     assert all(result.split(":")[1] == "1" for result in served), served
     assert len({result.split(":")[0] for result in served}) == len(served), served
-    assert len(served) <= 5 and max(served.values()) >= 10, served
+    # (how many contexts run side by side is the worker's timing: four learning
+    # batches, then learnt batches that may overlap them; never one per job)
+    assert len(served) <= 8 and max(served.values()) >= 10, served
 
 
 async def test_a_replaced_handler_runs_jobs_picked_up_afterwards(
