@@ -40,7 +40,7 @@ TARGET_RATIO = 1.5
 async def _claim_archive(store: PgStore, type_: str, batch: int) -> int:
     claimed = await store.claim(type_, batch, sysid=SYSID, lease=60)
     releases = [Release(id=j.id, how=ReleaseHow.ARCHIVE, code="ok", exitcode=200) for j in claimed]
-    if await store.release(releases, sysid=SYSID) != len(claimed):
+    if len(await store.release(releases, sysid=SYSID)) != len(claimed):
         raise BenchError("an archive did not apply to every claimed job")
     return len(claimed)
 

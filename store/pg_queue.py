@@ -108,12 +108,12 @@ class QueuePart(PgBase):
             status = await conn.execute(queries.queue.RENEW, sorted(ids), sysid, float(lease))
         return int(status.rsplit(" ", 1)[1])  # "UPDATE <n>"
 
-    async def release(self, releases: Sequence[Release], *, sysid: str) -> int:
+    async def release(self, releases: Sequence[Release], *, sysid: str) -> set[str]:
         if not releases:
-            return 0
+            return set()
         ordered = sorted(releases, key=lambda r: r.id)
         async with self._conn() as conn:
-            status = await conn.execute(
+            rows = await conn.fetch(
                 queries.queue.RELEASE,
                 [r.id for r in ordered],
                 [ReleaseHow(r.how).value for r in ordered],
@@ -124,7 +124,7 @@ class QueuePart(PgBase):
                 [r.refund_attempt for r in ordered],
                 sysid,
             )
-        return int(status.rsplit(" ", 1)[1])
+        return {row[0] for row in rows}
 
     async def expire_locks(self) -> list[ExpiredLock]:
         rows = await self._fetch(queries.queue.EXPIRE_LOCKS)

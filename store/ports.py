@@ -71,8 +71,9 @@ class JobQueue(Protocol):
     async def renew(self, ids: Sequence[str], *, sysid: str, lease: float) -> int:
         """dt = now + lease for those of ``ids`` locked by ``sysid``; return how many."""
 
-    async def release(self, releases: Sequence[Release], *, sysid: str) -> int:
-        """Apply each release to its job if locked by ``sysid``; return how many applied."""
+    async def release(self, releases: Sequence[Release], *, sysid: str) -> set[str]:
+        """Apply each release to its job if locked by ``sysid``; return the ids it
+        applied to (the others' leases were lost: their outcome is discarded)."""
 
     async def expire_locks(self) -> list[ExpiredLock]:
         """Unlock (lock '', eligible now) running jobs whose lease passed, and at

@@ -309,9 +309,15 @@ class Worker:
         run_ms: dict[str, float],
     ) -> None:
         backoff = Backoff(RETRY_FIRST_S, RETRY_MAX_S)
+        lost: list[Release] = []
         while releases:
             try:
-                await self._store.release(releases, sysid=self._sysid)
+                applied = await self._store.release(releases, sysid=self._sysid)
+                if len(applied) < len(releases):
+                    # the lease ran out first (this daemon stalled, or the store was
+                    # down past it): another run decides these jobs, not this one
+                    lost = [r for r in releases if r.id not in applied]
+                    releases = [r for r in releases if r.id in applied]
                 break
             except StoreError as exc:
                 # keep trying: the lease runs out meanwhile and another daemon may rerun
@@ -324,8 +330,16 @@ class Worker:
         self._tenants.ended(tenant_of(jobtype))
         self._scheduler.jobs_stopped(jobtype, len(jobs))
         self.finished += len(jobs)
-        self._queuelog.finished(
-            jobtype, releases, attempts={job.id: job.attempts for job in jobs}, run_ms=run_ms
-        )
+        attempts = {job.id: job.attempts for job in jobs}
+        self._queuelog.finished(jobtype, releases, attempts=attempts, run_ms=run_ms)
         self._metrics.finished(jobtype, releases)
+        if lost:
+            logger.warning(
+                "%d job(s) of %s finished after this daemon lost their lease; outcome discarded",
+                len(lost),
+                jobtype,
+                extra={"action": "lost_lease"},
+            )
+            self._queuelog.lost_lease(jobtype, lost, attempts=attempts, run_ms=run_ms)
+            self._metrics.lost_lease(jobtype, len(lost))
         self._wake.set()

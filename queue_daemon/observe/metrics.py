@@ -158,6 +158,7 @@ class Metrics:
         self._added: dict[tuple[str, str], int] = {}
         self._started: dict[tuple[str, str], int] = {}
         self._finished: dict[tuple[str, str, str], int] = {}
+        self._lost_lease: dict[tuple[str, str], int] = {}
         self._add_seconds = _Histogram(FAST_BUCKETS)
         self._claim_seconds = _Histogram(FAST_BUCKETS)
         self._run_seconds: dict[str, _Histogram] = {}
@@ -200,6 +201,11 @@ class Metrics:
             key = (tenant, jobtype, code or NO_CODE)
             finished[key] = finished.get(key, 0) + count
 
+    def lost_lease(self, stored_type: str, count: int) -> None:
+        """Runs whose outcome the store refused: the daemon no longer held them."""
+        labels = self.labels.stored(stored_type)
+        self._lost_lease[labels] = self._lost_lease.get(labels, 0) + count
+
     def event_families(self) -> Iterable[Metric]:
         for name, documentation, labels, values in (
             (
@@ -220,6 +226,13 @@ class Metrics:
                 " (ok, failed, retry, error; requeued: put back without a run)",
                 ["tenant", "type", "code"],
                 self._finished,
+            ),
+            (
+                "queue_jobs_lost_lease",
+                "Runs ended after this daemon lost their lease (stalled, or the store down"
+                " past it): their outcome was refused and is not counted as finished",
+                ["tenant", "type"],
+                self._lost_lease,
             ),
         ):
             family = CounterMetricFamily(name, documentation, labels=labels)

@@ -174,6 +174,29 @@ class QueueLog:
                 )
         self._append("".join(parts))
 
+    def lost_lease(
+        self,
+        jobtype: str,
+        releases: Sequence[Release],
+        *,
+        attempts: Mapping[str, int],
+        run_ms: Mapping[str, float],
+    ) -> None:
+        """Runs that ended after this daemon lost their lease (it stalled, or the
+        store was down past it): the store refused their outcome, which another
+        run decides. ``code`` and ``exitcode`` are the outcome discarded."""
+        at_ms = now_ms()
+        head = record_head(Ev.LOST_LEASE, at_ms, jobtype)
+        parts = []
+        for r in releases:
+            ran = run_ms.get(r.id)
+            parts.append(
+                f'{head},"id":"{r.id}","attempt":{_int(attempts.get(r.id))}{self._sys}'
+                f',"code":{_str(r.code)},"exitcode":{_int(r.exitcode)}'
+                f',"run_ms":{"null" if ran is None else f"{ran:.3f}"}}}\n'
+            )
+        self._append("".join(parts))
+
     def expired(self, jobs: Iterable[tuple[str, str, int]]) -> None:
         """Locks that ran out (a daemon died or stalled): ``(id, jobtype, attempts)``
         of each job made eligible again; ``sysid`` is the daemon that expired them."""

@@ -26,6 +26,7 @@ class Ev(enum.StrEnum):
     FINISHED = "finished"  # a run ended: archived, retried or put back
     RETRY = "retry"  # a job that will run again, and when
     EXPIRED = "expired"  # a lease ran out; the job waits again
+    LOST_LEASE = "lost-lease"  # a run ended after its daemon lost the lease: outcome discarded
     CANCELLED = "cancelled"  # a waiting job cancelled by its tenant
     PURGED = "purged"  # archived jobs deleted after the retention time, counted
     LOG = "log"  # what a run printed that was neither a follow-on job nor a status
@@ -38,6 +39,7 @@ FIELDS: dict[Ev, tuple[str, ...]] = {
     Ev.FINISHED: ("id", "attempt", "sysid", "code", "exitcode", "run_ms", "how"),
     Ev.RETRY: ("id", "attempt", "sysid", "code", "exitcode", "delay_ms", "dt"),
     Ev.EXPIRED: ("id", "attempt", "sysid"),
+    Ev.LOST_LEASE: ("id", "attempt", "sysid", "code", "exitcode", "run_ms"),
     Ev.CANCELLED: ("id", "sysid"),
     Ev.PURGED: ("n", "sysid"),
     Ev.LOG: ("id", "lines"),  # no sysid: the daemon that ran it is in the started line

@@ -38,6 +38,7 @@ _ADDED, _STARTED, _FINISHED, _RETRY = (
     Ev.RETRY.value,
 )
 _CANCELLED, _EXPIRED, _PURGED = Ev.CANCELLED.value, Ev.EXPIRED.value, Ev.PURGED.value
+_LOST_LEASE = Ev.LOST_LEASE.value
 
 
 @dataclass(slots=True)
@@ -52,6 +53,7 @@ class Group:
     put_back: int = 0  # runs ended without counting (shutdown, context died first)
     cancelled: int = 0
     expired: int = 0  # locks that ran out
+    lost_lease: int = 0  # runs ended after their daemon lost the lease (outcome refused)
     purged: int = 0
     wait: Quantiles = field(default_factory=Quantiles)
     run: Quantiles = field(default_factory=Quantiles)
@@ -139,6 +141,8 @@ class Analysis:
             self.done_per_minute[t // MINUTE_MS] += 1
         elif ev == _EXPIRED:
             group.expired += 1
+        elif ev == _LOST_LEASE:
+            group.lost_lease += 1
         elif ev == _PURGED:
             group.purged += int(record.get("n", 0))
 
@@ -178,6 +182,7 @@ class Analysis:
                     "retries": g.retries,
                     "put_back": g.put_back,
                     "expired": g.expired,
+                    "lost_lease": g.lost_lease,
                     "purged": g.purged,
                     "wait_ms": g.wait.summary(),
                     "run_ms": g.run.summary(),

@@ -131,6 +131,7 @@ SET lock = CASE r.how WHEN 'archive' THEN '__done' ELSE '' END,
 FROM unnest($1::text[], $2::text[], $3::text[], $4::int[], $5::text[], $6::float8[],
             $7::bool[]) AS r(id, how, code, exitcode, result, delay, refund)
 WHERE j.id = r.id AND j.lock = $8
+RETURNING j.id
 """
 
 # Running jobs whose lease passed, or whose owner's sysid lapsed or was

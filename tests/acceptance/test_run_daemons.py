@@ -13,7 +13,9 @@ literally into the handler's source.
 from __future__ import annotations
 
 import itertools
+import json
 import os
+import signal
 import time
 from collections import defaultdict
 from dataclasses import dataclass
@@ -25,6 +27,7 @@ import pytest
 
 from tests.acceptance.client import Api, Handlers, until, wait_all_done, wait_done
 from tests.acceptance.daemon import DaemonFactory, DaemonProcess, add_tenant, shared_dir
+from tests.acceptance.scrape import scrape, value
 from tests.acceptance.storecheck import duplicates, fetch_counts
 
 CLIENT = "many"
@@ -274,3 +277,54 @@ def alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+async def test_a_run_ended_after_a_stall_past_the_lease_is_logged_as_lost_not_done(
+    pg_dsn: str, daemons: DaemonFactory, open_tmp: Path, session: aiohttp.ClientSession
+) -> None:
+    # --no-auth: /metrics of each daemon is open
+    args = ("--lease", "2", "--max-batch", "1", "--no-auth")
+    [stalled], token = await start_fleet(daemons, pg_dsn, open_tmp, 1, *args)
+    log = shared_dir(open_tmp) / "runs.txt"
+    api = Api(session, stalled.url, CLIENT, token)
+    await Handlers(api).add(JOBTYPE, "python", recording_handler(log, None), timeout=20)
+    hold = log.parent / "hold"
+    hold.touch()
+    [job_id] = await api.add(JOBTYPE, [f"hold:{hold}"])
+
+    async def started() -> bool | None:
+        return True if any(r.job_id == job_id for r in read_runs(log)) else None
+
+    await until(started, 20, "the first daemon to start the job", interval=0.05)
+    os.kill(stalled.pid, signal.SIGSTOP)
+    try:
+        hold.unlink()  # its run ends while the daemon is stopped and cannot hear it
+        survivor = daemons.start(open_tmp / "data-survivor", pg_dsn, *args)
+        other = api.at(survivor.url)
+        job = await wait_done(other, job_id, within=30)
+        assert (job["code"], job["exitcode"]) == ("ok", 200), job
+    finally:
+        os.kill(stalled.pid, signal.SIGCONT)
+
+    def lines(daemon_dir: Path, ev: str) -> list[dict[str, object]]:
+        records = []
+        for path in daemon_dir.glob("queue-*.log"):
+            for text in path.read_text().splitlines():
+                record = json.loads(text)
+                if record["ev"] == ev and record.get("id") == job_id:
+                    records.append(record)
+        return records
+
+    async def refused() -> list[dict[str, object]] | None:
+        return lines(stalled.data_dir, "lost-lease") or None
+
+    [lost] = await until(refused, 20, "the stalled daemon to log its late run as lost")
+    assert lost["code"] == "ok"
+    assert lines(stalled.data_dir, "finished") == [], "a refused release was logged as done"
+    assert len(lines(survivor.data_dir, "finished")) == 1
+    late, fresh = await scrape(api), await scrape(other)
+    assert value(late, "queue_jobs_lost_lease_total", tenant=CLIENT, type=JOBTYPE) == 1
+    finished = "queue_jobs_finished_total"
+    assert value(late, finished, tenant=CLIENT, type=JOBTYPE, code="ok") == 0
+    assert value(fresh, finished, tenant=CLIENT, type=JOBTYPE, code="ok") == 1
+    assert_no_overlapping_runs(read_runs(log))

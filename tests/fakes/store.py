@@ -141,14 +141,14 @@ class FakeStore:
             row.dt = self.now() + timedelta(seconds=lease)
         return len(mine)
 
-    async def release(self, releases: Sequence[Release], *, sysid: str) -> int:
+    async def release(self, releases: Sequence[Release], *, sysid: str) -> set[str]:
         self._call("release")
-        applied = 0
+        applied: set[str] = set()
         for release in releases:
             row = self.rows.get(release.id)
             if row is None or row.lock != sysid:
                 continue
-            applied += 1
+            applied.add(release.id)
             if release.refund_attempt:
                 row.attempts -= 1
             if release.code is not None:

@@ -12,7 +12,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import cast
 
+import orjson
 import pytest
+from prometheus_client import generate_latest
 
 from journal import Journal, JournalError
 from queue_daemon.engine.batching import BATCH_TARGET_S, FIRST_BATCH, LEARNING_BATCHES, BatchSizes
@@ -23,6 +25,7 @@ from queue_daemon.engine.intake import Intake
 from queue_daemon.engine.waiting import NO_HANDLER_RECHECK_S, WaitingTypes, claimable
 from queue_daemon.engine.worker import Worker, WorkerSettings
 from queue_daemon.names import JobType
+from queue_daemon.observe.metrics import Metrics
 from queue_daemon.observe.queuelog import QueueLog
 from runners.models import HandlerSpec, JobInput, JobResult
 from store.models import NewJob
@@ -271,6 +274,47 @@ async def test_a_failed_release_is_tried_again(running: Running) -> None:
     worker.on_jobs(None)
     await until(lambda: len(store.done()) == 1, "the release to go through")
     assert store.calls["release"] == 3
+
+
+async def test_a_run_ended_after_its_lease_was_lost_is_not_counted_as_finished(
+    tmp_path: Path,
+) -> None:
+    store, pool, metrics = FakeStore(), InstantPool(), Metrics()
+    queuelog = QueueLog(tmp_path / "queue.log")
+    worker = Worker(
+        store=store,
+        intake=cast(Intake, RecordingIntake()),
+        pool=pool,
+        handlers=HandlerCache(store),
+        queuelog=queuelog,
+        sysid="s1",
+        settings=WorkerSettings(concurrency=3, job_ttl=60.0, lease=30.0),
+        metrics=metrics,
+    )
+    store.set_handler("acme-t", "...")
+    pool.gate.clear()
+    kept, lost = store.add("acme-t", "a", "b")
+    task = asyncio.create_task(worker.run())
+    try:
+        worker.on_jobs(None)
+        await until(lambda: worker.running == 2, "both jobs to run")
+        # meanwhile the lease of one ran out and another daemon holds it now
+        store.rows[lost].lock = "s2"
+        pool.gate.set()
+        await until(lambda: worker.running == 0, "both runs to end")
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    assert [r.id for r in store.done()] == [kept]
+    assert store.rows[lost].lock == "s2" and store.rows[lost].code is None
+    await queuelog.close()
+    lines = [orjson.loads(line) for line in (tmp_path / "queue.log").read_bytes().splitlines()]
+    finished = [(r["id"], r["code"]) for r in lines if r["ev"] == "finished"]
+    refused = [(r["id"], r["code"]) for r in lines if r["ev"] == "lost-lease"]
+    assert finished == [(kept, "ok")] and refused == [(lost, "ok")]
+    scraped = generate_latest(metrics.registry).decode()
+    assert 'queue_jobs_finished_total{code="ok",tenant="acme",type="t"} 1.0' in scraped
+    assert 'queue_jobs_lost_lease_total{tenant="acme",type="t"} 1.0' in scraped
 
 
 # --- the ingester against the fake store ----------------------------------------------

@@ -25,6 +25,12 @@ async def test_every_kind_written_has_exactly_its_declared_fields(tmp_path: Path
         attempts={"j1": 1},
         run_ms={"j1": 2.5},
     )
+    log.lost_lease(
+        "acme-t",
+        [Release(id="j1", how=ReleaseHow.ARCHIVE, code="ok", exitcode=200)],
+        attempts={"j1": 1},
+        run_ms={"j1": 2.5},
+    )
     log.expired([ExpiredLock("j1", "acme-t", 1)])
     log.cancelled("acme-t", "j1")
     log.purged({"acme-t": 3})
