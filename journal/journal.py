@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 from collections import deque
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -32,6 +33,10 @@ from journal.segments import (
 )
 
 logger = logging.getLogger(__name__)
+
+# Below this many free bytes on the journal's file system an add cannot count on
+# being written: readiness says so before the writes start failing.
+LOW_SPACE_BYTES = 1 << 20
 
 
 @dataclass(slots=True)
@@ -68,6 +73,9 @@ class Journal(JournalReader):
         self._wake = asyncio.Event()
         self._closed = False
         self._broken: str | None = None
+        # the last write that failed (disk full, quota) and the free space then;
+        # cleared by the next write that succeeds
+        self._failed: tuple[str, int] | None = None
         self._flusher = asyncio.create_task(self._flush_loop(), name=f"journal-flusher {path}")
         self._flusher.add_done_callback(self._flusher_done)
 
@@ -116,6 +124,23 @@ class Journal(JournalReader):
     def writable(self) -> bool:
         """False once closed or after a failed fsync (writes raise JournalUnavailable)."""
         return not self._closed and self._broken is None
+
+    def write_problem(self) -> str | None:
+        """Why an add cannot be written now, or None: closed, broken by a failed
+        fsync, its file system (nearly) full, or the last write failed and no space
+        was freed since."""
+        if self._closed:
+            return f"journal {self.path} is closed"
+        if self._broken is not None:
+            return self._broken
+        free = _free_bytes(self.path)
+        if free is not None and free < LOW_SPACE_BYTES:
+            return f"the journal's file system is full ({free:,} bytes free)"
+        if self._failed is not None:
+            message, free_then = self._failed
+            if free is None or free <= free_then:
+                return message
+        return None
 
     @property
     def fsync_count(self) -> int:
@@ -190,6 +215,7 @@ class Journal(JournalReader):
             return
         except JournalUnavailable as e:
             logger.error("journal: %s", e, extra={"action": "journal_write_failed"})
+            self._failed = (str(e), _free_bytes(self.path) or 0)
             self._fail(items, e)
             return
         except Exception as e:  # unknown state of the file: same as a failed fsync
@@ -224,6 +250,7 @@ class Journal(JournalReader):
             self._unread_lines += b.lines
             self._unread_bytes += size
         self._durable_end = (segment, offset)
+        self._failed = None
         self._readable.set()
         for item in items:
             if not item.future.done():
@@ -269,3 +296,14 @@ class Journal(JournalReader):
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
+
+
+def _free_bytes(path: Path) -> int | None:
+    """Bytes this process may still write on ``path``'s file system (root may use
+    the blocks reserved for it), or None when that cannot be read."""
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return None
+    blocks = st.f_bfree if os.geteuid() == 0 else st.f_bavail
+    return blocks * st.f_frsize

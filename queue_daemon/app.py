@@ -129,7 +129,7 @@ def _sources(
     return Sources(
         sysid=identity.sysid,
         journal_lag=journal_lag,
-        journal_writable=lambda: journal.writable,
+        journal_writable=lambda: journal.write_problem() is None,
         ingested=lambda: ingester.ingested,
         running=lambda: worker.running,
         contexts=pool.contexts_by_lang,
@@ -161,6 +161,9 @@ class Daemon:
     async def start(self) -> None:
         settings = self.settings
         open_files = raise_open_files_limit()
+        # the queue log and the runners' work root live here even when the store
+        # is external and the journal elsewhere
+        settings.data_dir.mkdir(parents=True, exist_ok=True)
         logger.debug("open files limit %d", open_files, extra={"action": "nofile_limit"})
         if settings.store is None:
             # the embedded server's processes start in the daemon's CPU place, ahead

@@ -47,12 +47,13 @@ async def _parts(services: Services) -> tuple[dict[str, Any], list[str]]:
     lag = services.journal.lag
     store_reason = await _ping(services)
     problems = [] if store_reason is None else [store_reason]
-    if not services.journal.writable:
-        problems.append("the journal cannot be written")
+    journal_reason = services.journal.write_problem()
+    if journal_reason is not None:
+        problems.append(f"the journal cannot be written: {journal_reason}")
     body = {
         "sysid": services.sysid,
         "store": "ok" if store_reason is None else "unreachable",
-        "journal": "ok" if services.journal.writable else "failed",
+        "journal": "ok" if journal_reason is None else "failed",
         "ingest_lag": {
             "lines": lag.unread_lines,
             "bytes": lag.unread_bytes,
@@ -102,9 +103,7 @@ async def readyz(request: web.Request) -> web.Response:
         lease_reason = f"the sysid lease was last renewed {lease_age:.0f} s ago"
     checks = {
         "store": _check(await _ping(services)),
-        "journal": _check(
-            None if services.journal.writable else "the journal cannot be written (fsync failed)"
-        ),
+        "journal": _check(services.journal.write_problem()),
         "ingest_lag": _check(
             None
             if lag_s <= settings.ready_lag

@@ -16,6 +16,7 @@ import sys
 from collections.abc import Sequence
 from urllib.parse import urlsplit
 
+from journal import JournalError
 from queue_daemon import app
 from queue_daemon.cli.commands import admin_command, journal_check, stats_command, tenant_command
 from queue_daemon.cli.config import CliError, settings_from
@@ -78,7 +79,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except CliError as exc:
         print(f"queue-daemon: error: {exc}", file=sys.stderr)
         return 2
-    except (StoreError, SysidError) as exc:
+    except (StoreError, SysidError, JournalError) as exc:
         print(f"queue-daemon: error: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

@@ -142,6 +142,9 @@ class Api:
     async def healthz(self) -> Reply:
         return await self.request("GET", "/healthz", auth=False)
 
+    async def livez(self) -> Reply:
+        return await self.request("GET", "/livez", auth=False)
+
     async def readyz(self) -> Reply:
         return await self.request("GET", "/readyz", auth=False)
 
