@@ -10,6 +10,7 @@ logs client mistakes at debug level only.
 from __future__ import annotations
 
 import logging
+import re
 from typing import Any
 
 import orjson
@@ -19,6 +20,7 @@ from aiohttp.web_protocol import RequestHandler
 
 logger = logging.getLogger(__name__)
 
+_QUOTED = re.compile(r"b?'[^']*'|b?\"[^\"]*\"")  # a quoted part of the request
 _KINDS = {413: "too_large", 431: "too_large", 404: "not_found", 405: "method_not_allowed"}
 
 
@@ -57,9 +59,12 @@ def _reason(exc: BaseException | None, message: str | None) -> str:
         # its own message quotes the start of the oversized line back to the client
         return "the request line or a header field is over 8190 bytes"
     text = str(getattr(exc, "message", "") or message or exc or "bad request")
-    # the parser's messages can quote the raw request: keep them short and printable
-    text = text.replace("\n", " ").replace("\r", " ")
-    return text[:200]
+    # the parser's messages quote the raw line they stopped at (":\n\n  b'…'\n  ^"),
+    # which may be the request's Authorization header: keep the description only,
+    # and no quoted part of the request in it
+    text = text.split("\n", 1)[0].strip().rstrip(":")
+    text = _QUOTED.sub("…", text)
+    return text[:200] or "bad request"
 
 
 class _JsonErrorServer(web.Server):

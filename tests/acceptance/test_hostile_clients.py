@@ -615,3 +615,42 @@ async def test_the_daemon_logged_no_traceback(deployment: Deployment, api: Api) 
     log = deployment.daemon.stderr_text()
     assert "Traceback" not in log, log[-4000:]
     assert " ERROR " not in log, log[-4000:]
+
+
+@pytest.mark.parametrize(
+    "after",
+    [
+        b"X-Bad\x01Name: v",
+        b"Content-Length: 1x",
+        b"Transfer-Encoding: chunked, identity",
+        b"Bad header line without a colon",
+        b"X-Ctl: a\x7fb",
+        b"\x7f",  # the bad byte ends the Authorization line itself
+        b"\x01",
+    ],
+    ids=[
+        "control char in a name",
+        "bad length",
+        "bad encoding",
+        "no colon",
+        "DEL in a value",
+        "DEL in the token",
+        "control char in the token",
+    ],
+)
+async def test_a_parser_error_never_echoes_the_authorization_header(
+    deployment: Deployment, api: Api, after: bytes
+) -> None:
+    secret = deployment.tokens[CLIENT]
+    request = (
+        b"POST /hostile/job/t/add HTTP/1.1\r\nHost: test\r\nConnection: close\r\n"
+        + f"Authorization: Bearer {secret}".encode()
+        + (after if len(after) == 1 else b"\r\n" + after)
+        + b"\r\nContent-Length: 1\r\n\r\nx"
+    )
+    reply = await _exchange(deployment.url, request)
+    assert reply is not None, "closed without a reply"
+    assert 400 <= reply.status < 500, reply
+    assert_error(reply, reply.status)
+    assert secret.encode() not in reply.body and b"Bearer" not in reply.body, reply
+    await _still_serving(api)
