@@ -25,6 +25,7 @@ import aiohttp
 import asyncpg
 import pytest
 
+from runners.sandbox.cgroups import pid_alive
 from tests.acceptance.client import Api, Handlers, until, wait_all_done, wait_done
 from tests.acceptance.daemon import DaemonFactory, DaemonProcess, add_tenant, shared_dir
 from tests.acceptance.scrape import scrape, value
@@ -242,7 +243,7 @@ async def test_sigterm_hands_unfinished_jobs_back_at_once(
     # the interrupted runs' processes died with the stopped daemon
     for run in runs:
         if run.end is None:
-            assert not alive(run.pid), f"{run}: its process outlived its daemon"
+            assert not pid_alive(run.pid), f"{run}: its process outlived its daemon"
     shown = f"victim {victim.pid}, survivor {survivor.pid}: {runs}"
     assert {r.job_id for r in runs if r.end is not None and r.ppid == survivor.pid} == set(ids), (
         shown
@@ -267,16 +268,6 @@ async def test_slow_jobs_of_a_new_type_run_side_by_side(
         f"8 jobs of 1 s took {elapsed:.1f} s: run one after another "
         f"({len({r.pid for r in runs})} process(es))"
     )
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 async def test_a_run_ended_after_a_stall_past_the_lease_is_logged_as_lost_not_done(

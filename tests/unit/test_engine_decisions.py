@@ -320,6 +320,18 @@ async def test_a_run_ended_after_its_lease_was_lost_is_not_counted_as_finished(
 # --- the ingester against the fake store ----------------------------------------------
 
 
+async def ingest_all(journal: Journal, store: FakeStore, *, batch: int) -> Ingester:
+    """Run an ingester until the journal is in the store, then stop it."""
+    ingester = Ingester(journal, store, batch=batch, workers=1)
+    task = asyncio.create_task(ingester.run())
+    try:
+        assert await ingester.drain(10.0), "the journal was not ingested"
+    finally:
+        ingester.stop()
+        await asyncio.wait_for(task, 10)
+    return ingester
+
+
 async def test_the_ingester_waits_out_a_store_that_is_down_and_loses_nothing(
     tmp_path: Path,
 ) -> None:
@@ -331,13 +343,7 @@ async def test_the_ingester_waits_out_a_store_that_is_down_and_loses_nothing(
         await journal.write(
             "acme-t", ids, [f"p{n}" for n in range(50)], create_ms=now_ms, dt_ms=now_ms
         )
-        ingester = Ingester(journal, store, batch=20, workers=1)
-        task = asyncio.create_task(ingester.run())
-        try:
-            assert await ingester.drain(10.0), "the journal was not ingested"
-        finally:
-            ingester.stop()
-            await asyncio.wait_for(task, 10)
+        ingester = await ingest_all(journal, store, batch=20)
     assert sorted(store.rows) == sorted(ids)
     assert ingester.ingested == 50 and ingester.last_error is None
     assert store.calls["add_jobs"] >= 4  # three refusals, then the rows went in
@@ -374,11 +380,5 @@ async def test_rows_a_quick_restart_took_before_their_flush_are_inserted_again(
     async with await Journal.open(tmp_path / "journal") as journal:
         ids = [f"r{n}" for n in range(30)]
         await journal.write("acme-t", ids, ["p"] * 30, create_ms=now_ms, dt_ms=now_ms)
-        ingester = Ingester(journal, store, batch=10, workers=1)
-        task = asyncio.create_task(ingester.run())
-        try:
-            assert await ingester.drain(10.0), "the journal was not ingested"
-        finally:
-            ingester.stop()
-            await asyncio.wait_for(task, 10)
+        await ingest_all(journal, store, batch=10)
     assert restarted and sorted(store.rows) == sorted(ids)
