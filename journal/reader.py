@@ -75,8 +75,11 @@ class JournalReader:
     def _has_readable(self) -> bool:
         return bool(self._fresh) or self._peek_returned() is not None
 
-    def read_reserve(self, max_lines: int, timeout: float) -> Reservation | None:
-        """Reserve the next readable whole batches, up to max_lines (at least one batch).
+    def read_reserve(
+        self, max_lines: int, timeout: float, max_bytes: int | None = None
+    ) -> Reservation | None:
+        """Reserve the next readable whole batches, up to max_lines and max_bytes of
+        bodies (at least one batch, however large).
 
         Batches of a reservation not rsync'ed within ``timeout`` seconds become
         readable again, ahead of newer ones. None when nothing is readable.
@@ -87,23 +90,26 @@ class JournalReader:
         now = time.monotonic()
         self._expire(now)
         taken: list[BatchRecord] = []
-        lines = 0
+        lines = size = 0
+        byte_cap = max_bytes if max_bytes is not None else float("inf")
         full = False
         while (b := self._peek_returned()) is not None:
-            if taken and lines + b.lines > max_lines:
+            if taken and (lines + b.lines > max_lines or size + b.body_len > byte_cap):
                 full = True
                 break
             heapq.heappop(self._returned)
             taken.append(b)
             lines += b.lines
+            size += b.body_len
         fresh = self._fresh
         while not full and fresh:
             b = fresh[0]
-            if taken and lines + b.lines > max_lines:
+            if taken and (lines + b.lines > max_lines or size + b.body_len > byte_cap):
                 break
             fresh.popleft()
             taken.append(b)
             lines += b.lines
+            size += b.body_len
         if not taken:
             return None
         rid = self._next_rid

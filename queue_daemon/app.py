@@ -35,7 +35,7 @@ from queue_daemon.engine.ids import IdGenerator
 from queue_daemon.engine.ingester import Ingester
 from queue_daemon.engine.intake import Intake
 from queue_daemon.engine.limits import Limits
-from queue_daemon.engine.quotas import RateLimiter, WaitingLimiter
+from queue_daemon.engine.quotas import Admission, RateLimiter, WaitingLimiter
 from queue_daemon.engine.worker import Worker, WorkerSettings
 from queue_daemon.observe.metrics import Metrics, Sources
 from queue_daemon.observe.overview import Overview
@@ -211,6 +211,10 @@ class Daemon:
         )
         metrics = Metrics(tenants=settings.metrics_tenants, types=settings.metrics_types)
         intake = Intake(journal=journal, ids=ids, queuelog=queuelog, metrics=metrics)
+        self.waiting = WaitingLimiter(store, settings.waiting_refresh)
+        admission = Admission(
+            RateLimiter(settings.tenant_rate, settings.tenant_burst), self.waiting
+        )
         self.worker = worker = Worker(
             store=store,
             intake=intake,
@@ -229,6 +233,7 @@ class Daemon:
             ),
             limits=limits,
             metrics=metrics,
+            admission=admission,
         )
         metrics.watch(store, _sources(identity, ingester, worker, pool))
         supervisor = self.supervisor
@@ -241,7 +246,6 @@ class Daemon:
         throughput = Throughput()
         supervisor.start("throughput", throughput.run(store))
 
-        self.waiting = WaitingLimiter(store, settings.waiting_refresh)
         services = Services(
             settings=settings,
             store=store,
@@ -251,8 +255,8 @@ class Daemon:
             ingester=ingester,
             queuelog=queuelog,
             handlers=handlers,
-            rates=RateLimiter(settings.tenant_rate, settings.tenant_burst),
-            waiting=self.waiting,
+            rates=admission.rates,
+            waiting=admission.waiting,
             limits=limits,
             overview=Overview(store, throughput, identity.sysid),
             sysid=identity.sysid,

@@ -50,6 +50,8 @@ class Settings:
     http_allow: tuple[Network, ...] = ()  # non-public networks http handlers may reach
     tenant_waiting: int = 1_000_000  # waiting + scheduled jobs of one tenant (0 = no limit)
     tenant_handlers: int = 1000  # live handlers of one tenant (0 = no limit)
+    tenant_follow_ons: int = 1000  # follow-on jobs one run may add
+    tenant_emit: int = 4 * MIB  # bytes of follow-on payloads one run may add
     result_limit: int = MIB  # bytes of a job's result kept
     waiting_refresh: float = 1.0  # seconds between counts of an adding tenant's waiting jobs
     ready_lag: float = 30.0  # seconds of ingest lag over which /readyz answers 503
@@ -66,6 +68,8 @@ class Settings:
             payload=self.payload_limit,
             result=self.result_limit,
             handlers=self.tenant_handlers,
+            follow_ons=self.tenant_follow_ons,
+            emit=self.tenant_emit,
         )
 
     def journal_dir(self, sysid: str) -> Path:

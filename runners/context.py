@@ -28,7 +28,7 @@ from pathlib import Path
 from runners import framing
 from runners.codes import ERROR, TIMEOUT
 from runners.errors import ContextFailed, FrameTooLarge, ProtocolError
-from runners.models import HandlerSpec, JobInput, JobResult
+from runners.models import HandlerSpec, JobInput, JobResult, ResultSink
 from runners.output import OutputLimits
 from runners.results import failed, job_result, not_run
 from runners.ring import LineRing, drain
@@ -187,37 +187,47 @@ class Context:
 
     # ------------------------------------------------------------------ batches
 
-    async def run_batch(self, jobs: Sequence[JobInput], timeout_per_job: float) -> list[JobResult]:
+    async def run_batch(
+        self, jobs: Sequence[JobInput], timeout_per_job: float, sink: ResultSink | None = None
+    ) -> list[JobResult]:
         """Every job's result, in order. Never raises for what the child does: a crash,
         a timeout or a protocol error ends the running job as 500/504 and the jobs
         not yet started as ``ran=False``, and marks the context ``broken``.
         """
         results: list[JobResult] = []
-        for frame, chunk in self._chunks(jobs):
+        for frame, chunk in self._chunks(jobs, None if sink is None else sink.emit_limit):
             if self.broken:
                 results += [not_run(job, "the context stopped on an earlier job") for job in chunk]
                 continue
-            results += await self._run_chunk(frame, chunk, timeout_per_job)
+            results += await self._run_chunk(frame, chunk, timeout_per_job, sink)
         self.jobs_run += len(jobs)
         self.last_used = time.monotonic()
         return results
 
-    def _chunks(self, jobs: Sequence[JobInput]) -> list[tuple[bytes, Sequence[JobInput]]]:
+    def _chunks(
+        self, jobs: Sequence[JobInput], emit_limit: int | None
+    ) -> list[tuple[bytes, Sequence[JobInput]]]:
         """Batch frames of at most 64 MiB (a batch of big payloads is split)."""
-        message = {
+        message: dict[str, object] = {
             "op": "batch",
             "jobs": [{"id": j.id, "payload": j.payload, "attempt": j.attempt} for j in jobs],
         }
+        if emit_limit is not None:
+            message["emit"] = emit_limit
         try:
             return [(framing.encode(message), jobs)]
         except FrameTooLarge:
             if len(jobs) == 1:
                 raise
         half = len(jobs) // 2
-        return self._chunks(jobs[:half]) + self._chunks(jobs[half:])
+        return self._chunks(jobs[:half], emit_limit) + self._chunks(jobs[half:], emit_limit)
 
     async def _run_chunk(
-        self, frame: bytes, jobs: Sequence[JobInput], timeout_per_job: float
+        self,
+        frame: bytes,
+        jobs: Sequence[JobInput],
+        timeout_per_job: float,
+        sink: ResultSink | None,
     ) -> list[JobResult]:
         timeout = timeout_per_job
         assert self._writer is not None and self._reader is not None
@@ -263,6 +273,11 @@ class Context:
                     results.append(result)
                     began = now
                     running = None
+                    if sink is not None:
+                        del message  # what the result does not hold (its output) is freed
+                        # the time the daemon takes is not the next job's
+                        self._deadline = loop.time() + timeout
+                        results[-1] = await sink.take(result)
                 elif op == "done":
                     if running is not None or index < len(jobs):
                         raise ProtocolError("done before every job had a result")

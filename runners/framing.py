@@ -24,7 +24,7 @@ def encode(message: dict[str, Any]) -> bytes:
     return HEADER.pack(len(data)) + data
 
 
-def decode(data: bytes | bytearray) -> dict[str, Any]:
+def decode(data: bytes | bytearray | memoryview) -> dict[str, Any]:
     """The message of a frame's body; ProtocolError when it is not a JSON object."""
     try:
         message = orjson.loads(data)
@@ -112,7 +112,10 @@ class FrameReader:
             end = offset + HEADER.size + length
             if end > size:
                 break
-            self._ready.append(decode(buffer[offset + HEADER.size : end]))
+            with memoryview(buffer) as view:  # no copy of a big frame
+                self._ready.append(decode(view[offset + HEADER.size : end]))
             offset = end
-        if offset:
+        if offset == size and size > READ_SIZE:
+            self._buffer = bytearray()  # a big frame's room is given back
+        elif offset:
             del buffer[:offset]

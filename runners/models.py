@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Protocol
 
 LANGS = ("python", "node", "shell", "http")
 
@@ -49,6 +50,8 @@ class JobResult:
     log: list[str] = field(default_factory=list)  # bounded
     # why each follow-on job the handler asked for was rejected (bad type or payload)
     dropped: list[str] = field(default_factory=list)
+    # follow-on jobs the context dropped itself, over the run's emit limit in bytes
+    emit_over: int = 0
     # False when the job never started (its context died or timed out on an
     # earlier job of the batch): the daemon puts it back without counting a run
     ran: bool = True
@@ -56,3 +59,17 @@ class JobResult:
     run_ms: float | None = None
     # the context said it may be in a bad state (e.g. after a MemoryError): recycle it
     recycle: bool = False
+
+
+class ResultSink(Protocol):
+    """Takes each result as it arrives, before the next job's: the daemon takes the
+    follow-on jobs out (journaling them in chunks), so a batch never holds every
+    job's follow-on jobs at once."""
+
+    @property
+    def emit_limit(self) -> int:
+        """Bytes of follow-on payloads one run may add: a context drops the rest
+        itself (``emit_over`` in its reply), so they never reach the daemon."""
+
+    async def take(self, result: JobResult) -> JobResult:
+        """The result to keep."""

@@ -27,7 +27,7 @@ from runners.codes import ERROR
 from runners.context import Context
 from runners.errors import ContextFailed, SandboxError
 from runners.http import HttpRunner
-from runners.models import LANGS, HandlerSpec, JobInput, JobResult
+from runners.models import LANGS, HandlerSpec, JobInput, JobResult, ResultSink
 from runners.output import OutputLimits
 from runners.results import failed, not_run
 from runners.sandbox import Limits, Sandbox
@@ -99,8 +99,12 @@ class RunnerPool:
 
     # ------------------------------------------------------------------ running
 
-    async def run_batch(self, spec: HandlerSpec, jobs: Sequence[JobInput]) -> list[JobResult]:
-        """One result per job, in order. Never raises for what a handler does."""
+    async def run_batch(
+        self, spec: HandlerSpec, jobs: Sequence[JobInput], sink: ResultSink | None = None
+    ) -> list[JobResult]:
+        """One result per job, in order. Never raises for what a handler does.
+        ``sink`` takes the results of python, node and shell jobs as they arrive;
+        the caller handles the others from the list."""
         if not jobs:
             return []
         if self._closed:
@@ -113,7 +117,7 @@ class RunnerPool:
             logger.error("the sandbox cannot start handlers: %s", exc, extra={"action": "sandbox"})
             return [failed(job, ERROR, f"the sandbox cannot start handlers: {exc}") for job in jobs]
         if spec.lang == "shell":
-            return await self._shell.run_batch(spec, jobs)
+            return await self._shell.run_batch(spec, jobs, sink)
         if spec.lang == "http":
             return await self._http.run_batch(spec, jobs)
         key = spec.context_key
@@ -137,7 +141,7 @@ class RunnerPool:
             )
             return [failed(job, ERROR, message) for job in jobs]
         try:
-            return await context.run_batch(jobs, spec.timeout)
+            return await context.run_batch(jobs, spec.timeout, sink)
         except BaseException:
             context.broken = True  # cancelled or failed mid-batch: never reuse it
             raise

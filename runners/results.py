@@ -22,9 +22,11 @@ def job_result(
     result = message.get("result")
     output = message.get("output")
     emits = message.get("emits")
+    over = message.get("emit_over")
     if (
         not output
         and not emits
+        and not over
         and valid_exitcode(exitcode)
         and (result is None or isinstance(result, str))
         and "recycle" not in message
@@ -55,6 +57,7 @@ def job_result(
         emits=parsed.emits,
         log=parsed.log,
         dropped=parsed.dropped,
+        emit_over=over if isinstance(over, int) and not isinstance(over, bool) and over > 0 else 0,
         run_ms=run_ms,
         recycle=bool(message.get("recycle")),
     )

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from runners.codes import ERROR, OK, TIMEOUT
-from runners.models import HandlerSpec, JobInput, JobResult
+from runners.models import HandlerSpec, JobInput, JobResult, ResultSink
 from runners.output import OutputLimits, parse_output
 from runners.ring import LineRing, drain
 from runners.sandbox import Sandbox, describe_exit
@@ -41,14 +41,17 @@ class ShellRunner:
         self._limits = limits
         self._concurrency = concurrency
 
-    async def run_batch(self, spec: HandlerSpec, jobs: Sequence[JobInput]) -> list[JobResult]:
+    async def run_batch(
+        self, spec: HandlerSpec, jobs: Sequence[JobInput], sink: ResultSink | None = None
+    ) -> list[JobResult]:
         await self._sandbox.prepare()
         home = self._sandbox.make_dir(f"sh-{spec.client}-", spec.client)
         gate = asyncio.Semaphore(self._concurrency)
 
         async def one(job: JobInput) -> JobResult:
             async with gate:
-                return await self.run_job(spec, job, home)
+                result = await self.run_job(spec, job, home)
+                return result if sink is None else await sink.take(result)
 
         try:
             return list(await asyncio.gather(*(one(job) for job in jobs)))

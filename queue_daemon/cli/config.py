@@ -80,6 +80,8 @@ def settings_from(args: argparse.Namespace) -> Settings:
         tenant_running=number(args.tenant_running, "--tenant-running", int, 0) or None,
         tenant_waiting=number(args.tenant_waiting, "--tenant-waiting", int, 0),
         tenant_handlers=number(args.tenant_handlers, "--tenant-handlers", int, 0),
+        tenant_follow_ons=number(args.tenant_follow_ons, "--tenant-follow-ons", int, 0),
+        tenant_emit=number(args.tenant_emit, "--tenant-emit", int, 0),
         result_limit=number(args.result_limit, "--result-limit", int, 0),
         http_allow=_networks(args.http_allow, "--http-allow"),
         ready_lag=number(args.ready_lag, "--ready-lag", float, 0),

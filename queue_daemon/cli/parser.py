@@ -169,6 +169,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="handlers one tenant may have (0 = no limit)",
     )
     serve.add_argument(
+        "--tenant-follow-ons",
+        default=_env("tenant_follow_ons", "1000"),
+        help="follow-on jobs one run may add (more are dropped; 0 = none)",
+    )
+    serve.add_argument(
+        "--tenant-emit",
+        default=_env("tenant_emit", str(4 * MIB)),
+        help="bytes of follow-on payloads one run may add (more are dropped; default 4 MiB)",
+    )
+    serve.add_argument(
         "--result-limit",
         default=_env("result_limit", str(MIB)),
         help="bytes of a job's result kept (a longer one is cut)",

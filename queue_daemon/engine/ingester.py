@@ -31,6 +31,8 @@ logger = logging.getLogger(__name__)
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 RESERVE_TIMEOUT = 60.0  # seconds before an un-synced reservation is handed out again
+# payload bytes a pipeline reads at a time besides its lines (big payloads: fewer rows)
+READ_BYTES = 16 << 20
 # A pipeline that moves small batches in a stream (this one began less than
 # two cycles after the one before) waits until a cycle after it began before
 # the next, so a stream of 1-line adds is ingested in batches of many lines
@@ -121,7 +123,7 @@ class Ingester:
                     if not self._first_is_slow(loop):
                         await asyncio.sleep(SMALL_BATCH_CYCLE)  # let a backlog show itself
                 continue
-            reservation = journal.read_reserve(self._batch, RESERVE_TIMEOUT)
+            reservation = journal.read_reserve(self._batch, RESERVE_TIMEOUT, READ_BYTES)
             if reservation is None:
                 await journal.wait_readable(timeout=0.5)
                 continue

@@ -13,8 +13,11 @@ The limits and where they bite:
 - ``payload``: bytes per payload line, of adds and of follow-on jobs (``413``).
 - ``result``: bytes of a job's result kept; a longer one is cut.
 - ``handlers``: live handlers (jobtypes with code); one more is ``409``.
+- ``follow_ons``: follow-on jobs one run may add; the rest are dropped.
+- ``emit``: bytes of follow-on payloads one run may add; the rest are dropped.
 
-``0`` means "no limit" for running, waiting, rate and handlers.
+``0`` means "no limit" for running, waiting, rate and handlers, and "none" for
+follow_ons and emit.
 """
 
 from __future__ import annotations
@@ -32,6 +35,8 @@ _KEYS: dict[str, tuple[bool, float]] = {
     "payload": (True, 1),
     "result": (True, 0),
     "handlers": (True, 0),
+    "follow_ons": (True, 0),
+    "emit": (True, 0),
 }
 LIMIT_KEYS = tuple(_KEYS)
 MAX_LIMIT = 1 << 53  # any larger number is surely a mistake (and not exact in JSON)
@@ -52,6 +57,8 @@ class TenantLimits:
     payload: int = 1 << 20
     result: int = 1 << 20
     handlers: int = 1000
+    follow_ons: int = 1000
+    emit: int = 4 << 20
 
     def as_dict(self) -> dict[str, float]:
         return {f.name: getattr(self, f.name) for f in fields(self)}

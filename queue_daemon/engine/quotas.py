@@ -132,3 +132,12 @@ class WaitingLimiter:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    """The add rate and waiting limiters of a daemon, which adds and follow-on
+    jobs alike take from."""
+
+    rates: RateLimiter
+    waiting: WaitingLimiter

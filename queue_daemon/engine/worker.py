@@ -29,6 +29,7 @@ from queue_daemon.engine.handlers import HandlerCache
 from queue_daemon.engine.intake import Intake
 from queue_daemon.engine.limits import Limits, TenantLimits
 from queue_daemon.engine.outcomes import put_back
+from queue_daemon.engine.quotas import Admission
 from queue_daemon.engine.upkeep import Upkeep
 from queue_daemon.engine.waiting import POLL_S, WaitingTypes, claimable
 from queue_daemon.names import JobType
@@ -86,6 +87,7 @@ class Worker:
         settings: WorkerSettings,
         limits: Limits | None = None,
         metrics: Metrics | None = None,
+        admission: Admission | None = None,
     ) -> None:
         self._store = store
         self._pool = pool
@@ -112,6 +114,7 @@ class Worker:
             pool=pool,
             handlers=handlers,
             intake=intake,
+            admission=admission,
             limits=limits,
             queuelog=queuelog,
             metrics=self._metrics,

@@ -159,6 +159,7 @@ class Metrics:
         self._started: dict[tuple[str, str], int] = {}
         self._finished: dict[tuple[str, str, str], int] = {}
         self._lost_lease: dict[tuple[str, str], int] = {}
+        self._follow_ons_dropped: dict[tuple[str, str], int] = {}
         self._add_seconds = _Histogram(FAST_BUCKETS)
         self._claim_seconds = _Histogram(FAST_BUCKETS)
         self._run_seconds: dict[str, _Histogram] = {}
@@ -206,6 +207,13 @@ class Metrics:
         labels = self.labels.stored(stored_type)
         self._lost_lease[labels] = self._lost_lease.get(labels, 0) + count
 
+    def follow_ons_dropped(self, client: str, reason: str, count: int) -> None:
+        """Follow-on jobs not added: invalid, over a per-run limit (count, bytes),
+        over the add rate or the waiting limit (rate, waiting)."""
+        labels = (self.labels.tenant(client), reason)
+        dropped = self._follow_ons_dropped
+        dropped[labels] = dropped.get(labels, 0) + count
+
     def event_families(self) -> Iterable[Metric]:
         for name, documentation, labels, values in (
             (
@@ -233,6 +241,13 @@ class Metrics:
                 " past it): their outcome was refused and is not counted as finished",
                 ["tenant", "type"],
                 self._lost_lease,
+            ),
+            (
+                "queue_follow_ons_dropped",
+                "Follow-on jobs not added, by tenant and reason: invalid, count or bytes (over"
+                " a run's limits), rate or waiting (over the tenant's; the run is retried)",
+                ["tenant", "reason"],
+                self._follow_ons_dropped,
             ),
         ):
             family = CounterMetricFamily(name, documentation, labels=labels)

@@ -73,8 +73,10 @@ function startText(id) {
 // backslashes (each pair is one escaped backslash of the text).
 const LONE_SURROGATE = /(?<!\\)((?:\\\\)*)\\ud[89a-f][0-9a-f]{2}/g;
 
-function resultText(id, exitcode, result, output, emits) {
-  const text = JSON.stringify({ op: 'result', id, exitcode, result, output, emits });
+function resultText(id, exitcode, result, output, emits, emitOver = 0) {
+  const message = { op: 'result', id, exitcode, result, output, emits };
+  if (emitOver > 0) message.emit_over = emitOver;
+  const text = JSON.stringify(message);
   return text.includes('\\ud') ? text.replace(LONE_SURROGATE, '$1\\ufffd') : text;
 }
 
@@ -229,13 +231,35 @@ async function init(msg) {
 
 const EMITS = Symbol('emits');
 
+// A job's ctx.emit calls, up to `limit` bytes of payloads (the daemon's emit
+// limit for the tenant); the ones past it are counted, not kept.
+class Emits {
+  constructor(limit) {
+    this.pairs = [];
+    this.room = Number.isInteger(limit) ? limit : null;
+    this.over = 0;
+  }
+
+  add(type, text) {
+    if (this.room !== null) {
+      const size = Buffer.byteLength(text);
+      if (size > this.room) {
+        this.over += 1;
+        return;
+      }
+      this.room -= size;
+    }
+    this.pairs.push([type, text]);
+  }
+}
+
 class Ctx {
-  constructor(job) {
+  constructor(job, emitLimit) {
     this.id = job.id;
     this.attempt = job.attempt;
     this.type = handlerType;
     this.client = client;
-    this[EMITS] = [];
+    this[EMITS] = new Emits(emitLimit);
   }
 
   emit(type, payload) {
@@ -247,7 +271,7 @@ class Ctx {
       text = JSON.stringify(payload);
       if (text === undefined) text = 'null';
     }
-    this[EMITS].push([type, text]);
+    this[EMITS].add(type, text);
   }
 }
 
@@ -293,11 +317,11 @@ function awaitJob(promise) {
 
 // Runs one job; returns its result frame's JSON text. `pending` is written
 // together with this job's start frame.
-async function runJob(job, pending) {
+async function runJob(job, pending, emitLimit) {
   const id = job.id;
   if (pending === null) send(startText(id));
   else send(pending, startText(id));
-  const ctx = new Ctx(job);
+  const ctx = new Ctx(job, emitLimit);
   let exitcode;
   let result;
   captured = '';
@@ -313,7 +337,8 @@ async function runJob(job, pending) {
   capturing = false;
   const output = captured;
   captured = '';
-  let text = resultText(id, exitcode, result, output, ctx[EMITS]);
+  const emits = ctx[EMITS];
+  let text = resultText(id, exitcode, result, output, emits.pairs, emits.over);
   if (text.length > MAX_FRAME / 4) {
     const size = Buffer.byteLength(text);
     if (size > MAX_FRAME - 1024 * 1024) {
@@ -344,7 +369,7 @@ async function batch(msg) {
     }
   }
   let pending = null;
-  for (const job of jobs) pending = await runJob(job, pending);
+  for (const job of jobs) pending = await runJob(job, pending, msg.emit);
   if (hooks.afterEach) {
     if (pending !== null) send(pending);
     pending = null;

@@ -194,12 +194,33 @@ class BoundedBuffer(io.BytesIO):
         return text
 
 
+class Emits:
+    """A job's ``ctx.emit`` calls, up to ``limit`` bytes of payloads (the daemon's
+    emit limit for the tenant); the ones past it are counted, not kept."""
+
+    __slots__ = ("over", "pairs", "room")
+
+    def __init__(self, limit: int | None) -> None:
+        self.pairs: list[list[str]] = []
+        self.room = limit
+        self.over = 0
+
+    def add(self, type_: str, payload: str) -> None:
+        if self.room is not None:
+            size = len(payload) if payload.isascii() else len(payload.encode("utf-8", "replace"))
+            if size > self.room:
+                self.over += 1
+                return
+            self.room -= size
+        self.pairs.append([type_, payload])
+
+
 class Context:
     """The ``ctx`` a handler gets: id, attempt, type, emit(type, payload)."""
 
     __slots__ = ("_emits", "attempt", "client", "id", "type")
 
-    def __init__(self, job: Message, type_: str, client: str, emits: list[list[str]]) -> None:
+    def __init__(self, job: Message, type_: str, client: str, emits: Emits) -> None:
         self.id = job["id"]
         self.attempt = job.get("attempt", 1)
         self.type = type_
@@ -211,7 +232,7 @@ class Context:
             raise TypeError("ctx.emit: type must be a string")
         if not isinstance(payload, str):
             payload = dumps_value(payload)
-        self._emits.append([type, payload])
+        self._emits.add(type, payload)
 
     def __repr__(self) -> str:
         return f"<ctx id={self.id!r} attempt={self.attempt!r} type={self.type!r}>"
@@ -272,9 +293,9 @@ class Handler:
             pair = self._capture = (data, text)
         return pair
 
-    def run_job(self, job: Message) -> Message:
+    def run_job(self, job: Message, emit_limit: int | None = None) -> Message:
         """The job's ``result`` message (with the output the handler printed)."""
-        emits: list[list[str]] = []
+        emits = Emits(emit_limit)
         capture, out = self.capture()
         message: Message = {"op": "result", "id": job["id"]}
         sys.stdout = out
@@ -301,10 +322,12 @@ class Handler:
             result if result is None or len(result) <= MAX_TEXT else result[:MAX_TEXT]
         )
         message["output"] = output if len(output) <= MAX_TEXT else output[:MAX_TEXT]
-        message["emits"] = emits
+        message["emits"] = emits.pairs
+        if emits.over:
+            message["emit_over"] = emits.over
         return message
 
-    def run_batch(self, jobs: list[Message]) -> None:
+    def run_batch(self, jobs: list[Message], emit_limit: int | None = None) -> None:
         failed = None
         if self.before_each is not None:
             try:
@@ -315,7 +338,7 @@ class Handler:
         for job in jobs:
             write(pending + frame({"op": "start", "id": job["id"]}))
             if failed is None:
-                message = self.run_job(job)
+                message = self.run_job(job, emit_limit)
             else:
                 message = {"op": "result", "id": job["id"], "exitcode": 500, "result": failed}
             pending = result_frame(message)
@@ -363,7 +386,8 @@ def main() -> None:
             return
         op = message.get("op")
         if op == "batch":
-            handler.run_batch(message.get("jobs") or [])
+            limit = message.get("emit")
+            handler.run_batch(message.get("jobs") or [], limit if isinstance(limit, int) else None)
         elif op == "exit":
             return
         else:

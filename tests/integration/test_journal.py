@@ -352,6 +352,18 @@ async def test_reserve_takes_whole_batches(journal: Journal) -> None:
     assert journal.read_reserve(2, 60) is None
 
 
+async def test_reserve_is_sized_in_bytes_too(journal: Journal) -> None:
+    """Big payloads: a reservation stops at its byte budget as at its line count,
+    and still takes one batch however large."""
+    for name in ("a", "b", "c"):
+        await journal.write("acme-mail", [name], [name * 1000], create_ms=0, dt_ms=0)
+    first = journal.read_reserve(100, 60, max_bytes=1500)
+    assert first is not None and first.lines == 1
+    rest = journal.read_reserve(100, 60, max_bytes=5000)
+    assert rest is not None and rest.lines == 2
+    assert [e.payload for e in await journal.read(rest)] == ["b" * 1000, "c" * 1000]
+
+
 async def test_wait_readable_times_out(journal: Journal) -> None:
     assert not await journal.wait_readable(0.01)
     waiter = asyncio.create_task(journal.wait_readable(10))

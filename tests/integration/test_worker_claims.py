@@ -25,7 +25,7 @@ from queue_daemon.engine.handlers import HandlerCache
 from queue_daemon.engine.intake import Intake
 from queue_daemon.engine.worker import Worker, WorkerSettings
 from queue_daemon.observe.queuelog import QueueLog
-from runners.models import HandlerSpec, JobInput, JobResult
+from runners.models import HandlerSpec, JobInput, JobResult, ResultSink
 from runners.pool import RunnerPool
 from store.models import ClaimedJob, NewJob
 from store.pg import PgStore
@@ -84,7 +84,9 @@ class InstantPool:
         self.versions: dict[str, str] = {}  # job id -> the handler version it ran
         self.busy_remark_s = 0.0
 
-    async def run_batch(self, spec: HandlerSpec, jobs: Sequence[JobInput]) -> list[JobResult]:
+    async def run_batch(
+        self, spec: HandlerSpec, jobs: Sequence[JobInput], sink: ResultSink | None = None
+    ) -> list[JobResult]:
         self.ran.extend(job.id for job in jobs)
         self.versions.update((job.id, spec.version) for job in jobs)
         self.reads_when_ran.update((job.id, self._store.reads) for job in jobs)

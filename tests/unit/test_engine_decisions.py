@@ -27,7 +27,7 @@ from queue_daemon.engine.worker import Worker, WorkerSettings
 from queue_daemon.names import JobType
 from queue_daemon.observe.metrics import Metrics
 from queue_daemon.observe.queuelog import QueueLog
-from runners.models import HandlerSpec, JobInput, JobResult
+from runners.models import HandlerSpec, JobInput, JobResult, ResultSink
 from store.models import NewJob
 from tests.fakes.store import FakeStore
 
@@ -134,7 +134,9 @@ class InstantPool:
         self.most_at_once = 0
         self._now = 0
 
-    async def run_batch(self, spec: HandlerSpec, jobs: Sequence[JobInput]) -> list[JobResult]:
+    async def run_batch(
+        self, spec: HandlerSpec, jobs: Sequence[JobInput], sink: ResultSink | None = None
+    ) -> list[JobResult]:
         self._now += len(jobs)
         self.most_at_once = max(self.most_at_once, self._now)
         try:

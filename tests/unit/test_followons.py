@@ -1,0 +1,177 @@
+"""A batch's follow-on jobs: per-run limits, the add rate and waiting limit, and
+chunks journaled as results arrive (``queue_daemon.engine.followons``)."""
+
+from __future__ import annotations
+
+from typing import cast
+
+import pytest
+
+from journal import JournalError
+from queue_daemon.engine import followons
+from queue_daemon.engine.followons import OVER_LIMITS, FollowOns
+from queue_daemon.engine.limits import TenantLimits
+from queue_daemon.engine.quotas import Admission, RateLimiter, WaitingLimiter
+from queue_daemon.names import JobType
+from runners.models import HandlerSpec, JobResult
+from store.ports import TenantStore
+
+SPEC = HandlerSpec(version="1", client="acme", type="parent", lang="shell", body="true")
+
+
+class Waiting:
+    """The store's count of waiting jobs, as the waiting limiter reads it."""
+
+    def __init__(self, count: int = 0) -> None:
+        self.count = count
+
+    async def count_waiting(self, client: str, limit: int) -> int:
+        return min(self.count, limit)
+
+
+class Journal:
+    def __init__(self, fail: bool = False) -> None:
+        self.written: list[tuple[str, list[str]]] = []
+        self.fail = fail
+
+    async def write(self, jobtype: JobType, payloads: list[str]) -> None:
+        if self.fail:
+            raise JournalError("no space left on device")
+        self.written.append((jobtype.name, payloads))
+
+    def payloads(self) -> list[str]:
+        return [p for _, chunk in self.written for p in chunk]
+
+
+def make(
+    journal: Journal,
+    *,
+    limits: TenantLimits | None = None,
+    admission: Admission | None = None,
+    spec: HandlerSpec = SPEC,
+) -> tuple[FollowOns, dict[str, int]]:
+    dropped: dict[str, int] = {}
+
+    def count(client: str, reason: str, n: int) -> None:
+        dropped[reason] = dropped.get(reason, 0) + n
+
+    return FollowOns(spec, limits or TenantLimits(), admission, journal.write, count), dropped
+
+
+def result(*emits: tuple[str, str], exitcode: int = 200, text: str | None = "done") -> JobResult:
+    return JobResult(id="j1", exitcode=exitcode, result=text, emits=list(emits))
+
+
+def admission(rate: float = 0, burst: float = 1, waiting: Waiting | None = None) -> Admission:
+    store = cast(TenantStore, waiting or Waiting())
+    return Admission(RateLimiter(rate, burst), WaitingLimiter(store))
+
+
+def said(kept: JobResult) -> str:
+    return kept.result or ""
+
+
+async def test_a_run_adds_at_most_its_count_and_bytes_and_says_what_it_dropped() -> None:
+    journal = Journal()
+    follow, dropped = make(journal, limits=TenantLimits(follow_ons=3, emit=10))
+    kept = await follow.take(result(*[("kid", "abcd")] * 5))
+    assert await follow.flush()
+    assert journal.payloads() == ["abcd", "abcd"]  # the third is past 10 bytes
+    assert kept.emits == []
+    assert kept.result == (
+        "done\n[3 follow-on job(s) dropped: 3 over this tenant's limit of 10 bytes of"
+        " follow-on jobs per job]"
+    )
+    assert dropped == {"bytes": 3}
+    follow, dropped = make(Journal(), limits=TenantLimits(follow_ons=2))
+    kept = await follow.take(result(*[("kid", "a")] * 5))
+    assert (
+        kept.result is not None and "3 over this tenant's limit of 2 follow-on jobs" in kept.result
+    )
+    assert dropped == {"count": 3}
+
+
+async def test_what_a_context_dropped_itself_counts_as_over_the_bytes() -> None:
+    follow, dropped = make(Journal(), limits=TenantLimits(emit=10))
+    kept = await follow.take(JobResult(id="j1", exitcode=200, emits=[("kid", "a")], emit_over=56))
+    assert said(kept).startswith("[56 follow-on job(s) dropped")
+    assert dropped == {"bytes": 56}
+    assert follow.emit_limit == 10  # what the context is told
+
+
+async def test_invalid_follow_on_jobs_are_counted_and_leave_the_result_alone() -> None:
+    follow, dropped = make(Journal())
+    kept = await follow.take(
+        JobResult(id="j1", exitcode=202, result="own", emits=[("kid", "a")], dropped=["bad type"])
+    )
+    assert (kept.exitcode, kept.result) == (202, "own")
+    assert dropped == {"invalid": 1}
+
+
+async def test_chunks_are_journaled_as_results_arrive(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(followons, "CHUNK_BYTES", 8)
+    journal = Journal()
+    follow, _ = make(journal)
+    await follow.take(result(("kid", "abcd"), ("other", "efgh")))
+    assert journal.written == [("kid", ["abcd"]), ("other", ["efgh"])]  # before the batch ends
+    await follow.take(result(("kid", "ij")))
+    assert await follow.flush()
+    assert journal.written[-1] == ("kid", ["ij"])
+
+
+async def test_a_failed_chunk_fails_the_batch() -> None:
+    follow, _ = make(Journal(fail=True))
+    await follow.take(result(("kid", "a")))
+    assert not await follow.flush()
+
+
+async def test_then_chains_an_ok_result_and_counts_like_any_follow_on_job() -> None:
+    journal = Journal()
+    spec = HandlerSpec(version="1", client="acme", type="p", lang="shell", body="", then="next")
+    follow, _ = make(journal, spec=spec, limits=TenantLimits(follow_ons=1))
+    kept = await follow.take(result(("kid", "a"), text="line one\nline two"))
+    assert await follow.flush()
+    assert journal.written == [("kid", ["a"])]
+    assert "1 over this tenant's limit of 1" in said(kept)
+    follow, _ = make(journal := Journal(), spec=spec)
+    await follow.take(result(text="line one\nline two"))
+    await follow.take(result(exitcode=500, text="failed"))
+    assert await follow.flush()
+    assert journal.written == [("next", ["line one line two"])]
+
+
+async def test_over_the_add_rate_the_run_is_retried_and_nothing_is_added() -> None:
+    journal = Journal()
+    limits = TenantLimits(rate=1, burst=3)
+    gate = admission(rate=1, burst=3)
+    follow, dropped = make(journal, limits=limits, admission=gate)
+    assert (await follow.take(result(("kid", "a"), ("kid", "b")))).exitcode == 200
+    refused = await follow.take(result(("kid", "c"), ("kid", "d")))
+    assert refused.exitcode == OVER_LIMITS  # a retry code
+    assert refused.result == "its 2 follow-on jobs are over this tenant's add rate; retried later"
+    assert dropped == {"rate": 2}
+    never = await follow.take(result(*[("kid", "e")] * 4))  # more than the burst: never fits
+    assert never.exitcode == 200
+    assert "4 at once is over this tenant's burst of 3" in said(never)
+    assert await follow.flush()
+    assert journal.payloads() == ["a", "b"]
+
+
+async def test_over_the_waiting_limit_the_run_is_retried_and_nothing_is_added() -> None:
+    journal = Journal()
+    gate = admission(waiting=Waiting(count=8))
+    follow, dropped = make(journal, limits=TenantLimits(waiting=10), admission=gate)
+    assert (await follow.take(result(("kid", "a"), ("kid", "b")))).exitcode == 200
+    refused = await follow.take(result(("kid", "c")))
+    assert refused.exitcode == OVER_LIMITS
+    assert (
+        refused.result is not None and "limit of 10 waiting jobs; retried later" in refused.result
+    )
+    never = await follow.take(result(*[("kid", "x")] * 11))
+    assert never.exitcode == 200
+    assert (
+        never.result is not None and "11 is over this tenant's waiting limit of 10" in never.result
+    )
+    assert await follow.flush()
+    assert journal.payloads() == ["a", "b"]
+    assert dropped == {"waiting": 12}
