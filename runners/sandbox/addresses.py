@@ -6,8 +6,11 @@ local network or a cloud metadata service (169.254.169.254). Refused unless
 an operator opens them (``--http-allow CIDR,…``): loopback, link-local,
 unspecified, multicast, private (RFC 1918, fc00::/7), shared (100.64.0.0/10)
 and every other address that is not globally routable (documentation,
-benchmarking, reserved ranges). An IPv4 address inside IPv6 (``::ffff:a.b.c.d``)
-is judged as the IPv4 address.
+benchmarking, reserved ranges). An IPv6 address that carries an IPv4 one
+(mapped ``::ffff:a.b.c.d``, IPv4-compatible ``::a.b.c.d``, 6to4 ``2002::/16``,
+Teredo ``2001::/32``, NAT64 ``64:ff9b::/96`` and ``64:ff9b:1::/48``) is
+refused when the IPv4 address is, since a relay or translator on the way may
+deliver it there.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 SHARED = ipaddress.ip_network("100.64.0.0/10")  # carrier-grade NAT (not "private" in 3.11)
+NAT64 = (ipaddress.ip_network("64:ff9b::/96"), ipaddress.ip_network("64:ff9b:1::/48"))
 
 
 class AddressRefused(OSError):
@@ -39,10 +43,37 @@ def parse_networks(text: str) -> tuple[Network, ...]:
     return tuple(networks)
 
 
+def embedded(address: Address) -> ipaddress.IPv4Address | None:
+    """The IPv4 address an IPv6 one carries (see the module's doc), or None."""
+    if not isinstance(address, ipaddress.IPv6Address):
+        return None
+    if address.ipv4_mapped is not None:
+        return address.ipv4_mapped
+    if address.sixtofour is not None:
+        return address.sixtofour
+    if address.teredo is not None:
+        return address.teredo[1]  # the client's own address
+    number = int(address)
+    if any(address in network for network in NAT64) or 1 < number < 1 << 32:
+        return ipaddress.IPv4Address(number & 0xFFFFFFFF)  # NAT64, or IPv4-compatible
+    return None
+
+
 def kind(address: Address) -> str | None:
     """What kind of non-public address ``address`` is, or None for a public one."""
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-        address = address.ipv4_mapped
+    inner = embedded(address)
+    if inner is None:
+        return _kind(address)
+    what = _kind(inner)
+    assert isinstance(address, ipaddress.IPv6Address)
+    if address.ipv4_mapped is not None:  # the IPv4 address itself, as IPv6 writes it
+        return what
+    if what is None and any(address in network for network in NAT64):
+        return None  # a translator's way to a public IPv4 address
+    return _kind(address) if what is None else f"{what} ({inner} inside)"
+
+
+def _kind(address: Address) -> str | None:
     if address.is_loopback:
         return "loopback"
     if address.is_link_local:
@@ -75,7 +106,7 @@ class AddressPolicy:
         what = kind(address)
         if what is None:
             return None
-        plain = address.ipv4_mapped if isinstance(address, ipaddress.IPv6Address) else None
+        plain = embedded(address)
         for network in self.allow:
             if _within(address, network) or (plain is not None and _within(plain, network)):
                 return None

@@ -32,6 +32,14 @@ from runners.sandbox.addresses import AddressPolicy, AddressRefused, parse_netwo
         ("::ffff:10.0.0.1", "private"),
         ("192.0.2.1", "private"),  # documentation range
         ("240.0.0.1", "private"),  # reserved
+        ("2002:7f00:1::", "loopback (127.0.0.1 inside)"),  # 6to4
+        ("2002:a00:1::5", "private (10.0.0.1 inside)"),
+        ("2002:a9fe:a9fe::", "link-local (169.254.169.254 inside)"),
+        ("2001:0:4136:e378:8000:63bf:80ff:fffe", "loopback (127.0.0.1 inside)"),  # Teredo
+        ("::127.0.0.1", "loopback (127.0.0.1 inside)"),  # IPv4-compatible
+        ("::10.1.2.3", "private (10.1.2.3 inside)"),
+        ("64:ff9b::a00:1", "private (10.0.0.1 inside)"),  # NAT64
+        ("64:ff9b:1::7f00:1", "loopback (127.0.0.1 inside)"),
     ],
 )
 def test_non_public_addresses_are_refused(host: str, kind: str) -> None:
@@ -41,7 +49,17 @@ def test_non_public_addresses_are_refused(host: str, kind: str) -> None:
         AddressPolicy().check(host)
 
 
-@pytest.mark.parametrize("host", ["8.8.8.8", "1.1.1.1", "2606:4700:4700::1111", "100.128.0.1"])
+@pytest.mark.parametrize(
+    "host",
+    [
+        "8.8.8.8",
+        "1.1.1.1",
+        "2606:4700:4700::1111",
+        "100.128.0.1",
+        "2002:808:808::",
+        "64:ff9b::808:808",
+    ],
+)
 def test_public_addresses_are_allowed(host: str) -> None:
     assert AddressPolicy().problem(host) is None
 
