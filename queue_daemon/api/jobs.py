@@ -73,7 +73,8 @@ def job_body(job: Job) -> dict[str, Any]:
         "id": job.id,
         "type": job.type,
         "state": job.state.value,
-        "dt": iso(job.dt),
+        # a done job's stored dt is far ahead (it keeps it out of every claim): no next run
+        "dt": None if job.state is JobState.DONE else iso(job.dt),
         "create_dt": iso(job.create_dt),
         "done_dt": iso(job.done_dt),
         "attempts": job.attempts,

@@ -237,6 +237,7 @@ async def test_cancel_a_waiting_job_then_again_is_409(api: Api) -> None:
             assert job["exitcode"] == 499, job
             assert job["done_dt"] is not None, job
             assert near(job["done_dt"], datetime.now(UTC))
+            assert job["dt"] is None, job  # not the store's mark a thousand years ahead
         assert_error(await api.cancel(target), 409)
     stats = await api.type_stats("cancel")
     assert stats is not None and stats["done_failed"] == 2 and stats["waiting"] == 0, stats
