@@ -29,6 +29,7 @@ from queue_daemon.api.routes import build_app
 from queue_daemon.api.server import AppRunner
 from queue_daemon.api.web import Services
 from queue_daemon.engine import sysid as sysids
+from queue_daemon.engine.adoption import Adopter
 from queue_daemon.engine.backoff import Backoff
 from queue_daemon.engine.handlers import HandlerCache
 from queue_daemon.engine.ids import IdGenerator
@@ -238,6 +239,8 @@ class Daemon:
         metrics.watch(store, _sources(identity, ingester, worker, pool))
         supervisor = self.supervisor
         supervisor.start("ingester", ingester.run())
+        adopter = Adopter(settings, store, settings.journal_dir(identity.sysid))
+        supervisor.start("journal-adoption", adopter.run())
         supervisor.start("worker", worker.run())
         supervisor.start("runner-pool", pool.run())
         supervisor.start("sysid-lease", sysids.keep_leased(store, identity, settings.lease))

@@ -25,6 +25,7 @@ from store.ports import SysidLeases
 logger = logging.getLogger(__name__)
 
 SYSID_FILE = "sysid"
+PINNED_WAIT_S = 10.0  # how long a daemon given --sysid waits for its journal's lock
 
 
 class SysidError(Exception):
@@ -46,8 +47,8 @@ def holder_name() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-async def _open_journal(path: Path, settings: Settings) -> Journal | None:
-    """The journal at ``path``, or None if a live process holds it."""
+async def open_journal(path: Path, settings: Settings) -> Journal | None:
+    """The journal at ``path``, or None if a live process holds it (its file lock)."""
     try:
         return await Journal.open(path, segment_bytes=settings.segment_bytes)
     except JournalError as exc:
@@ -86,7 +87,12 @@ async def acquire(store: SysidLeases, settings: Settings) -> Identity:
 
     if settings.sysid is not None:
         path = settings.journal_dir(settings.sysid)
-        journal = await _open_journal(path, settings)
+        journal = await open_journal(path, settings)
+        deadline = time.monotonic() + PINNED_WAIT_S
+        while journal is None and time.monotonic() < deadline:
+            # another daemon may be ingesting it as an orphan (engine.adoption)
+            await asyncio.sleep(0.5)
+            journal = await open_journal(path, settings)
         if journal is None:
             raise SysidError(f"journal {path} is in use by another daemon")
         try:
@@ -97,8 +103,8 @@ async def acquire(store: SysidLeases, settings: Settings) -> Identity:
         _write_sysid(path, sysid)
         return Identity(sysid, holder, journal)
 
-    for path, known in _candidates(settings):
-        journal = await _open_journal(path, settings)
+    for path, known in candidates(settings):
+        journal = await open_journal(path, settings)
         if journal is None:
             continue
         try:
@@ -113,14 +119,14 @@ async def acquire(store: SysidLeases, settings: Settings) -> Identity:
 
     sysid = await lease(None, False)
     path = settings.journal_dir(sysid)
-    journal = await _open_journal(path, settings)
+    journal = await open_journal(path, settings)
     if journal is None:
         raise SysidError(f"journal {path} is in use by another daemon")
     _write_sysid(path, sysid)
     return Identity(sysid, holder, journal)
 
 
-def _candidates(settings: Settings) -> list[tuple[Path, str]]:
+def candidates(settings: Settings) -> list[tuple[Path, str]]:
     """Existing journals this daemon may resume, with their sysids."""
     if settings.journal is not None:
         known = _read_sysid(settings.journal)

@@ -192,3 +192,29 @@ async def test_postgresql_crashing_mid_ingest_loses_no_acked_job(
     assert await payloads(dsn, acked) == acked
     assert daemon.running()
     assert daemon.terminate() == 0
+
+
+async def test_a_daemon_that_died_while_postgresql_was_down_has_its_jobs_ingested_by_another(
+    own_pg: PgServer,
+    daemons: DaemonFactory,
+    data_dir: Path,
+    tmp_path: Path,
+    session: aiohttp.ClientSession,
+) -> None:
+    """Its journal holds every job it acknowledged; a daemon still running on the
+    same data directory takes the journal's lock (which proves its holder dead)
+    and ingests them within a lease, without waiting for the dead one's restart."""
+    dsn, dying, api = _serve(own_pg, daemons, data_dir, tmp_path, session)
+    survivor = daemons.start(data_dir, dsn, "--lease", "3")
+    own_pg.stop()
+    acked: dict[str, str] = {}
+    await _add_while_down(api, acked)
+    dying.kill()
+
+    assert own_pg.start() == dsn
+    await wait_all_stored(dsn, acked, 20)
+    assert await duplicates(dsn) == []
+    assert await payloads(dsn, acked) == acked
+    assert "whose daemon died" in survivor.stderr_text()
+    assert survivor.running()
+    assert survivor.terminate() == 0
