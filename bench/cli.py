@@ -15,6 +15,10 @@ Sections (``--only`` picks some, comma-separated):
            backlog of 20 ms CPU jobs and keeps adding more; ratio flooded / idle (<= 2);
            then the flood off and on in turns (10 rounds), the same ratio under one
            disk weather
+  abuse    one tenant's add → start p50/p99 and the daemon's memory and descriptors,
+           idle and while a hostile tenant attacks: big follow-on jobs, thousands of
+           half-sent requests, slow 64 MiB bodies, self-multiplying follow-on jobs, a
+           stderr flood; ratio to idle (p99 and memory <= 2x, no calm request failed)
   run1     end to end, ONE daemon: no-op python and node jobs/s, 100,000 jobs in
            1000-line POSTs after a warm-up, first POST → all done_ok; ratio vs 12k/s
   run3     the same with THREE daemons on one store, POSTs round-robin
@@ -38,7 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 
-from bench import adds, runs
+from bench import abuse, adds, runs
 from bench.http_load import Load, generator_name
 from bench.pg import Databases, PrivatePostgres
 from bench.procs import BenchError
@@ -56,6 +60,7 @@ SECTIONS = (
     "coldstart",
     "latency",
     "flood",
+    "abuse",
     "run1",
     "run3",
 )
@@ -85,6 +90,7 @@ class Options:
     latency_samples: int = 200
     flood_samples: int = 1000
     flood_backlog: int = 100_000
+    abuse_samples: int = 200
     daemon_args: list[str] = field(default_factory=list)
 
 
@@ -137,6 +143,12 @@ def parse_args(argv: list[str] | None) -> Options:
         help="flood jobs queued before measuring (100,000; quick 5,000)",
     )
     parser.add_argument(
+        "--abuse-samples",
+        type=int,
+        default=None,
+        help="calm jobs timed by abuse, each phase (200; quick 10)",
+    )
+    parser.add_argument(
         "--daemon-arg",
         action="append",
         default=[],
@@ -174,6 +186,7 @@ def parse_args(argv: list[str] | None) -> Options:
         latency_samples=args.latency_samples or (50 if quick else 200),
         flood_samples=args.flood_samples or (10 if quick else 1000),
         flood_backlog=args.flood_backlog or (5_000 if quick else 100_000),
+        abuse_samples=args.abuse_samples or (10 if quick else 200),
         daemon_args=list(args.daemon_arg),
     )
 
@@ -251,6 +264,7 @@ SECTION_RUNNERS: dict[str, Callable[[Run], None]] = {
     "coldstart": runs.section_coldstart,
     "latency": runs.section_latency,
     "flood": runs.section_flood,
+    "abuse": abuse.section_abuse,
     "run1": runs.section_run1,
     "run3": runs.section_run3,
 }

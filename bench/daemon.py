@@ -40,6 +40,15 @@ def add_tenant(dsn: str | None, data_dir: Path, client: str = TENANT) -> str:
     return done.stdout.strip().splitlines()[-1]
 
 
+def tenant_limits(dsn: str | None, data_dir: Path, client: str, limits: Sequence[str]) -> None:
+    """``queue-daemon tenant limits CLIENT KEY=VALUE…`` (before the daemon starts)."""
+    argv = python("-m", "queue_daemon", "tenant", "limits", client, *limits, *_store(dsn))
+    argv += ["--data-dir", str(data_dir)]
+    done = subprocess.run(argv, capture_output=True, text=True, env=_env(), timeout=120)
+    if done.returncode != 0:
+        raise BenchError(f"tenant limits failed ({done.returncode}): {done.stderr.strip()[-2000:]}")
+
+
 def start_daemon(
     name: str, dsn: str | None, data_dir: Path, log_dir: Path, extra: Sequence[str] = ()
 ) -> tuple[Child, str]:

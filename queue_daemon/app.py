@@ -24,6 +24,7 @@ from typing import Any
 
 from aiohttp import web
 
+from queue_daemon import memory
 from queue_daemon.api.auth import TokenCache
 from queue_daemon.api.routes import build_app
 from queue_daemon.api.server import AppRunner
@@ -241,6 +242,7 @@ class Daemon:
         supervisor.start("ingester", ingester.run())
         adopter = Adopter(settings, store, settings.journal_dir(identity.sysid))
         supervisor.start("journal-adoption", adopter.run())
+        supervisor.start("memory", memory.give_back())
         supervisor.start("worker", worker.run())
         supervisor.start("runner-pool", pool.run())
         supervisor.start("sysid-lease", sysids.keep_leased(store, identity, settings.lease))

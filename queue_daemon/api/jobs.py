@@ -22,6 +22,7 @@ from queue_daemon.api.web import (
     read_body,
     split_payloads,
 )
+from queue_daemon.engine.quotas import rate_cost
 from queue_daemon.names import JobType, valid_type
 from store.errors import BadCursor, Conflict, NotFound
 from store.models import Job, JobState, TypeStats
@@ -40,11 +41,13 @@ async def add_jobs(request: web.Request) -> web.Response:
     body = await read_body(request, settings.body_limit, settings.client_timeout)
     limits = services.limits.of(client)
     lines = split_payloads(body, request.content_type, limits.payload)
-    wait = services.rates.take(client, len(lines), limits.rate, limits.burst)
+    cost = rate_cost(len(lines), len(body))
+    wait = services.rates.take(client, cost, limits.rate, limits.burst)
     if wait:
         if math.isinf(wait):
             raise errors.too_large(
-                f"{len(lines)} jobs in one request is over this tenant's burst of {limits.burst:g}"
+                f"{len(lines)} jobs of {len(body)} bytes in one request (counting {cost} against"
+                f" the rate) are over this tenant's burst of {limits.burst:g}"
             )
         raise errors.rate_limited(f"over this tenant's add rate of {limits.rate:g} jobs/s", wait)
     if await services.waiting.take(client, len(lines), limits.waiting):

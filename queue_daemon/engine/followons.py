@@ -30,7 +30,7 @@ from dataclasses import dataclass, replace
 
 from journal import JournalError
 from queue_daemon.engine.limits import TenantLimits
-from queue_daemon.engine.quotas import Admission
+from queue_daemon.engine.quotas import Admission, rate_cost
 from queue_daemon.names import JobType
 from runners.codes import code_of
 from runners.models import HandlerSpec, JobResult
@@ -104,7 +104,7 @@ class FollowOns:
             return result
         jobs, sizes, drops = self._within_limits(result)
         if jobs:
-            admitted, retry = await self._admit(len(jobs), drops)
+            admitted, retry = await self._admit(len(jobs), sum(sizes), drops)
             if retry is not None:
                 return replace(result, exitcode=OVER_LIMITS, result=retry, emits=[], dropped=[])
             if not admitted:
@@ -185,7 +185,7 @@ class FollowOns:
         )
         return jobs, sizes, drops
 
-    async def _admit(self, n: int, drops: _Drops) -> tuple[bool, str | None]:
+    async def _admit(self, n: int, size: int, drops: _Drops) -> tuple[bool, str | None]:
         """Whether ``n`` follow-on jobs fit the tenant's add rate and waiting limit
         (then they are counted), and if not, why the run is retried later (None:
         they could never fit, and are dropped)."""
@@ -193,9 +193,11 @@ class FollowOns:
         admission = self._admission
         if admission is None:  # a worker without adds of its own (tests)
             return True, None
-        wait = admission.rates.take(client, n, limits.rate, limits.burst)
+        cost = rate_cost(n, size)
+        wait = admission.rates.take(client, cost, limits.rate, limits.burst)
         if math.isinf(wait):
-            drops.add("rate", n, f"{n} at once is over this tenant's burst of {limits.burst:g}")
+            said = f"{n} of {size} bytes" if cost > n else f"{n}"
+            drops.add("rate", n, f"{said} at once is over this tenant's burst of {limits.burst:g}")
             return False, None
         if wait:
             self._count(client, "rate", n)

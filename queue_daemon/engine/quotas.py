@@ -1,8 +1,10 @@
 """Per-tenant admission of adds: the add rate and the number of waiting jobs.
 
 The rate is a token bucket per client, refilled continuously: adding ``n``
-jobs takes ``n`` tokens; a request that does not fit is refused whole with
-``429`` and a ``Retry-After`` that says when it would fit.
+jobs takes ``n`` tokens, plus one for every 64 KiB of their payloads (so a
+tenant's rate bounds the bytes it adds too, not only the jobs); a request
+that does not fit is refused whole with ``429`` and a ``Retry-After`` that
+says when it would fit.
 
 The waiting limit counts a tenant's waiting and scheduled jobs in the store
 (at most limit + 1 index entries) when the tenant adds, at most about once a
@@ -25,6 +27,14 @@ from store.errors import StoreError
 from store.ports import TenantStore
 
 logger = logging.getLogger(__name__)
+
+
+RATE_UNIT_BYTES = 64 << 10  # payload bytes that count as one more job against the rate
+
+
+def rate_cost(jobs: int, payload_bytes: int) -> int:
+    """The tokens ``jobs`` jobs of ``payload_bytes`` bytes in all take from the bucket."""
+    return jobs + payload_bytes // RATE_UNIT_BYTES
 
 
 @dataclass(slots=True)

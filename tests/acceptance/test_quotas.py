@@ -29,3 +29,8 @@ async def test_add_rate_is_limited_per_tenant(
         assert r.status == 413  # more than the burst can ever hold
         assert (await r.json())["error"] == "too_large"
     await calm.add("t", ["still welcome"])  # another tenant's bucket is its own
+    calm_headers = {"Authorization": f"Bearer {deployed.tokens['calm']}"}
+    big = b"x" * (640 << 10)  # one job, and ten for its ten 64 KiB: over the burst of 10
+    async with session.post(f"{deployed.url}/calm/job/t/add", data=big, headers=calm_headers) as r:
+        assert r.status == 413, await r.text()
+        assert "counting 11 against the rate" in (await r.json())["message"]

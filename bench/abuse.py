@@ -1,0 +1,333 @@
+"""A hostile tenant against a calm one, for the ``abuse`` section.
+
+One daemon (as root: per-tenant uids, namespaces and cgroups), two tenants.
+The calm tenant posts one ``PY_CLOCK`` job at a time, as in the ``latency``
+section, first on the idle daemon, then during each attack of a hostile
+tenant (or of an anonymous client), one attack at a time:
+
+- ``emit``: runs that ask for 60 follow-on jobs of 1 MiB each;
+- ``connections``: thousands of connections that send half a request's headers
+  and then nothing;
+- ``bodies``: 24 requests whose 64 MiB bodies trickle in at 16 KiB a second;
+- ``follow-ons``: runs that each print 10,000 ``J:`` lines of their own type
+  (the hostile tenant has a waiting limit of 1,000 and a rate of 100 jobs/s);
+- ``stderr``: eight shell jobs at a time of ``yes "" >&2``.
+
+For each phase it prints the calm tenant's add → start p50 and p99, the
+daemon's resident memory and open descriptors (the most seen, sampled every
+0.1 s), and the calm requests that failed; each against idle.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import resource
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import aiohttp
+
+from bench.api import Api
+from bench.e2e import PY_CLOCK, Latency
+from bench.procs import BenchError
+from bench.report import Row
+from store.embedded import stop_server
+
+if TYPE_CHECKING:
+    from bench.cli import Run
+
+CALM_TYPE = "clock"
+Attack = Callable[[], contextlib.AbstractAsyncContextManager[str]]
+HOSTILE = "mallory"
+HOSTILE_LIMITS = ("waiting=1000", "rate=100", "burst=200")
+
+
+@dataclass(slots=True)
+class Phase:
+    name: str
+    starts_ms: list[float] = field(default_factory=list)
+    failed: int = 0
+    rss_mib: float = 0.0
+    fds: int = 0
+    note: str = ""
+
+
+def _rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def _fds(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+async def _watch(pid: int, phase: Phase, stop: asyncio.Event) -> None:
+    while not stop.is_set():
+        with contextlib.suppress(OSError):
+            phase.rss_mib = max(phase.rss_mib, _rss_mib(pid))
+            phase.fds = max(phase.fds, _fds(pid))
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), 0.1)
+
+
+async def _calm(api: Api, phase: Phase, samples: int, pause: float) -> None:
+    """``samples`` calm jobs one at a time; a failed add or run is counted, not raised."""
+    for _ in range(samples):
+        sent = time.time()
+        try:
+            (job_id,) = await asyncio.wait_for(api.post(CALM_TYPE, b'{"calm": 1}\n'), 30)
+            deadline = time.monotonic() + 30
+            while True:
+                job = await asyncio.wait_for(api.job(job_id), 30)
+                if job is not None and job.get("state") == "done":
+                    break
+                if time.monotonic() > deadline:
+                    raise BenchError(f"calm job {job_id} not done within 30 s")
+                await asyncio.sleep(0.002)
+            if job.get("code") != "ok":
+                raise BenchError(f"calm job ended {job.get('code')}")
+            phase.starts_ms.append(1000 * (float(job["result"]) - sent))
+        except (BenchError, TimeoutError):
+            phase.failed += 1
+        await asyncio.sleep(pause)
+
+
+# --- the attacks: each an async context manager, running while the calm tenant samples
+
+
+@contextlib.asynccontextmanager
+async def emit_attack(hostile: Api) -> AsyncIterator[str]:
+    body = "def handler(p, ctx):\n    for _ in range(60):\n        ctx.emit('kid', 'x' * 1048560)\n"
+    await hostile.add_handler("emit", "python", body)
+    stop = asyncio.Event()
+
+    async def keep_adding() -> None:
+        while not stop.is_set():
+            with contextlib.suppress(BenchError):
+                await hostile.post("emit", b"".join(b"%d\n" % n for n in range(25)))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), 1.0)
+
+    task = asyncio.create_task(keep_adding())
+    try:
+        yield "25 runs a second, each asking for 60 follow-on jobs of 1 MiB"
+    finally:
+        stop.set()
+        await task
+        await hostile.del_handler("emit")
+
+
+@contextlib.asynccontextmanager
+async def connections_attack(url: str, count: int) -> AsyncIterator[str]:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, count + 1024)), hard))
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    writers: list[asyncio.StreamWriter] = []
+    refused = 0
+    for _ in range(count):
+        try:
+            _, writer = await asyncio.open_connection(host.strip("[]"), int(port))
+            writer.write(b"POST /mallory/job/x/add HTTP/1.1\r\nHost: a\r\n")
+            writers.append(writer)
+        except OSError:
+            refused += 1
+    try:
+        yield f"{len(writers):,} connections holding half a request's headers ({refused} refused)"
+    finally:
+        for writer in writers:
+            writer.close()
+
+
+@contextlib.asynccontextmanager
+async def bodies_attack(url: str, token: str, count: int = 24) -> AsyncIterator[str]:
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    stop = asyncio.Event()
+    head = (
+        f"POST /{HOSTILE}/job/slow/add HTTP/1.1\r\nHost: a\r\nAuthorization: Bearer {token}\r\n"
+        f"Content-Type: text/plain\r\nContent-Length: {64 << 20}\r\n\r\n"
+    ).encode()
+
+    async def trickle() -> None:
+        with contextlib.suppress(OSError):
+            reader, writer = await asyncio.open_connection(host.strip("[]"), int(port))
+            try:
+                writer.write(head)
+                chunk = b"x" * 16383 + b"\n"
+                while not stop.is_set() and not reader.at_eof():
+                    writer.write(chunk)
+                    await writer.drain()
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(stop.wait(), 1.0)
+            finally:
+                writer.close()
+
+    tasks = [asyncio.create_task(trickle()) for _ in range(count)]
+    try:
+        yield f"{count} requests whose 64 MiB bodies come at 16 KiB/s"
+    finally:
+        stop.set()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+@contextlib.asynccontextmanager
+async def follow_ons_attack(hostile: Api) -> AsyncIterator[str]:
+    await hostile.add_handler("grow", "shell", 'seq 10000 | sed "s/^/J: grow|/"')
+    for _ in range(3):
+        with contextlib.suppress(BenchError):
+            await hostile.post("grow", b"seed\n")
+    try:
+        yield "runs printing 10,000 J: lines of their own type (waiting 1,000, rate 100/s)"
+    finally:
+        await hostile.del_handler("grow")
+
+
+@contextlib.asynccontextmanager
+async def stderr_attack(hostile: Api) -> AsyncIterator[str]:
+    await hostile.add_handler("noise", "shell", 'timeout 5 yes "" >&2')
+    stop = asyncio.Event()
+
+    async def keep_eight() -> None:
+        while not stop.is_set():
+            with contextlib.suppress(BenchError):
+                await hostile.post("noise", b"1\n2\n3\n4\n5\n6\n7\n8\n")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), 5.0)
+
+    task = asyncio.create_task(keep_eight())
+    try:
+        yield 'eight shell jobs at a time of `yes "" >&2`'
+    finally:
+        stop.set()
+        await task
+        await hostile.del_handler("noise")
+
+
+async def measure_abuse(
+    url: str,
+    pid: int,
+    calm: tuple[str, str],
+    hostile: tuple[str, str],
+    *,
+    samples: int,
+    connections: int,
+    settle: float,
+) -> list[Phase]:
+    timeout = aiohttp.ClientTimeout(total=60)
+    async with aiohttp.ClientSession(timeout=timeout) as session:
+        calm_api = Api(session, url, calm[1], calm[0])
+        hostile_api = Api(session, url, hostile[1], hostile[0])
+        await calm_api.add_handler(CALM_TYPE, "python", PY_CLOCK)
+        await _calm(calm_api, Phase("warm"), 5, 0.05)
+        attacks: list[tuple[str, Attack | None]] = [
+            ("idle", None),
+            ("emit (1)", lambda: emit_attack(hostile_api)),
+            ("connections (6)", lambda: connections_attack(url, connections)),
+            ("bodies (7)", lambda: bodies_attack(url, hostile[1])),
+            ("follow-ons (8)", lambda: follow_ons_attack(hostile_api)),
+            ("stderr (9)", lambda: stderr_attack(hostile_api)),
+        ]
+        phases = []
+        for name, attack in attacks:
+            phase = Phase(name)
+            stop = asyncio.Event()
+            watcher = asyncio.create_task(_watch(pid, phase, stop))
+            try:
+                if attack is None:
+                    await _calm(calm_api, phase, samples, 0.05)
+                else:
+                    async with attack() as note:
+                        phase.note = note
+                        await asyncio.sleep(settle)  # the attack under way
+                        await _calm(calm_api, phase, samples, 0.05)
+            finally:
+                stop.set()
+                await watcher
+            phases.append(phase)
+            print(
+                f"    {name}: calm add → start p50 {_pct(phase.starts_ms, 0.5):.1f} ms, p99 "
+                f"{_pct(phase.starts_ms, 0.99):.1f} ms; daemon {phase.rss_mib:.0f} MiB, "
+                f"{phase.fds} fds; {phase.failed} calm failures",
+                flush=True,
+            )
+            await asyncio.sleep(settle)  # what the attack left behind settles
+        return phases
+
+
+def _pct(values: list[float], q: float) -> float:
+    return Latency.pct(values, q) if values else float("nan")
+
+
+def section_abuse(run: Run) -> None:
+    """The calm tenant's figures idle and under each attack, on a daemon of its own."""
+    from bench import daemon
+
+    dsn = None if run.opts.store is None else run.fresh_database("abuse")
+    data_dir = run.work / "abuse"
+    data_dir.mkdir()
+    quick = run.opts.quick
+    try:
+        calm_token = daemon.add_tenant(dsn, data_dir)
+        hostile_token = daemon.add_tenant(dsn, data_dir, HOSTILE)
+        daemon.tenant_limits(dsn, data_dir, HOSTILE, HOSTILE_LIMITS)
+        child, url = daemon.start_daemon("abuse", dsn, data_dir, run.work, run.opts.daemon_args)
+    except BaseException:
+        stop_server(data_dir / "pg")
+        raise
+    try:
+        phases = asyncio.run(
+            measure_abuse(
+                url,
+                child.pid,
+                (daemon.TENANT, calm_token),
+                (HOSTILE, hostile_token),
+                samples=run.opts.abuse_samples,
+                connections=2_000 if quick else 10_000,
+                settle=1.0 if quick else 3.0,
+            )
+        )
+    finally:
+        child.stop(grace=20)
+        stop_server(data_dir / "pg")
+    idle, attacks = phases[0], phases[1:]
+    base99, base_rss = _pct(idle.starts_ms, 0.99), idle.rss_mib
+    run.rows.append(
+        Row(
+            "(abuse) idle: calm add → start p99",
+            base99,
+            "ms",
+            notes=f"p50 {_pct(idle.starts_ms, 0.5):.1f} ms; daemon {base_rss:.0f} MiB, "
+            f"{idle.fds} fds; {len(idle.starts_ms)} calm jobs one at a time",
+        )
+    )
+    for phase in attacks:
+        p99 = _pct(phase.starts_ms, 0.99)
+        run.rows.append(
+            Row(
+                f"(abuse) {phase.name}: calm add → start p99",
+                p99,
+                "ms",
+                "idle",
+                p99 / base99 if base99 > 0 else None,
+                f"{phase.note}; p50 {_pct(phase.starts_ms, 0.5):.1f} ms; "
+                f"{phase.failed} calm failures (target: p99 <= 2x idle, none failed)",
+            )
+        )
+        run.rows.append(
+            Row(
+                f"(abuse) {phase.name}: daemon resident memory",
+                phase.rss_mib,
+                "MiB",
+                "idle",
+                phase.rss_mib / base_rss if base_rss > 0 else None,
+                f"at most {phase.fds} open descriptors (idle {idle.fds}); target <= 2x idle",
+            )
+        )
+        if phase.failed:
+            run.failed = True

@@ -1,0 +1,59 @@
+"""Giving memory back to the system after a burst.
+
+CPython frees big objects (a context's reply, a chunk of follow-on jobs, an
+ingested journal batch) to the C allocator, which keeps the pages for the
+next allocation rather than returning them: a daemon that once held a few
+hundred MiB for a burst keeps them resident. Every ``interval`` seconds the
+daemon asks glibc to return its free pages (``malloc_trim``), in a thread,
+when its resident memory grew since the last time. Elsewhere (musl, macOS)
+this does nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import ctypes.util
+import logging
+from collections.abc import Callable
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+TRIM_INTERVAL = 5.0
+_STATM = Path("/proc/self/statm")
+
+
+def _trimmer() -> Callable[[], None] | None:
+    name = ctypes.util.find_library("c")
+    if name is None:
+        return None
+    try:
+        trim = ctypes.CDLL(name).malloc_trim
+    except (OSError, AttributeError):
+        return None
+    trim.argtypes = [ctypes.c_size_t]
+    trim.restype = ctypes.c_int
+    return lambda: trim(0)
+
+
+def resident_pages() -> int:
+    try:
+        return int(_STATM.read_text().split()[1])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+async def give_back(interval: float = TRIM_INTERVAL) -> None:
+    """Forever: return free heap pages to the system when resident memory grew."""
+    trim = _trimmer()
+    if trim is None:
+        logger.debug("no malloc_trim here", extra={"action": "memory_trim"})
+        return
+    low = 0
+    while True:
+        await asyncio.sleep(interval)
+        pages = await asyncio.to_thread(resident_pages)
+        if pages > low:
+            await asyncio.to_thread(trim)
+            low = await asyncio.to_thread(resident_pages)
