@@ -5,7 +5,7 @@ ingested journal batch) to the C allocator, which keeps the pages for the
 next allocation rather than returning them: a daemon that once held a few
 hundred MiB for a burst keeps them resident. Every ``interval`` seconds the
 daemon asks glibc to return its free pages (``malloc_trim``), in a thread,
-when its resident memory grew since the last time. Elsewhere (musl, macOS)
+when its resident memory changed since the last time. Elsewhere (musl, macOS)
 this does nothing.
 """
 
@@ -45,15 +45,14 @@ def resident_pages() -> int:
 
 
 async def give_back(interval: float = TRIM_INTERVAL) -> None:
-    """Forever: return free heap pages to the system when resident memory grew."""
+    """Forever: return free heap pages to the system when resident memory changed."""
     trim = _trimmer()
     if trim is None:
         logger.debug("no malloc_trim here", extra={"action": "memory_trim"})
         return
-    low = 0
+    after = 0  # resident pages after the last trim
     while True:
         await asyncio.sleep(interval)
-        pages = await asyncio.to_thread(resident_pages)
-        if pages > low:
+        if await asyncio.to_thread(resident_pages) != after:  # something was used or freed
             await asyncio.to_thread(trim)
-            low = await asyncio.to_thread(resident_pages)
+            after = await asyncio.to_thread(resident_pages)

@@ -26,6 +26,8 @@ from store.pg_base import PgBase, job_of, state_of
 logger = logging.getLogger(__name__)
 
 MAX_PAGE = 1000
+# bytes of payloads and results a page holds (at least one job, however big)
+PAGE_BYTES = 4 << 20
 
 
 class JobsPart(PgBase):
@@ -155,15 +157,25 @@ class JobsPart(PgBase):
         # one row more than asked tells whether a next page exists
         if after is None:
             rows = await self._fetch(
-                queries.jobs.LIST_JOBS_FIRST, client, type, state_arg, limit + 1
+                queries.jobs.LIST_JOBS_FIRST, client, type, state_arg, limit + 1, PAGE_BYTES
             )
         else:
             create_dt, last_id = decode_cursor(after)
             rows = await self._fetch(
-                queries.jobs.LIST_JOBS_AFTER, client, type, state_arg, limit + 1, create_dt, last_id
+                queries.jobs.LIST_JOBS_AFTER,
+                client,
+                type,
+                state_arg,
+                limit + 1,
+                create_dt,
+                last_id,
+                PAGE_BYTES,
             )
+        if not rows:
+            return JobPage(jobs=[], next=None)
         jobs = [job_of(row) for row in rows[:limit]]
-        more = len(rows) > limit
+        # more rows than asked, or some cut off by the page's bytes
+        more = rows[0]["rows"] > len(jobs)
         cursor = encode_cursor(jobs[-1].create_dt, jobs[-1].id) if more else None
         return JobPage(jobs=jobs, next=cursor)
 

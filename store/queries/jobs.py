@@ -22,23 +22,44 @@ WHERE split_part(type, '-', 1) = $1
         WHEN '' THEN 'waiting' WHEN '__done' THEN 'done' ELSE 'running' END)
 """
 
+# A page holds at most $4 rows (one more than asked tells whether a next page
+# exists), and stops at the row that starts past $5 (FIRST) or $7 (AFTER)
+# bytes of payloads and results: a page of big jobs is shorter, never huge.
+# ``octet_length`` of a stored value reads its size, not the value; ``rows``:
+# how many the page had before the byte cut.
+_PAGE = """
+SELECT *, count(*) OVER () AS rows
+FROM (
+    SELECT {columns},
+        sum(octet_length(data) + coalesce(octet_length(result), 0))
+            OVER (ORDER BY split_part(type, '-', 1), create_dt DESC, id DESC) AS upto,
+        octet_length(data) + coalesce(octet_length(result), 0) AS size
+    FROM jobs
+    {filters}
+    {after}
+    ORDER BY split_part(type, '-', 1), create_dt DESC, id DESC
+    LIMIT $4
+) page
+"""
+
 LIST_JOBS_FIRST = f"""
-SELECT {_JOB_COLUMNS}
-FROM jobs
-{_LIST_FILTERS}
-ORDER BY split_part(type, '-', 1), create_dt DESC, id DESC
-LIMIT $4
+SELECT * FROM ({_PAGE.format(columns=_JOB_COLUMNS, filters=_LIST_FILTERS, after="")}) cut
+WHERE upto - size < $5
+ORDER BY upto
 """
 
 # $5 create_dt, $6 id of the last row of the previous page. The row comparison
 # with the index's own order (both DESC) makes it an index condition.
 LIST_JOBS_AFTER = f"""
-SELECT {_JOB_COLUMNS}
-FROM jobs
-{_LIST_FILTERS}
-  AND (create_dt, id) < ($5::timestamptz, $6::text)
-ORDER BY split_part(type, '-', 1), create_dt DESC, id DESC
-LIMIT $4
+SELECT * FROM ({
+    _PAGE.format(
+        columns=_JOB_COLUMNS,
+        filters=_LIST_FILTERS,
+        after="AND (create_dt, id) < ($5::timestamptz, $6::text)",
+    )
+}) cut
+WHERE upto - size < $7
+ORDER BY upto
 """
 
 # $1 client. Never reads a done job: done counts come from type_counts (kept

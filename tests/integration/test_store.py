@@ -154,6 +154,26 @@ async def test_list_jobs_pages_newest_first(store: PgStore) -> None:
     assert (await store.list_jobs("c")).jobs == []
 
 
+async def test_a_page_of_big_jobs_stops_at_its_bytes(store: PgStore) -> None:
+    """A page holds at most 4 MiB of payloads and results (at least one job): 1,000
+    jobs of 1 MiB asked for at once would be a reply of a GiB."""
+    mib = "x" * (1 << 20)
+    jobs = [
+        new_job(f"b{i}", "a-t", create_dt=T0 + timedelta(seconds=i), data=mib) for i in range(6)
+    ]
+    await store.add_jobs(jobs)
+    page = await store.list_jobs("a", limit=1000)
+    assert [j.id for j in page.jobs] == ["b5", "b4", "b3", "b2"]  # the 4th starts within
+    assert page.next is not None
+    rest = await store.list_jobs("a", limit=1000, after=page.next)
+    assert [j.id for j in rest.jobs] == ["b1", "b0"]
+    assert rest.next is None
+    huge = "y" * (5 << 20)
+    await store.add_jobs([new_job("huge", "a-t", create_dt=T0 + timedelta(days=1), data=huge)])
+    first = await store.list_jobs("a", limit=1000)
+    assert [j.id for j in first.jobs] == ["huge"] and first.next is not None
+
+
 async def test_list_jobs_filters(store: PgStore, conn: asyncpg.Connection) -> None:
     await store.add_jobs(
         [
