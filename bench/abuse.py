@@ -103,24 +103,34 @@ async def _calm(api: Api, phase: Phase, samples: int, pause: float) -> None:
 
 
 @contextlib.asynccontextmanager
-async def emit_attack(hostile: Api) -> AsyncIterator[str]:
-    body = "def handler(p, ctx):\n    for _ in range(60):\n        ctx.emit('kid', 'x' * 1048560)\n"
-    await hostile.add_handler("emit", "python", body)
+async def _posting(api: Api, type_: str, body: bytes, every: float) -> AsyncIterator[None]:
+    """Post ``body`` to ``type_`` every ``every`` seconds until the block ends
+    (refusals, e.g. ``429``, are part of the attack)."""
     stop = asyncio.Event()
 
-    async def keep_adding() -> None:
+    async def keep_posting() -> None:
         while not stop.is_set():
             with contextlib.suppress(BenchError):
-                await hostile.post("emit", b"".join(b"%d\n" % n for n in range(25)))
+                await api.post(type_, body)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), 1.0)
+                await asyncio.wait_for(stop.wait(), every)
 
-    task = asyncio.create_task(keep_adding())
+    task = asyncio.create_task(keep_posting())
     try:
-        yield "25 runs a second, each asking for 60 follow-on jobs of 1 MiB"
+        yield
     finally:
         stop.set()
         await task
+
+
+@contextlib.asynccontextmanager
+async def emit_attack(hostile: Api) -> AsyncIterator[str]:
+    body = "def handler(p, ctx):\n    for _ in range(60):\n        ctx.emit('kid', 'x' * 1048560)\n"
+    await hostile.add_handler("emit", "python", body)
+    try:
+        async with _posting(hostile, "emit", b"".join(b"%d\n" % n for n in range(25)), 1.0):
+            yield "25 runs a second, each asking for 60 follow-on jobs of 1 MiB"
+    finally:
         await hostile.del_handler("emit")
 
 
@@ -191,21 +201,10 @@ async def follow_ons_attack(hostile: Api) -> AsyncIterator[str]:
 @contextlib.asynccontextmanager
 async def stderr_attack(hostile: Api) -> AsyncIterator[str]:
     await hostile.add_handler("noise", "shell", 'timeout 5 yes "" >&2')
-    stop = asyncio.Event()
-
-    async def keep_eight() -> None:
-        while not stop.is_set():
-            with contextlib.suppress(BenchError):
-                await hostile.post("noise", b"1\n2\n3\n4\n5\n6\n7\n8\n")
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), 5.0)
-
-    task = asyncio.create_task(keep_eight())
     try:
-        yield 'eight shell jobs at a time of `yes "" >&2`'
+        async with _posting(hostile, "noise", b"1\n2\n3\n4\n5\n6\n7\n8\n", 5.0):
+            yield 'eight shell jobs at a time of `yes "" >&2`'
     finally:
-        stop.set()
-        await task
         await hostile.del_handler("noise")
 
 
