@@ -8,6 +8,7 @@ HTTP API; paths and pids come in the payload, as an attacker could guess them.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -25,6 +26,7 @@ from tests.acceptance.daemon import (
     DaemonProcess,
     add_tenant,
     reachable_dir,
+    shared_dir,
 )
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="per-tenant users need root")
@@ -253,3 +255,49 @@ async def test_another_tenants_processes_cannot_be_signalled_or_read(
         refused(await probe(site, session, "mallory", what="read", target=f"/proc/{pid}/{part}"))
     again = await probe(site, session, "alice", what="pid")
     assert again["value"] == pid, "alice's context was killed"
+
+
+def _plant(places: list[Path], marker: Path) -> None:
+    for place in places:
+        place.mkdir(parents=True)
+        place.joinpath("index.js").write_text(
+            f"require('fs').writeFileSync({json.dumps(str(marker))}, 'ran');\n"
+            "module.exports = () => 'planted';\n"
+        )
+
+
+def _unplant(places: list[Path]) -> None:
+    for place in places:
+        shutil.rmtree(place, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            place.parent.rmdir()  # only when it holds nothing else
+
+
+async def test_a_module_planted_for_another_tenant_is_never_loaded(
+    site: Site, session: aiohttp.ClientSession
+) -> None:
+    """mallory leaves ``node_modules`` where node's resolution would look from
+    alice's directory (/tmp, above the data directory); alice's handler asks
+    for a module it does not have. Nothing planted may run under alice's uid:
+    her require fails as for any missing module, and builtins still work."""
+    name = f"qd-planted-{os.getpid()}"
+    marker = shared_dir(site.data_dir.parent, name) / "ran"  # writable by any handler
+    planted = [Path("/tmp/node_modules", name), site.data_dir.parent / "node_modules" / name]
+    try:
+        _plant(planted, marker)
+        api = Api(session, site.daemon.url, "alice", site.tokens["alice"])
+        body = (
+            "module.exports = (p) => {\n"
+            "  require('node:crypto'); require('fs');\n"
+            "  return require(p)();\n"
+            "};\n"
+        )
+        await Handlers(api).add("requirer", "node", body, maxAttempts=1)
+        for module in (name, str(planted[0] / "index.js")):
+            [job_id] = await api.add("requirer", [module])
+            job = await wait_done(api, job_id, within=30)
+            assert job["code"] == "error", job
+            assert "Cannot find module" in job["result"], job
+        assert not exists(str(marker)), "a planted module ran in another tenant's handler"
+    finally:
+        _unplant(planted)
