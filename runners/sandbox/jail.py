@@ -39,7 +39,14 @@ enters before anything of the handler runs; killing a tree then also writes
 but no network namespace (``network=True``), ``unshare`` without ``--net``
 still does the user switch, since the wrapper must run as root:
 
-    /bin/sh -c 'echo $$ >"$1"; shift; exec "$@"' sh CGROUP/cgroup.procs
+    /bin/sh -c 'echo 1000 >/proc/self/oom_score_adj; echo $$ >"$1"; shift; exec "$@"'
+        sh CGROUP/cgroup.procs
+
+That first wrapper runs for every handler process, with or without cgroups:
+its ``oom_score_adj`` of 1000 makes a handler the kernel's first choice when
+memory runs out, before the daemon or PostgreSQL (set by root with
+``CAP_SYS_RESOURCE``, a handler cannot lower it again; without that
+capability it can, down to 0).
 
 A namespace does not cover unix sockets, which are files: the daemon's own
 files are kept from handlers by permissions (``queue_daemon.app``).
@@ -71,10 +78,14 @@ logger = logging.getLogger(__name__)
 BOOTSTRAP_SOURCE = Path(__file__).resolve().parents[1] / "bootstrap"
 # moves the protocol pipes from fds 0/1 to 3/4 (dash only knows fds 0-9 in redirections)
 _FD_WRAPPER = 'unset PWD OLDPWD; exec 3<&0 4>&1 0</dev/null 1>&2; exec "$@"'
-# run as root: enters the cgroup named by $1 (its cgroup.procs), then becomes the rest
-_CGROUP_WRAPPER = (
-    'unset PWD OLDPWD; while [ "$1" != -- ]; do echo $$ >"$1" || exit 126; shift; done;'
-    ' shift; exec "$@"'
+# the first wrapper, as root when the daemon is: makes the process the kernel's
+# first choice when memory runs out (``OOM_SCORE_ADJ``; set by root, a handler
+# cannot lower it again), enters the cgroups whose cgroup.procs files come
+# before ``--``, then becomes the rest
+OOM_SCORE_ADJ = 1000
+_FIRST_WRAPPER = (
+    f"unset PWD OLDPWD; echo {OOM_SCORE_ADJ} >/proc/self/oom_score_adj 2>/dev/null;"
+    ' while [ "$1" != -- ]; do echo $$ >"$1" || exit 126; shift; done; shift; exec "$@"'
 )
 # run as root in a new network namespace: brings its loopback up with ip ($1)
 _LOOPBACK_WRAPPER = 'unset PWD OLDPWD; "$1" link set lo up || exit 126; shift; exec "$@"'
@@ -337,8 +348,7 @@ class Sandbox:
                 lo = ["/bin/sh", "-c", _LOOPBACK_WRAPPER, "sh", self._ip]
                 argv = [unshare, "--net", "--", *lo, *switch, *argv]
             run_as = None
-        if procs:
-            argv = ["/bin/sh", "-c", _CGROUP_WRAPPER, "sh", *map(str, procs), "--", *argv]
+        argv = ["/bin/sh", "-c", _FIRST_WRAPPER, "sh", *map(str, procs), "--", *argv]
         loop = asyncio.get_running_loop()
         try:
             transport, protocol = await loop.subprocess_exec(

@@ -175,6 +175,42 @@ async def test_limits_are_applied(work_root: Path) -> None:
         await pool.close()
 
 
+@pytest.mark.parametrize("lang", ["python", "shell"])
+async def test_handlers_are_the_first_the_kernel_kills_when_memory_runs_out(
+    pool: RunnerPool, lang: str
+) -> None:
+    """Set as root before the user switch: a handler cannot lower it again, so
+    the kernel's out-of-memory killer picks a handler before the daemon or
+    PostgreSQL."""
+    shell = (
+        "cat /proc/self/oom_score_adj; echo 0 >/proc/self/oom_score_adj 2>/dev/null"
+        " && echo lowered; true"
+    )
+    body = (
+        "import subprocess\n"
+        "def handler(p, ctx):\n"
+        f"    return subprocess.run(['/bin/sh', '-c', {shell!r}], capture_output=True,"
+        " text=True).stdout\n"
+    )
+    shell_spec = HandlerSpec(version="v", client="acme", type="s", lang="shell", body=shell)
+    the_spec = spec(body) if lang == "python" else shell_spec
+    (result,) = await pool.run_batch(the_spec, jobs("a"))
+    said = (result.result or "") + " ".join(result.log)
+    assert said.split()[0] == "1000", result
+    if ROOT and _capable(SYS_RESOURCE):  # else the kernel keeps no floor for it
+        assert "lowered" not in said, result
+
+
+SYS_RESOURCE = 24  # CAP_SYS_RESOURCE
+
+
+def _capable(cap: int) -> bool:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("CapEff:"):
+            return bool(int(line.split()[1], 16) >> cap & 1)
+    return False
+
+
 async def test_python_fallback_wrapper_sets_the_same_limits(work_root: Path) -> None:
     sandbox = Sandbox(work_root=work_root, limits=Limits(open_files=77), prlimit=None)
     await sandbox.prepare()
