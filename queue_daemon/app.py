@@ -136,6 +136,7 @@ def _sources(
         running=lambda: worker.running,
         contexts=pool.contexts_by_lang,
         cold_starts=lambda: pool.cold_starts,
+        output_throttled=lambda: pool.output_budget.throttled,
         lease_age=lambda: time.monotonic() - identity.renewed_at,
         lease_lost=lambda: identity.lost,
         renew_failures=lambda: identity.renew_failures,
@@ -209,6 +210,8 @@ class Daemon:
                 max_result_bytes=settings.result_limit,
                 http_allow=settings.http_allow,
                 realtime=settings.realtime,
+                output_rate=settings.output_rate,
+                output_burst=4 * settings.output_rate,
             )
         )
         metrics = Metrics(tenants=settings.metrics_tenants, types=settings.metrics_types)

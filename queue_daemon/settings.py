@@ -53,6 +53,7 @@ class Settings:
     tenant_follow_ons: int = 1000  # follow-on jobs one run may add
     tenant_emit: int = 4 * MIB  # bytes of follow-on payloads one run may add
     result_limit: int = MIB  # bytes of a job's result kept
+    output_rate: int = 4 * MIB  # bytes/s of one tenant's handler output read (0 = no limit)
     waiting_refresh: float = 1.0  # seconds between counts of an adding tenant's waiting jobs
     ready_lag: float = 30.0  # seconds of ingest lag over which /readyz answers 503
     metrics_tenants: int = 100  # tenants with a metrics label of their own; the rest: _other

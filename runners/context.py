@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from runners import framing
+from runners.budget import Spend, no_limit
 from runners.codes import ERROR, TIMEOUT
 from runners.errors import ContextFailed, FrameTooLarge, ProtocolError
 from runners.models import HandlerSpec, JobInput, JobResult, ResultSink
@@ -57,6 +58,7 @@ class Context:
         limits: OutputLimits,
         start_timeout: float,
         memory: str = "as",
+        spend: Spend = no_limit,
     ) -> None:
         self.spec = spec
         self.key = spec.context_key
@@ -70,6 +72,7 @@ class Context:
         self._command = command
         self._memory = memory
         self._limits = limits
+        self._spend = spend  # the tenant's output budget (runners.budget)
         self._start_timeout = start_timeout
         self._proc: Child | None = None
         self._home: Path | None = None
@@ -145,7 +148,9 @@ class Context:
         proc = self._proc
         assert proc.stderr is not None
         self._drains = [
-            asyncio.create_task(drain(proc.stderr, self.output), name=f"ctx-{proc.pid}-output")
+            asyncio.create_task(
+                drain(proc.stderr, self.output, self._spend), name=f"ctx-{proc.pid}-output"
+            )
         ]
 
     async def _init(self) -> None:

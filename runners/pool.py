@@ -23,6 +23,7 @@ from collections import Counter
 from collections.abc import Sequence, Set
 from dataclasses import dataclass
 
+from runners.budget import OutputBudget
 from runners.codes import ERROR
 from runners.context import Context
 from runners.errors import ContextFailed, SandboxError
@@ -79,8 +80,12 @@ class RunnerPool:
             max_emits=settings.max_emits_per_job,
             max_result_bytes=settings.max_result_bytes,
         )
+        self.output_budget = OutputBudget(settings.output_rate, settings.output_burst)
         self._shell = ShellRunner(
-            self.sandbox, self._limits, concurrency=settings.shell_concurrency
+            self.sandbox,
+            self._limits,
+            concurrency=settings.shell_concurrency,
+            budget=self.output_budget,
         )
         self._http = HttpRunner(
             max_result_bytes=settings.max_result_bytes,
@@ -187,6 +192,7 @@ class RunnerPool:
                 sandbox=self.sandbox,
                 command=await self._command(spec),
                 limits=self._limits,
+                spend=self.output_budget.spender(spec.client),
                 start_timeout=max(self.settings.start_timeout, spec.timeout),
                 memory="data" if spec.lang == "node" else "as",
             )

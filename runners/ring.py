@@ -5,7 +5,10 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 
+from runners.budget import Spend, no_limit
+
 MAX_LINE = 1000  # characters kept of one line
+READ_SIZE = 1 << 18  # bytes taken from a pipe at a time
 
 
 class LineRing:
@@ -19,21 +22,27 @@ class LineRing:
         self.total = 0  # lines seen
 
     def feed(self, data: bytes) -> None:
-        *complete, rest = (self._partial + data).split(b"\n")
-        for raw in complete:
-            self._add(raw)
-        # a line without end is kept only up to what can be shown
+        """Take what was read: only the lines the ring keeps are looked at, so a
+        flood of lines costs one count and one split from the end, not a step per line."""
+        ended = data.count(b"\n")
+        if not ended:
+            # a line without end is kept only up to what can be shown
+            self._partial = (self._partial + data)[: MAX_LINE * 4]
+            return
+        self.total += ended
+        keep = self._lines.maxlen or ended
+        *complete, rest = data.rsplit(b"\n", min(ended, keep + 1))
+        if ended <= keep:  # the first of them continues the partial line
+            complete[0] = self._partial + complete[0]
+        for raw in complete[-keep:]:
+            self._lines.append(_text(raw))
         self._partial = rest[: MAX_LINE * 4]
 
     def close(self) -> None:
         if self._partial:
-            self._add(self._partial)
+            self._lines.append(_text(self._partial))
+            self.total += 1
             self._partial = b""
-
-    def _add(self, raw: bytes) -> None:
-        line = raw[: MAX_LINE * 4].decode("utf-8", "replace").rstrip("\r")[:MAX_LINE]
-        self._lines.append(line)
-        self.total += 1
 
     def lines(self) -> list[str]:
         return list(self._lines)
@@ -43,11 +52,17 @@ class LineRing:
         return lines[-count:] if count else []
 
 
-async def drain(stream: asyncio.StreamReader, ring: LineRing) -> None:
-    """Read ``stream`` into ``ring`` until end of stream."""
+def _text(raw: bytes) -> str:
+    return raw[: MAX_LINE * 4].decode("utf-8", "replace").rstrip("\r")[:MAX_LINE]
+
+
+async def drain(stream: asyncio.StreamReader, ring: LineRing, spend: Spend = no_limit) -> None:
+    """Read ``stream`` into ``ring`` until end of stream, ``spend`` after each read
+    (``runners.budget``: it waits while the tenant's output budget is spent)."""
     while True:
-        data = await stream.read(1 << 16)
+        data = await stream.read(READ_SIZE)
         if not data:
             ring.close()
             return
         ring.feed(data)
+        await spend(len(data))

@@ -31,6 +31,10 @@ class RunnerSettings:
     start_timeout: float = 30.0  # seconds a context gets to load its handler and run `before`
     failure_backoff: float = 5.0  # seconds a handler that failed to load is not started again
     shell_concurrency: int = 4  # shell jobs of one batch running at once
+    # bytes a second of one tenant's handler output the daemon reads, after a burst
+    # (runners.budget); 0: no limit
+    output_rate: float = 4 << 20
+    output_burst: float = 16 << 20
     http_concurrency: int = 32  # requests of one batch in flight at once
     # networks http handlers may reach although they are not public (loopback, private, …)
     http_allow: tuple[Network, ...] = ()

@@ -15,10 +15,11 @@ import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 
+from runners.budget import OutputBudget
 from runners.codes import ERROR, OK, TIMEOUT
 from runners.models import HandlerSpec, JobInput, JobResult, ResultSink
 from runners.output import OutputLimits, parse_output
-from runners.ring import LineRing, drain
+from runners.ring import READ_SIZE, LineRing, drain
 from runners.sandbox import Sandbox, describe_exit
 
 SHELL = "/bin/sh"
@@ -36,10 +37,18 @@ MAX_STDOUT = 16 << 20  # bytes of a job's stdout parsed; the rest is counted and
 class ShellRunner:
     """Runs the jobs of shell handlers, ``concurrency`` processes at a time per batch."""
 
-    def __init__(self, sandbox: Sandbox, limits: OutputLimits, *, concurrency: int = 4) -> None:
+    def __init__(
+        self,
+        sandbox: Sandbox,
+        limits: OutputLimits,
+        *,
+        concurrency: int = 4,
+        budget: OutputBudget | None = None,
+    ) -> None:
         self._sandbox = sandbox
         self._limits = limits
         self._concurrency = concurrency
+        self._budget = budget or OutputBudget(0, 1)
 
     async def run_batch(
         self, spec: HandlerSpec, jobs: Sequence[JobInput], sink: ResultSink | None = None
@@ -72,6 +81,7 @@ class ShellRunner:
         stdout = bytearray()
         dropped = 0
         stderr = LineRing(STDERR_LINES)
+        spend = self._budget.spender(spec.client)
 
         async def feed() -> None:
             assert proc.stdin is not None
@@ -83,16 +93,17 @@ class ShellRunner:
         async def collect() -> None:
             nonlocal dropped
             assert proc.stdout is not None
-            while data := await proc.stdout.read(1 << 16):
+            while data := await proc.stdout.read(READ_SIZE):
                 room = MAX_STDOUT - len(stdout)
                 stdout.extend(data[:room])
                 dropped += max(0, len(data) - room)
+                await spend(len(data))
 
         assert proc.stderr is not None
         tasks = [
             asyncio.create_task(feed()),
             asyncio.create_task(collect()),
-            asyncio.create_task(drain(proc.stderr, stderr)),
+            asyncio.create_task(drain(proc.stderr, stderr, spend)),
         ]
         timed_out = False
         try:

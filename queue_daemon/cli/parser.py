@@ -179,6 +179,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="bytes of follow-on payloads one run may add (more are dropped; default 4 MiB)",
     )
     serve.add_argument(
+        "--output-rate",
+        default=_env("output_rate", str(4 * MIB)),
+        help="bytes/s of one tenant's handler output the daemon reads, after a burst of four"
+        " seconds' worth; past it the handlers' writes wait (0 = no limit; default 4 MiB)",
+    )
+    serve.add_argument(
         "--result-limit",
         default=_env("result_limit", str(MIB)),
         help="bytes of a job's result kept (a longer one is cut)",

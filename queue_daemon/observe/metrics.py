@@ -28,7 +28,7 @@ import math
 import time
 from bisect import bisect_left
 from collections import Counter as Tally
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from operator import attrgetter
 
@@ -113,6 +113,7 @@ class Sources:
     running: Callable[[], int]
     contexts: Callable[[], Tally[str]]  # live contexts per lang
     cold_starts: Callable[[], Tally[str]]
+    output_throttled: Callable[[], Mapping[str, float]]  # tenant -> seconds its reads waited
     lease_age: Callable[[], float]  # seconds since the sysid lease was last taken or renewed
     lease_lost: Callable[[], bool]
     renew_failures: Callable[[], int]
@@ -399,6 +400,19 @@ class _StateCollector(Collector):
         for lang, count in sorted(src.cold_starts().items()):
             cold.add_metric([lang], count)
         yield cold
+        throttled = CounterMetricFamily(
+            "queue_handler_output_throttled_seconds",
+            "Seconds the daemon stopped reading a tenant's handler output, over its output"
+            " rate (the handlers' writes wait meanwhile), by tenant",
+            labels=["tenant"],
+        )
+        waited: dict[str, float] = {}
+        for client, seconds in list(src.output_throttled().items()):
+            label = self._metrics.labels.tenant(client)
+            waited[label] = waited.get(label, 0.0) + seconds
+        for label, seconds in sorted(waited.items()):
+            throttled.add_metric([label], seconds)
+        yield throttled
         info = GaugeMetricFamily("queue_sysid_info", "This daemon's sysid", labels=["sysid"])
         info.add_metric([src.sysid], 1)
         yield info

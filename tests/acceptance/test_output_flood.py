@@ -1,0 +1,76 @@
+"""A flood of handler output costs the daemon little and other tenants nothing.
+
+``yes "" >&2`` writes empty lines as fast as a core can: the daemon reads a
+tenant's output in bulk and at most ``--output-rate`` bytes a second, so the
+flooding handlers wait on their own full pipes instead of the daemon spending
+a core on them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from tests.acceptance.client import Handlers, wait_all_done, wait_done
+from tests.acceptance.daemon import DaemonFactory, Deployment, deploy, reachable_dir
+
+FLOODS = {
+    "shell_stderr": ("shell", 'timeout 4 yes "" >&2'),
+    "shell_stdout": ("shell", 'timeout 4 yes ""'),
+    "python_stderr": (
+        "python",
+        "import sys, time\n"
+        "def handler(p, ctx):\n"
+        "    end = time.monotonic() + 4\n"
+        "    while time.monotonic() < end:\n"
+        "        sys.stderr.write('\\n' * 65536)\n",
+    ),
+}
+
+
+@pytest.fixture
+def deployment(daemons: DaemonFactory, pg_dsn: str) -> Iterator[Deployment]:
+    root = reachable_dir("qd-output-")  # handlers must reach the data dir
+    deployed = deploy(daemons, pg_dsn, root, ["noisy", "calm"])
+    try:
+        yield deployed
+    finally:
+        deployed.daemon.close()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def test_an_output_flood_costs_the_daemon_little_and_others_nothing(
+    deployment: Deployment, session: aiohttp.ClientSession
+) -> None:
+    noisy, calm = deployment.api(session, "noisy"), deployment.api(session, "calm")
+    for name, (lang, body) in FLOODS.items():
+        await Handlers(noisy).add(name, lang, body, timeout=10, maxAttempts=1)
+    await Handlers(calm).add("quick", "shell", "echo 'S: 200 fine'")
+    [warm] = await calm.add("quick", ["warm"])
+    await wait_done(calm, warm)
+    pid = deployment.daemon.pid
+    began, cpu_before = time.monotonic(), cpu_seconds(pid)
+    flood_ids = [i for name in FLOODS for i in await noisy.add(name, ["1", "2", "3"])]
+    calm_ids = []
+    while time.monotonic() - began < 4:
+        calm_ids += await calm.add("quick", ["x"])
+        await asyncio.sleep(0.2)
+    done = await wait_all_done(noisy, flood_ids, within=60)
+    used = (cpu_seconds(pid) - cpu_before) / (time.monotonic() - began)
+    # (it used 97% before output was read in bulk and within a budget; 26% after)
+    assert used < 0.35, f"the daemon used {used:.0%} of a core while handlers flooded output"
+    calm_done = await wait_all_done(calm, calm_ids, within=30)
+    assert all(job["result"] == "fine" for job in calm_done.values())
+    assert all(job["state"] == "done" for job in done.values())
