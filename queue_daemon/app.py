@@ -27,7 +27,7 @@ from aiohttp import web
 from queue_daemon import memory
 from queue_daemon.api.auth import TokenCache
 from queue_daemon.api.routes import build_app
-from queue_daemon.api.server import AppRunner
+from queue_daemon.api.server import AppRunner, ConnectionCaps, quiet_exhaustion
 from queue_daemon.api.web import Services
 from queue_daemon.engine import sysid as sysids
 from queue_daemon.engine.adoption import Adopter
@@ -51,6 +51,10 @@ from store.errors import StoreError, StoreUnavailable
 from store.pg import PgStore
 
 logger = logging.getLogger(__name__)
+
+# descriptors kept from client connections: the store's pool, the journal, the
+# queue log and the runners' contexts (pipes) and shell jobs
+FD_RESERVE = 1024
 
 LINGERING_TIME = 1.0  # seconds; see AppRunner below
 
@@ -159,11 +163,13 @@ class Daemon:
         self.worker: Worker | None = None
         self.waiting: WaitingLimiter | None = None
         self.runner: AppRunner | None = None
+        self.connections: ConnectionCaps | None = None
         self.url = ""
 
     async def start(self) -> None:
         settings = self.settings
         open_files = raise_open_files_limit()
+        quiet_exhaustion(asyncio.get_running_loop())
         # the queue log and the runners' work root live here even when the store
         # is external and the journal elsewhere
         settings.data_dir.mkdir(parents=True, exist_ok=True)
@@ -275,8 +281,13 @@ class Daemon:
         # reply) and closes a connection still waiting for a whole request; with the
         # client timeout it is the deadline for a request's headers, so slow or idle
         # clients cannot hold connections (its default is an hour)
+        self.connections = ConnectionCaps(
+            settings.max_connections or max(64, open_files - FD_RESERVE),
+            settings.max_connections_per_address,
+        )
         self.runner = runner = AppRunner(
             build_app(services),
+            caps=self.connections,
             access_log=None,
             handle_signals=False,
             keepalive_timeout=settings.client_timeout,

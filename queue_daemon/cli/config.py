@@ -83,6 +83,10 @@ def settings_from(args: argparse.Namespace) -> Settings:
         tenant_follow_ons=number(args.tenant_follow_ons, "--tenant-follow-ons", int, 0),
         tenant_emit=number(args.tenant_emit, "--tenant-emit", int, 0),
         result_limit=number(args.result_limit, "--result-limit", int, 0),
+        max_connections=number(args.max_connections, "--max-connections", int, 0) or None,
+        max_connections_per_address=number(
+            args.max_connections_per_address, "--max-connections-per-address", int, 1
+        ),
         output_rate=number(args.output_rate, "--output-rate", int, 0),
         http_allow=_networks(args.http_allow, "--http-allow"),
         ready_lag=number(args.ready_lag, "--ready-lag", float, 0),

@@ -105,6 +105,17 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds a client has to send a request's headers, and to keep a body coming",
     )
     serve.add_argument(
+        "--max-connections",
+        default=_env("max_connections", "0"),
+        help="client connections held at once (0 = the open-files limit less 1024 kept for"
+        " the store, the journal and the handlers)",
+    )
+    serve.add_argument(
+        "--max-connections-per-address",
+        default=_env("max_connections_per_address", "1024"),
+        help="client connections held at once from one address (default 1024)",
+    )
+    serve.add_argument(
         "--drain-timeout",
         default=_env("drain_timeout", "10"),
         help="seconds SIGTERM waits for ingestion to catch up",
