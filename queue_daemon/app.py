@@ -26,6 +26,7 @@ from aiohttp import web
 
 from queue_daemon import memory
 from queue_daemon.api.auth import TokenCache
+from queue_daemon.api.bodies import BodyBudget
 from queue_daemon.api.routes import build_app
 from queue_daemon.api.server import AppRunner, ConnectionCaps, quiet_exhaustion
 from queue_daemon.api.web import Services
@@ -276,6 +277,9 @@ class Daemon:
             sysid=identity.sysid,
             identity=identity,
             metrics=metrics,
+            bodies=BodyBudget(
+                settings.body_memory, max(settings.body_memory // 4, settings.body_limit)
+            ),
         )
         # aiohttp's keep-alive timer runs from the connection's start (and from each
         # reply) and closes a connection still waiting for a whole request; with the

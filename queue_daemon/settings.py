@@ -32,6 +32,8 @@ class Settings:
     # seconds a client has to send a request's headers (from connecting, or from the
     # previous reply on a kept-alive connection), and to start and keep sending a body
     client_timeout: float = 30.0
+    body_timeout: float = 120.0  # seconds a request body may take in all
+    body_memory: int = 512 * MIB  # bytes of request bodies being read at once (a quarter each)
     max_connections: int | None = None  # None: the open-files limit less a reserve
     max_connections_per_address: int = 1024
     segment_bytes: int = 64 * MIB

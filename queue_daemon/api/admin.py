@@ -77,9 +77,7 @@ async def set_limits(request: web.Request) -> web.Response:
     await authorize_admin(request, services)
     client = _client(request)
     try:
-        raw = orjson.loads(
-            await read_body(request, LIMITS_BODY_LIMIT, services.settings.client_timeout)
-        )
+        raw = orjson.loads(await read_body(request, "*admin", LIMITS_BODY_LIMIT))
     except orjson.JSONDecodeError as exc:
         raise errors.bad_request(f"body is not valid JSON: {exc}") from None
     if isinstance(raw, dict):

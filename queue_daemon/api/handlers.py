@@ -22,14 +22,14 @@ async def add_handler(request: web.Request) -> web.Response:
     jobtype = jobtype_of(request)
     settings = services.settings
     if request.content_type == "application/json":
-        body = await read_body(request, settings.body_limit, settings.client_timeout)
+        body = await read_body(request, client, settings.body_limit)
         try:
             fields = orjson.loads(body)
         except orjson.JSONDecodeError as exc:
             raise bad_handler(f"body is not valid JSON: {exc}") from None
     else:
         # the body is the source itself: no more than one source's limit is read
-        body = await read_body(request, settings.handler_limit, settings.client_timeout)
+        body = await read_body(request, client, settings.handler_limit)
         try:
             source = body.decode("utf-8")
         except UnicodeDecodeError as exc:

@@ -15,6 +15,7 @@ from queue_daemon.api.auth import authorize
 from queue_daemon.api.errors import ApiError
 from queue_daemon.api.web import (
     SERVICES,
+    Services,
     iso,
     jobtype_of,
     json_response,
@@ -22,6 +23,7 @@ from queue_daemon.api.web import (
     read_body,
     split_payloads,
 )
+from queue_daemon.engine.limits import TenantLimits
 from queue_daemon.engine.quotas import rate_cost
 from queue_daemon.names import JobType, valid_type
 from store.errors import BadCursor, Conflict, NotFound
@@ -38,8 +40,9 @@ async def add_jobs(request: web.Request) -> web.Response:
     now_ms = time.time_ns() // 1_000_000
     dt_ms = parse_when(request.query, now_ms)
     settings = services.settings
-    body = await read_body(request, settings.body_limit, settings.client_timeout)
     limits = services.limits.of(client)
+    _check_quotas_before_the_body(services, client, limits, request.content_length)
+    body = await read_body(request, client, settings.body_limit)
     lines = split_payloads(body, request.content_type, limits.payload)
     cost = rate_cost(len(lines), len(body))
     wait = services.rates.take(client, cost, limits.rate, limits.burst)
@@ -69,6 +72,27 @@ async def add_jobs(request: web.Request) -> web.Response:
         raise errors.unavailable("the journal cannot be written; nothing was accepted") from None
     services.metrics.add_took(time.perf_counter() - began)
     return json_response({"ids": ids})
+
+
+def _check_quotas_before_the_body(
+    services: Services, client: str, limits: TenantLimits, length: int | None
+) -> None:
+    """Refuse an add its tenant's quotas cannot take, before its body is read: its
+    least cost against the rate (one job, plus the announced bytes), and a tenant
+    already at its waiting limit."""
+    least = rate_cost(1, length or 0)
+    wait = services.rates.peek(client, least, limits.rate, limits.burst)
+    if math.isinf(wait):
+        raise errors.too_large(
+            f"a body of {length} bytes is over this tenant's burst of {limits.burst:g}"
+        )
+    if wait:
+        raise errors.rate_limited(f"over this tenant's add rate of {limits.rate:g} jobs/s", wait)
+    if services.waiting.full(client, limits.waiting):
+        raise errors.rate_limited(
+            f"this tenant has its limit of {limits.waiting} waiting jobs",
+            services.waiting.RETRY_AFTER_S,
+        )
 
 
 def job_body(job: Job) -> dict[str, Any]:

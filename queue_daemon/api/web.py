@@ -1,6 +1,6 @@
 """The web toolkit every route module shares: the services they reach, the JSON
-replies, the one error middleware, and the parsing of names, times, bodies and
-payload lines.
+replies, the one error middleware, and the parsing of names, times and payload
+lines (bodies: ``api.bodies``).
 
 Every error leaves through ``error_middleware`` as the JSON error shape; no
 route builds an error reply itself.
@@ -8,7 +8,6 @@ route builds an error reply itself.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import math
@@ -21,8 +20,9 @@ import orjson
 from aiohttp import web
 
 from journal import Journal
-from queue_daemon.api import errors
+from queue_daemon.api import bodies, errors
 from queue_daemon.api.auth import TokenCache
+from queue_daemon.api.bodies import BodyBudget
 from queue_daemon.api.errors import ApiError
 from queue_daemon.engine.handlers import HandlerCache
 from queue_daemon.engine.ingester import Ingester
@@ -41,9 +41,6 @@ from store.ports import Store
 logger = logging.getLogger(__name__)
 
 MAX_DELAY_S = 10 * 365 * 24 * 3600  # ten years ahead is the furthest a job can be scheduled
-# A body slower than this (bytes/s, on average) runs out of time once the client
-# timeout has passed: a slow upload keeps going, a trickle does not.
-MIN_BODY_RATE = 16 << 10
 
 
 @dataclass(slots=True, kw_only=True)
@@ -65,6 +62,7 @@ class Services:
     sysid: str
     identity: Identity  # the sysid's lease health
     metrics: Metrics
+    bodies: BodyBudget  # bytes of request bodies being read
 
 
 SERVICES = web.AppKey("services", Services)
@@ -223,41 +221,19 @@ def split_payloads(body: bytes, content_type: str, payload_limit: int) -> list[s
     return lines
 
 
-async def read_body(request: web.Request, limit: int, patience: float) -> bytes:
-    """The request body: at most ``limit`` bytes (else 413), in time (else 408).
-
-    aiohttp bounds neither how long a body may take nor the pauses inside it,
-    so a client sending a byte now and then would hold its request open for
-    ever. The whole body must arrive within ``patience`` seconds plus one
-    second per ``MIN_BODY_RATE`` bytes received.
-    """
-    length = request.content_length
-    if length is not None and length > limit:
-        raise errors.too_large(f"request body of {length} bytes is over the limit of {limit}")
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + patience
-    content = request.content
-    chunks: list[bytes] = []
-    size = 0
-    while True:
-        try:
-            async with asyncio.timeout_at(deadline):
-                chunk = await content.readany()
-        except TimeoutError:
-            logger.debug("slow request body", extra={"action": "client_timeout"})
-            # the rest of the body is read and dropped for a moment after the reply
-            # (the server's lingering time) before the connection closes: closing with
-            # unread bytes would reset it and could destroy the reply on its way
-            raise errors.timeout(
-                f"the request body did not arrive in time ({size} bytes received)"
-            ) from None
-        if not chunk:
-            return b"".join(chunks)
-        size += len(chunk)
-        if size > limit:
-            raise errors.too_large(f"request body over the limit of {limit} bytes")
-        chunks.append(chunk)
-        deadline += len(chunk) / MIN_BODY_RATE
+async def read_body(request: web.Request, client: str, limit: int) -> bytes:
+    """``client``'s request body, within ``limit`` bytes, the daemon's body budget
+    and its time (``api.bodies``)."""
+    services = request.app[SERVICES]
+    settings = services.settings
+    return await bodies.read_body(
+        request,
+        limit,
+        settings.client_timeout,
+        budget=services.bodies,
+        client=client,
+        total=settings.body_timeout,
+    )
 
 
 def iso(value: datetime | None) -> str | None:

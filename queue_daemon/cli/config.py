@@ -50,7 +50,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
     daily = str(args.logfile_daily).strip().lower()
     if daily not in ("on", "off", "1", "0", "true", "false", "yes", "no"):
         raise CliError("--logfile-daily must be on or off")
-    return Settings(
+    settings = Settings(
         data_dir=Path(args.data_dir),
         store=args.store or None,
         journal=Path(args.journal) if args.journal else None,
@@ -83,6 +83,8 @@ def settings_from(args: argparse.Namespace) -> Settings:
         tenant_follow_ons=number(args.tenant_follow_ons, "--tenant-follow-ons", int, 0),
         tenant_emit=number(args.tenant_emit, "--tenant-emit", int, 0),
         result_limit=number(args.result_limit, "--result-limit", int, 0),
+        body_timeout=number(args.body_timeout, "--body-timeout", float, 1),
+        body_memory=number(args.body_memory, "--body-memory", int, 1),
         max_connections=number(args.max_connections, "--max-connections", int, 0) or None,
         max_connections_per_address=number(
             args.max_connections_per_address, "--max-connections-per-address", int, 1
@@ -93,6 +95,9 @@ def settings_from(args: argparse.Namespace) -> Settings:
         metrics_tenants=number(args.metrics_tenants, "--metrics-tenants", int, 0),
         metrics_types=number(args.metrics_types, "--metrics-types", int, 0),
     )
+    if settings.body_memory < settings.body_limit:
+        raise CliError("--body-memory must be at least --body-limit (one whole body)")
+    return settings
 
 
 def _networks(text: str, flag: str) -> tuple[Network, ...]:

@@ -105,6 +105,17 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds a client has to send a request's headers, and to keep a body coming",
     )
     serve.add_argument(
+        "--body-timeout",
+        default=_env("body_timeout", "120"),
+        help="seconds a request body may take in all (408 past it)",
+    )
+    serve.add_argument(
+        "--body-memory",
+        default=_env("body_memory", str(512 * MIB)),
+        help="bytes of request bodies being read at once (503 past it), a quarter of it (at"
+        " least --body-limit) per tenant (429); default 512 MiB",
+    )
+    serve.add_argument(
         "--max-connections",
         default=_env("max_connections", "0"),
         help="client connections held at once (0 = the open-files limit less 1024 kept for"

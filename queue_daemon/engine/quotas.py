@@ -58,6 +58,18 @@ class RateLimiter:
         """Take ``n`` tokens from ``client``'s bucket: 0.0 if taken, else the
         seconds until they would be available (nothing is taken then).
         ``rate`` and ``burst`` override the limiter's own for this client."""
+        return self._wait(client, n, rate, burst, take=True)
+
+    def peek(
+        self, client: str, n: int, rate: float | None = None, burst: float | None = None
+    ) -> float:
+        """What ``take`` would answer, taking nothing: an add checks its quota with
+        it before it reads its body."""
+        return self._wait(client, n, rate, burst, take=False)
+
+    def _wait(
+        self, client: str, n: int, rate: float | None, burst: float | None, *, take: bool
+    ) -> float:
         rate = self.rate if rate is None else rate
         burst = self.burst if burst is None else max(burst, 1.0)
         if rate <= 0:
@@ -69,7 +81,8 @@ class RateLimiter:
         bucket.tokens = min(burst, bucket.tokens + (now - bucket.at) * rate)
         bucket.at = now
         if n <= bucket.tokens:
-            bucket.tokens -= n
+            if take:
+                bucket.tokens -= n
             return 0.0
         if n > burst:
             return math.inf  # can never fit: the caller says so
@@ -115,6 +128,17 @@ class WaitingLimiter:
             return self.RETRY_AFTER_S
         state.added += n
         return 0.0
+
+    def full(self, client: str, limit: int) -> bool:
+        """Whether ``client`` is at ``limit`` by the last count and what was added
+        since (a count due is started, not awaited): an add checks it before it
+        reads its body."""
+        state = self._tenants.get(client)
+        if limit <= 0 or state is None:
+            return False
+        if state.counting is None and self._clock() >= state.next_at:
+            self._count(client, state, limit)  # for the next add: jobs may have gone since
+        return state.count + state.added >= limit
 
     def _count(self, client: str, state: _Waiting, limit: int) -> asyncio.Task[None]:
         task = asyncio.ensure_future(self._recount(client, state, limit))
