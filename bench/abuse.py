@@ -11,7 +11,8 @@ tenant (or of an anonymous client), one attack at a time:
 - ``bodies``: 24 requests whose 64 MiB bodies trickle in at 16 KiB a second;
 - ``follow-ons``: runs that each print 10,000 ``J:`` lines of their own type
   (the hostile tenant has a waiting limit of 1,000 and a rate of 100 jobs/s);
-- ``stderr``: eight shell jobs at a time of ``yes "" >&2``.
+- ``stderr``: eight shell jobs at a time of ``yes "" >&2``;
+- ``stats``: eight parallel loops of ``GET /stats``.
 
 For each phase it prints the calm tenant's add → start p50 and p99, the
 daemon's resident memory and open descriptors (the most seen, sampled every
@@ -208,6 +209,23 @@ async def stderr_attack(hostile: Api) -> AsyncIterator[str]:
         await hostile.del_handler("noise")
 
 
+@contextlib.asynccontextmanager
+async def stats_attack(hostile: Api, loops: int = 8) -> AsyncIterator[str]:
+    stop = asyncio.Event()
+
+    async def poll() -> None:
+        while not stop.is_set():
+            with contextlib.suppress(BenchError):
+                await hostile.stats("x")
+
+    tasks = [asyncio.create_task(poll()) for _ in range(loops)]
+    try:
+        yield f"{loops} parallel loops of GET /stats"
+    finally:
+        stop.set()
+        await asyncio.gather(*tasks)
+
+
 async def measure_abuse(
     url: str,
     pid: int,
@@ -231,6 +249,7 @@ async def measure_abuse(
             ("bodies (7)", lambda: bodies_attack(url, hostile[1])),
             ("follow-ons (8)", lambda: follow_ons_attack(hostile_api)),
             ("stderr (9)", lambda: stderr_attack(hostile_api)),
+            ("stats (10)", lambda: stats_attack(hostile_api)),
         ]
         phases = []
         for name, attack in attacks:

@@ -27,6 +27,7 @@ from aiohttp import web
 from queue_daemon import memory
 from queue_daemon.api.auth import TokenCache
 from queue_daemon.api.bodies import BodyBudget
+from queue_daemon.api.reads import CoalescedReads
 from queue_daemon.api.routes import build_app
 from queue_daemon.api.server import AppRunner, ConnectionCaps, quiet_exhaustion
 from queue_daemon.api.web import Services
@@ -56,6 +57,7 @@ logger = logging.getLogger(__name__)
 # descriptors kept from client connections: the store's pool, the journal, the
 # queue log and the runners' contexts (pipes) and shell jobs
 FD_RESERVE = 1024
+READ_INTERVAL = 0.1  # seconds between two reads of one tenant's stats or page of jobs
 
 LINGERING_TIME = 1.0  # seconds; see AppRunner below
 
@@ -277,6 +279,7 @@ class Daemon:
             sysid=identity.sysid,
             identity=identity,
             metrics=metrics,
+            reads=CoalescedReads(READ_INTERVAL),
             bodies=BodyBudget(
                 settings.body_memory, max(settings.body_memory // 4, settings.body_limit)
             ),

@@ -162,12 +162,12 @@ async def list_jobs(request: web.Request) -> web.Response:
     if not limit_text.isdigit() or not 1 <= int(limit_text) <= 1000:
         raise errors.bad_request("limit must be an integer from 1 to 1000")
     try:
-        page = await services.store.list_jobs(
-            client,
-            type=jobtype,
-            state=state,
-            limit=int(limit_text),
-            after=query.get("after") or None,
+        after = query.get("after") or None
+        page = await services.reads.get(
+            ("jobs", client, jobtype, state, limit_text, after),
+            lambda: services.store.list_jobs(
+                client, type=jobtype, state=state, limit=int(limit_text), after=after
+            ),
         )
     except BadCursor:
         raise errors.bad_request("after is not a cursor this daemon gave out") from None
@@ -188,5 +188,5 @@ def _stats_body(stats: TypeStats) -> dict[str, int]:
 async def stats(request: web.Request) -> web.Response:
     services = request.app[SERVICES]
     client = await authorize(request, services)
-    by_type = await services.store.stats(client)
+    by_type = await services.reads.get(("stats", client), lambda: services.store.stats(client))
     return json_response({"types": {name: _stats_body(s) for name, s in sorted(by_type.items())}})

@@ -24,6 +24,7 @@ from queue_daemon.api import bodies, errors
 from queue_daemon.api.auth import TokenCache
 from queue_daemon.api.bodies import BodyBudget
 from queue_daemon.api.errors import ApiError
+from queue_daemon.api.reads import CoalescedReads
 from queue_daemon.engine.handlers import HandlerCache
 from queue_daemon.engine.ingester import Ingester
 from queue_daemon.engine.intake import Intake
@@ -63,6 +64,7 @@ class Services:
     identity: Identity  # the sysid's lease health
     metrics: Metrics
     bodies: BodyBudget  # bytes of request bodies being read
+    reads: CoalescedReads[Any]  # the tenants' repeatable reads of the store
 
 
 SERVICES = web.AppKey("services", Services)

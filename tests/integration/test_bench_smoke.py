@@ -35,7 +35,7 @@ def test_bench_quick_runs_every_section() -> None:
         "(flood) CPU flood: calm add → start p50",
         "(flood) CPU flood on / off in turns, worst of p50, p99",
         "(abuse) idle: calm add → start p99",
-        "(abuse) stderr (9): daemon resident memory",
+        "(abuse) stats (10): daemon resident memory",
         "(run1) 1 daemon, python no-op",
         "(run1) 1 daemon, node no-op",
         "(run3) 3 daemons, python no-op",
