@@ -45,7 +45,12 @@ from queue_daemon.observe.metrics import Metrics, Sources
 from queue_daemon.observe.overview import Overview
 from queue_daemon.observe.queuelog import QueueLog, Rotation
 from queue_daemon.observe.throughput import Throughput
-from queue_daemon.placement import CpuPlacement, protect_daemon_files, raise_open_files_limit
+from queue_daemon.placement import (
+    CpuPlacement,
+    protect_daemon_files,
+    raise_open_files_limit,
+    runner_work_root,
+)
 from queue_daemon.settings import Settings
 from runners.pool import RunnerPool, RunnerSettings
 from store.embedded import EmbeddedPostgres
@@ -175,7 +180,8 @@ class Daemon:
         quiet_exhaustion(asyncio.get_running_loop())
         # the queue log and the runners' work root live here even when the store
         # is external and the journal elsewhere
-        settings.data_dir.mkdir(parents=True, exist_ok=True)
+        made_data_dir = not settings.data_dir.exists()
+        settings.data_dir.mkdir(mode=0o711, parents=True, exist_ok=True)
         logger.debug("open files limit %d", open_files, extra={"action": "nofile_limit"})
         if settings.store is None:
             # the embedded server's processes start in the daemon's CPU place, ahead
@@ -206,13 +212,15 @@ class Daemon:
             settings.data_dir,
             settings.journal_dir(identity.sysid),
             settings.logfile_path(identity.sysid),
+            made=made_data_dir,
         )
+        work_root = await asyncio.to_thread(runner_work_root, settings.data_dir)
         self.ingester = ingester = Ingester(
             journal, store, batch=settings.ingest_batch, workers=settings.ingest_workers
         )
         self.pool = pool = RunnerPool(
             RunnerSettings(
-                work_root=settings.work_root,
+                work_root=work_root,
                 run_as=settings.run_as,
                 idle_timeout=settings.context_idle,
                 payload_limit=settings.payload_limit,

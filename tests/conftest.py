@@ -14,6 +14,7 @@ from pathlib import Path
 import asyncpg
 import pytest
 
+from store.embedded import SERVER_HOME, stop_server
 from tests.pgserver import PgServer
 
 TEMPLATE = "qd_template"
@@ -25,6 +26,22 @@ def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
     for key in list(os.environ):
         if key.startswith("QUEUE_DAEMON_"):
             monkeypatch.delenv(key)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _server_homes() -> Iterator[None]:
+    """As root, daemons and CLI commands on the embedded default keep the server's
+    data (and handlers' directories) below ``SERVER_HOME``, outside the tests' temp
+    directories: what the tests made there is stopped and removed at the end."""
+    before = set(SERVER_HOME.iterdir()) if SERVER_HOME.is_dir() else set()
+    yield
+    if not SERVER_HOME.is_dir():
+        return
+    for home in set(SERVER_HOME.iterdir()) - before:
+        if home.name.startswith("pginstall-"):
+            continue  # the binaries' copy: made once, kept
+        stop_server(home / "pg")
+        shutil.rmtree(home, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

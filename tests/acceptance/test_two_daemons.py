@@ -123,7 +123,9 @@ async def test_two_daemons_race_to_adopt_an_orphaned_journal(
 
 
 def _postgres_processes(pgdata: Path) -> list[int]:
-    """Pids of processes whose command line names ``pgdata`` and whose name is postgres."""
+    """Pids of processes whose command line names ``pgdata`` and whose name is postgres
+    (as root ``DATA_DIR/pg`` links to the server's own directory: its real path)."""
+    pgdata = pgdata.resolve()
     found = []
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():

@@ -98,7 +98,7 @@ def data_dir() -> Iterator[Path]:
     journal.chmod(0o755)
     (path / "queue-s1.log").write_text("log secret\n")
     (path / "queue-s1.log").chmod(0o644)
-    protect_daemon_files(path, journal, path / "queue-s1.log")
+    protect_daemon_files(path, journal, path / "queue-s1.log", made=True)
     yield path
     shutil.rmtree(path, ignore_errors=True)
 
