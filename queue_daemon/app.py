@@ -228,6 +228,7 @@ class Daemon:
                 http_allow=settings.http_allow,
                 realtime=settings.realtime,
                 output_rate=settings.output_rate,
+                shm_bytes=settings.tmp_size,
                 output_burst=4 * settings.output_rate,
             )
         )

@@ -57,6 +57,7 @@ class Settings:
     tenant_follow_ons: int = 1000  # follow-on jobs one run may add
     tenant_emit: int = 4 * MIB  # bytes of follow-on payloads one run may add
     result_limit: int = MIB  # bytes of a job's result kept
+    tmp_size: int = 64 * MIB  # each handler process tree's private /dev/shm and /tmp
     output_rate: int = 4 * MIB  # bytes/s of one tenant's handler output read (0 = no limit)
     waiting_refresh: float = 1.0  # seconds between counts of an adding tenant's waiting jobs
     ready_lag: float = 30.0  # seconds of ingest lag over which /readyz answers 503

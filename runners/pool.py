@@ -66,6 +66,7 @@ class RunnerPool:
                 open_files=settings.open_files,
                 processes=settings.processes,
                 file_bytes=settings.file_bytes,
+                shm_bytes=settings.shm_bytes,
             ),
             run_as=settings.run_as,
             prlimit=settings.prlimit,

@@ -21,6 +21,7 @@ class RunnerSettings:
     # every context (a node context alone has about ten threads)
     processes: int = 1024
     file_bytes: int = 64 << 20  # RLIMIT_FSIZE
+    shm_bytes: int = 64 << 20  # each handler process tree's private /dev/shm (and /tmp)
     run_as: str | None = None  # None: queue-runner (created) or nobody when root; unused if not
     max_result_bytes: int = 1 << 20
     max_log_lines: int = 100  # log lines kept per job

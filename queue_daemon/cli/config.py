@@ -90,6 +90,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
             args.max_connections_per_address, "--max-connections-per-address", int, 1
         ),
         output_rate=number(args.output_rate, "--output-rate", int, 0),
+        tmp_size=number(args.tmp_size, "--tmp-size", int, 1 << 20),
         http_allow=_networks(args.http_allow, "--http-allow"),
         ready_lag=number(args.ready_lag, "--ready-lag", float, 0),
         metrics_tenants=number(args.metrics_tenants, "--metrics-tenants", int, 0),

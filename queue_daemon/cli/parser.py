@@ -201,6 +201,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="bytes of follow-on payloads one run may add (more are dropped; default 4 MiB)",
     )
     serve.add_argument(
+        "--tmp-size",
+        default=_env("tmp_size", str(64 * MIB)),
+        help="bytes of the private /dev/shm and /tmp (tmpfs) of each handler context or shell"
+        " job, as root (default 64 MiB)",
+    )
+    serve.add_argument(
         "--output-rate",
         default=_env("output_rate", str(4 * MIB)),
         help="bytes/s of one tenant's handler output the daemon reads, after a burst of four"

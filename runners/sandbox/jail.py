@@ -68,7 +68,14 @@ from pathlib import Path
 from runners.errors import SandboxError
 from runners.sandbox.cgroups import CgroupTree
 from runners.sandbox.cpushare import CpuGroup
-from runners.sandbox.probes import SAFE_PATH, find_ip, find_python, find_unshare, scrubbed_env
+from runners.sandbox.probes import (
+    SAFE_PATH,
+    find_ip,
+    find_private_mounts,
+    find_python,
+    find_unshare,
+    scrubbed_env,
+)
 from runners.sandbox.process import Child, _Protocol
 from runners.sandbox.users import RunAs, resolve_run_as, tenant_ids
 from runners.sandbox.workdirs import OwnPart
@@ -87,8 +94,16 @@ _FIRST_WRAPPER = (
     f"unset PWD OLDPWD; echo {OOM_SCORE_ADJ} >/proc/self/oom_score_adj 2>/dev/null;"
     ' while [ "$1" != -- ]; do echo $$ >"$1" || exit 126; shift; done; shift; exec "$@"'
 )
-# run as root in a new network namespace: brings its loopback up with ip ($1)
-_LOOPBACK_WRAPPER = 'unset PWD OLDPWD; "$1" link set lo up || exit 126; shift; exec "$@"'
+# run as root in the new namespaces: brings the loopback up with ip ($1, if any),
+# mounts a private tmpfs of $2 bytes on /dev/shm and, when $3 is 1, on /tmp
+_NAMESPACE_WRAPPER = (
+    'unset PWD OLDPWD; if [ -n "$1" ]; then "$1" link set lo up || exit 126; fi;'
+    ' if [ -n "$2" ]; then'
+    ' mount -t tmpfs -o "size=$2,mode=1777,nosuid,nodev" tmpfs /dev/shm || exit 126;'
+    ' if [ "$3" = 1 ]; then'
+    ' mount -t tmpfs -o "size=$2,mode=1777,nosuid,nodev" tmpfs /tmp || exit 126; fi; fi;'
+    ' shift 3; exec "$@"'
+)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -100,6 +115,7 @@ class Limits:
     open_files: int = 256  # RLIMIT_NOFILE
     processes: int = 64  # RLIMIT_NPROC: counts every process and thread of the uid
     file_bytes: int = 64 << 20  # RLIMIT_FSIZE
+    shm_bytes: int = 64 << 20  # the private /dev/shm (and /tmp) of each process tree
 
 
 class Sandbox:
@@ -131,6 +147,8 @@ class Sandbox:
         self._prlimit: str | None = None
         self._unshare: str | None = None  # set when handlers get a network namespace
         self._ip: str | None = None  # iproute2, to bring the namespace's loopback up
+        self._private_mounts = False  # IPC and mount namespaces with a private /dev/shm
+        self._private_tmp = False  # ... and /tmp (not when the daemon's files are below it)
         self._switch_user: str | None = None  # unshare, to switch users after the cgroup wrapper
         self._cgroups: CgroupTree | None = None
         self._cpu: CpuGroup | None = None  # the handlers' CPU group, below the daemon's
@@ -168,7 +186,19 @@ class Sandbox:
         self.python = find_python(self._python_setting, self.run_as, self.work_root)
         self._unshare = None if self.network else find_unshare(self.run_as, self.work_root)
         self._ip = find_ip(self._unshare, self.work_root) if self._unshare else None
+        if self._unshare is not None:
+            self._private_mounts = find_private_mounts(self._unshare, self.work_root)
+            self._private_tmp = self._private_mounts and not any(
+                _below_tmp(path)
+                for path in (root, Path(self.python), Path(sys.executable), Path(sys.prefix))
+            )
         self._cgroups = self._find_cgroups()
+
+    @property
+    def private_tmp(self) -> bool:
+        """Whether handlers get a private tmpfs on /tmp (not when the daemon's own
+        files, its work root or its interpreter, lie below /tmp: it would hide them)."""
+        return self._private_tmp
 
     @property
     def has_loopback(self) -> bool:
@@ -342,11 +372,16 @@ class Sandbox:
             switch = [unshare, f"--setgid={run_as.gid}", f"--setuid={run_as.uid}", "--"]
             if self._unshare is None:
                 argv = [*switch, *argv]
-            elif self._ip is None:
+            elif self._ip is None and not self._private_mounts:
                 argv = [unshare, "--net", *switch[1:], *argv]
             else:
-                lo = ["/bin/sh", "-c", _LOOPBACK_WRAPPER, "sh", self._ip]
-                argv = [unshare, "--net", "--", *lo, *switch, *argv]
+                spaces = ["--net"]
+                shm = tmp = ""
+                if self._private_mounts:
+                    spaces += ["--ipc", "--mount", "--propagation", "private"]
+                    shm, tmp = str(self.limits.shm_bytes), "1" if self._private_tmp else ""
+                inner = ["/bin/sh", "-c", _NAMESPACE_WRAPPER, "sh", self._ip or "", shm, tmp]
+                argv = [unshare, *spaces, "--", *inner, *switch, *argv]
             run_as = None
         argv = ["/bin/sh", "-c", _FIRST_WRAPPER, "sh", *map(str, procs), "--", *argv]
         loop = asyncio.get_running_loop()
@@ -371,3 +406,11 @@ class Sandbox:
         child = Child(transport, protocol, loop)
         child.cgroup = cgroup
         return child
+
+
+def _below_tmp(path: Path) -> bool:
+    """Whether ``path`` lies below /tmp, which a private /tmp would hide."""
+    try:
+        return Path(os.path.realpath(path)).is_relative_to("/tmp")
+    except (OSError, ValueError):
+        return True

@@ -62,6 +62,33 @@ def find_unshare(run_as: RunAs | None, work_root: Path) -> str | None:
     return None
 
 
+def find_private_mounts(unshare: str, work_root: Path) -> bool:
+    """Whether handlers can get IPC and mount namespaces of their own, with a
+    private tmpfs on /dev/shm (else they share the host's: logged)."""
+    probe = "mount -t tmpfs -o size=1m,mode=1777,nosuid,nodev tmpfs /dev/shm"
+    try:
+        done = subprocess.run(
+            [unshare, "--ipc", "--mount", "--propagation", "private", "--", "/bin/sh", "-c", probe],
+            env=scrubbed_env(work_root),
+            cwd="/",
+            capture_output=True,
+            timeout=30,
+            check=False,
+        )
+    except (OSError, subprocess.SubprocessError) as exc:
+        why = str(exc)
+    else:
+        if done.returncode == 0:
+            return True
+        why = done.stderr.decode(errors="replace").strip()
+    logger.warning(
+        "handlers share the host's /dev/shm, /tmp and System V IPC (%s)",
+        why,
+        extra={"action": "sandbox_mounts"},
+    )
+    return False
+
+
 def find_ip(unshare: str, work_root: Path) -> str | None:
     """``ip`` if it can bring a new namespace's loopback up, else None (left down)."""
     ip = shutil.which("ip", path=IP_PATH)

@@ -15,8 +15,10 @@ from pathlib import Path
 import pytest
 
 from queue_daemon.placement import protect_daemon_files
-from runners.models import HandlerSpec
+from runners.models import HandlerSpec, JobInput
 from runners.pool import RunnerPool, RunnerSettings
+from runners.sandbox import tenant_ids
+from store.embedded import host_home
 from tests.integration.test_runner_python import jobs
 
 ROOT = os.geteuid() == 0
@@ -238,3 +240,64 @@ async def test_own_loopback_is_up(pool: RunnerPool, listener: int) -> None:
     assert outcome == {"ok": True, "value": "connected"}
     outcome = await probe(pool, "tcp", listener)  # still not the host's loopback
     assert outcome["ok"] is False, outcome
+
+
+SHM_HOG = (
+    "name=qd-shm-$$; head -c 10485760 /dev/zero >/dev/shm/$name && echo wrote;"
+    " ipcmk -M 1048576 >/dev/null && echo segment;"
+    " head -c 104857600 /dev/zero >/dev/shm/big 2>/dev/null || echo full;"
+    " echo $name"
+)
+
+
+def _left_on_host(name: str, uid: int) -> tuple[bool, list[str]]:
+    """Whether /dev/shm/``name`` is on the host, and the System V shared memory
+    segments of ``uid`` in the host's IPC namespace."""
+    lines = Path("/proc/sysvipc/shm").read_text().splitlines()[1:]
+    segments = [line for line in lines if int(line.split()[7]) == uid]
+    return Path("/dev/shm", name).exists(), segments
+
+
+@needs_netns
+async def test_shared_memory_a_handler_takes_is_private_and_gone_when_it_ends(
+    pool: RunnerPool,
+) -> None:
+    """/dev/shm and System V shared memory are RAM no limit counts: a handler gets
+    a private /dev/shm of its own size, and an IPC namespace of its own, both
+    gone with its process tree; nothing of it reaches or stays in the host's."""
+    await pool.sandbox.prepare()
+    spec = HandlerSpec(version="v", client="acme", type="shm", lang="shell", body=SHM_HOG)
+    (result,) = await pool.run_batch(spec, [JobInput(id="j1", payload="", attempt=1)])
+    said = result.log
+    assert said[:3] == ["wrote", "segment", "full"], result  # 100 MB do not fit in 64 MiB
+    name = said[3]
+    assert _left_on_host(name, tenant_ids("acme").uid) == (False, [])
+
+
+def _on_host_tmp(name: str) -> bool:
+    return Path("/tmp", name).exists()
+
+
+@needs_netns
+async def test_a_handlers_tmp_is_its_own(tmp_path: Path) -> None:
+    work_root = host_home(tmp_path) / "run"
+    pool = RunnerPool(RunnerSettings(work_root=work_root, processes=PROCESSES))
+    try:
+        await pool.sandbox.prepare()
+        if not pool.sandbox.private_tmp:
+            pytest.skip("the daemon's interpreter lies below /tmp: /tmp stays shared")
+        name = f"qd-tmp-{os.getpid()}"
+        write = HandlerSpec(
+            version="v", client="acme", type="w", lang="shell", body=f"echo x >/tmp/{name}; ls /tmp"
+        )
+        (wrote,) = await pool.run_batch(write, [JobInput(id="j1", payload="", attempt=1)])
+        assert wrote.log == [name], wrote  # its /tmp holds only what it wrote
+        look = HandlerSpec(
+            version="v", client="globex", type="r", lang="shell", body=f"ls /tmp/{name} || true"
+        )
+        (looked,) = await pool.run_batch(look, [JobInput(id="j2", payload="", attempt=1)])
+        assert not any(name in line and "No such" not in line for line in looked.log), looked
+        assert not _on_host_tmp(name)
+    finally:
+        await pool.close()
+        shutil.rmtree(work_root.parent, ignore_errors=True)
