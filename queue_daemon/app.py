@@ -53,6 +53,7 @@ from queue_daemon.placement import (
 )
 from queue_daemon.settings import Settings
 from runners.pool import RunnerPool, RunnerSettings
+from runners.sandbox import TenantUids
 from store.embedded import EmbeddedPostgres
 from store.errors import StoreError, StoreUnavailable
 from store.pg import PgStore
@@ -218,6 +219,9 @@ class Daemon:
         self.ingester = ingester = Ingester(
             journal, store, batch=settings.ingest_batch, workers=settings.ingest_workers
         )
+        uids = TenantUids(
+            lambda: tokens.uid_slots, settings.tenant_uid_base, settings.tenant_uid_count
+        )
         self.pool = pool = RunnerPool(
             RunnerSettings(
                 work_root=work_root,
@@ -230,7 +234,8 @@ class Daemon:
                 output_rate=settings.output_rate,
                 shm_bytes=settings.tmp_size,
                 output_burst=4 * settings.output_rate,
-            )
+            ),
+            tenant_uids=uids,
         )
         metrics = Metrics(tenants=settings.metrics_tenants, types=settings.metrics_types)
         intake = Intake(journal=journal, ids=ids, queuelog=queuelog, metrics=metrics)

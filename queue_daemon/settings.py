@@ -46,6 +46,8 @@ class Settings:
     max_batch: int = 200  # most jobs claimed (and handed to one context) at a time
     job_ttl: float = 86_400.0  # seconds after creation when retries stop
     retention: float = 7 * 86_400.0  # seconds archived jobs are kept
+    tenant_uid_base: int = 2_000_000  # the first uid of the tenants' range
+    tenant_uid_count: int = 1 << 20  # uids in the range: tenants beyond it run nothing
     run_as: str | None = None  # user for handler processes when root (None: queue-runner)
     context_idle: float = 60.0  # seconds an idle context is kept warm
     tenant_rate: float = 100_000.0  # jobs/s one tenant may add (0 = unlimited)

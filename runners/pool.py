@@ -31,9 +31,10 @@ from runners.http import HttpRunner
 from runners.models import LANGS, HandlerSpec, JobInput, JobResult, ResultSink
 from runners.output import OutputLimits
 from runners.results import failed, not_run
-from runners.sandbox import Limits, Sandbox
+from runners.sandbox import Limits, Sandbox, TenantUids
 from runners.sandbox.addresses import AddressPolicy
 from runners.sandbox.cpuplace import RT_HOLD_S
+from runners.sandbox.users import NoUidYet
 from runners.settings import RunnerSettings
 from runners.shell import ShellRunner
 
@@ -56,7 +57,7 @@ class _Failure:
 class RunnerPool:
     """Runs batches of jobs for every language; see the module docstring."""
 
-    def __init__(self, settings: RunnerSettings) -> None:
+    def __init__(self, settings: RunnerSettings, tenant_uids: TenantUids | None = None) -> None:
         self.settings = settings
         self.sandbox = Sandbox(
             work_root=settings.work_root,
@@ -73,6 +74,7 @@ class RunnerPool:
             python=settings.python,
             network=settings.network,
             realtime=settings.realtime,
+            tenant_uids=tenant_uids,
         )
         self._limits = OutputLimits(
             max_log_lines=settings.max_log_lines,
@@ -122,6 +124,13 @@ class RunnerPool:
         except (SandboxError, OSError) as exc:
             logger.error("the sandbox cannot start handlers: %s", exc, extra={"action": "sandbox"})
             return [failed(job, ERROR, f"the sandbox cannot start handlers: {exc}") for job in jobs]
+        try:
+            self.sandbox.owner(spec.client)
+        except NoUidYet as exc:
+            return [not_run(job, str(exc)) for job in jobs]
+        except SandboxError as exc:
+            logger.error("%s", exc, extra={"action": "sandbox_uid", "tenant": spec.client})
+            return [failed(job, ERROR, str(exc)) for job in jobs]
         if spec.lang == "shell":
             return await self._shell.run_batch(spec, jobs, sink)
         if spec.lang == "http":

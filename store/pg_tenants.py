@@ -75,6 +75,11 @@ class TenantsPart(PgBase):
         rows = await self._fetch(queries.tenants.TENANT_TOKENS)
         return {bytes(row["token_hash"]): row["client"] for row in rows}
 
+    async def tenant_uid_slots(self) -> dict[str, int]:
+        """client -> its slot in the range of tenant uids (unique, never reused)."""
+        rows = await self._fetch(queries.tenants.TENANT_UID_SLOTS)
+        return {row["client"]: row["uid_slot"] for row in rows}
+
     async def tenant_limits(self) -> dict[str, dict[str, float]]:
         """client -> its limit overrides, for active tenants that have any."""
         rows = await self._fetch(queries.tenants.TENANT_LIMITS)

@@ -134,6 +134,9 @@ class TenantStore(Protocol):
         """token_hash -> client for every live token: its tenant is active and
         its grace (if any) has not ended by the database clock."""
 
+    async def tenant_uid_slots(self) -> dict[str, int]:
+        """client -> its slot in the range of tenant uids (unique, never reused)."""
+
     async def tenant_limits(self) -> dict[str, dict[str, float]]:
         """client -> its limit overrides, for active tenants that have any."""
         ...

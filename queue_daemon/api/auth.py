@@ -77,6 +77,7 @@ class TokenCache:
         self._last_reload = -1e9
         self._reloading: asyncio.Future[None] | None = None
         self.loaded = False
+        self.uid_slots: dict[str, int] = {}  # client -> its slot in the tenant uid range
 
     async def reload(self) -> None:
         self._last_reload = asyncio.get_running_loop().time()
@@ -87,6 +88,7 @@ class TokenCache:
             by_hash[digest] = ADMIN
         if self._limits is not None:
             self._limits.update(await self._store.tenant_limits())
+        self.uid_slots = await self._store.tenant_uid_slots()
         self._by_hash = by_hash
         self.loaded = True
 

@@ -90,6 +90,8 @@ def settings_from(args: argparse.Namespace) -> Settings:
             args.max_connections_per_address, "--max-connections-per-address", int, 1
         ),
         output_rate=number(args.output_rate, "--output-rate", int, 0),
+        tenant_uid_base=number(args.tenant_uid_base, "--tenant-uid-base", int, 1000),
+        tenant_uid_count=number(args.tenant_uid_count, "--tenant-uid-count", int, 1),
         tmp_size=number(args.tmp_size, "--tmp-size", int, 1 << 20),
         http_allow=_networks(args.http_allow, "--http-allow"),
         ready_lag=number(args.ready_lag, "--ready-lag", float, 0),

@@ -154,6 +154,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="one user for all handler processes when running as root (default: a uid per tenant)",
     )
     serve.add_argument(
+        "--tenant-uid-base",
+        default=_env("tenant_uid_base", "2000000"),
+        help="as root, the first uid of the range tenants' handlers run under (default 2000000)",
+    )
+    serve.add_argument(
+        "--tenant-uid-count",
+        default=_env("tenant_uid_count", str(1 << 20)),
+        help="uids in that range (default 1048576)",
+    )
+    serve.add_argument(
         "--http-allow",
         default=_env("http_allow", ""),
         help="CIDR[,CIDR...] that http handlers may reach although not public "

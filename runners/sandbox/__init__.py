@@ -18,7 +18,7 @@ Only this package touches cgroups and scheduling classes.
 from runners.sandbox.jail import Limits, Sandbox
 from runners.sandbox.probes import SAFE_PATH, scrubbed_env
 from runners.sandbox.process import Child, describe_exit, kill_group
-from runners.sandbox.users import RunAs, resolve_run_as, tenant_ids
+from runners.sandbox.users import RunAs, TenantUids, resolve_run_as, tenant_ids
 
 __all__ = [
     "SAFE_PATH",
@@ -26,6 +26,7 @@ __all__ = [
     "Limits",
     "RunAs",
     "Sandbox",
+    "TenantUids",
     "describe_exit",
     "kill_group",
     "resolve_run_as",

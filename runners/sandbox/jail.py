@@ -77,7 +77,7 @@ from runners.sandbox.probes import (
     scrubbed_env,
 )
 from runners.sandbox.process import Child, _Protocol
-from runners.sandbox.users import RunAs, resolve_run_as, tenant_ids
+from runners.sandbox.users import RunAs, TenantUids, resolve_run_as, tenant_ids
 from runners.sandbox.workdirs import OwnPart
 
 logger = logging.getLogger(__name__)
@@ -131,8 +131,10 @@ class Sandbox:
         python: str | None = None,
         network: bool = False,
         realtime: bool = False,
+        tenant_uids: TenantUids | None = None,
     ) -> None:
         self.work_root = work_root
+        self._tenant_uids = tenant_uids  # None: uids derived from the names (tenant_ids)
         self.network = network
         self.realtime = realtime
         self.limits = limits
@@ -315,6 +317,8 @@ class Sandbox:
             return None
         if self._run_as_setting is not None:
             return self.run_as
+        if self._tenant_uids is not None:
+            return self._tenant_uids.of(client)
         return tenant_ids(client)
 
     def make_dir(self, prefix: str, client: str) -> Path:

@@ -8,6 +8,7 @@ import os
 import pwd
 import subprocess
 import zlib
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from runners.errors import SandboxError
@@ -36,8 +37,58 @@ TENANT_UID_SPAN = 1 << 20
 
 
 def tenant_ids(client: str) -> RunAs:
+    """A tenant's ids derived from its name: the runners' own default when no
+    registry is given (the daemon always gives one: ``TenantUids``). Two names
+    can share a uid this way."""
     uid = TENANT_UID_BASE + zlib.crc32(client.encode()) % TENANT_UID_SPAN
     return RunAs(f"tenant:{client}", uid, uid)
+
+
+class NoUidYet(SandboxError):
+    """The tenant's slot has not reached this daemon yet: its jobs wait."""
+
+
+class TenantUids:
+    """Each tenant's uid from a registry of slots (unique, never reused: the
+    store's ``tenants.uid_slot``), placed in the range ``base`` .. ``base +
+    count``; a uid that is a user of this host (it has a passwd entry) is never
+    used, since that user's files and processes would be the tenant's."""
+
+    def __init__(
+        self,
+        slots: Callable[[], Mapping[str, int]],
+        base: int = TENANT_UID_BASE,
+        count: int = TENANT_UID_SPAN,
+    ) -> None:
+        self._slots = slots
+        self.base = base
+        self.count = count
+        self._taken: dict[int, str | None] = {}  # uid -> the host user it is, checked once
+
+    def of(self, client: str) -> RunAs:
+        """``client``'s ids; SandboxError (its jobs fail, saying why) when it has
+        none yet, its slot is past the range, or its uid is a user of this host."""
+        slot = self._slots().get(client)
+        if slot is None:
+            raise NoUidYet(f"tenant {client!r} has no uid here yet")
+        if not 0 <= slot < self.count:
+            raise SandboxError(
+                f"tenant {client!r} has uid slot {slot}, past the {self.count} of"
+                " --tenant-uid-count"
+            )
+        uid = self.base + slot
+        if uid not in self._taken:
+            try:
+                self._taken[uid] = pwd.getpwuid(uid).pw_name
+            except KeyError:
+                self._taken[uid] = None
+        user = self._taken[uid]
+        if user is not None:
+            raise SandboxError(
+                f"uid {uid} of tenant {client!r} is the user {user!r} of this host: its"
+                " handlers do not run (move the range with --tenant-uid-base)"
+            )
+        return RunAs(f"tenant:{client}", uid, uid)
 
 
 def resolve_run_as(run_as: str | None) -> RunAs | None:

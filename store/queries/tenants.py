@@ -74,6 +74,10 @@ WHERE t.revoked_at IS NULL AND {_LIVE}
 
 TOKEN_KEY = "SELECT value FROM secrets WHERE name = 'token_hmac_key'"
 
+# Every tenant's uid slot (0007_tenant_uids.sql), revoked ones too: a slot is
+# never another tenant's.
+TENANT_UID_SLOTS = "SELECT client, uid_slot FROM tenants"
+
 # Overrides of the daemon-wide limits for every active tenant that has any
 # (0005_limits_admin.sql).
 TENANT_LIMITS = """

@@ -20,8 +20,10 @@ import time
 from pathlib import Path
 
 import aiohttp
+import asyncpg
 import pytest
 
+from runners.sandbox.users import TENANT_UID_BASE
 from tests.acceptance.client import Api, Handlers, until, wait_done
 from tests.acceptance.daemon import DaemonFactory, deploy
 
@@ -44,23 +46,33 @@ CLOCK_HANDLER = (
 )
 
 
-def _cpu_marks(calm_group: str) -> dict[str, str] | None:
+def _cpu_marks(calm_group: str, uids: dict[str, int]) -> dict[str, str] | None:
     """The ``cpu.idle`` of the calm tenant's CPU group (``calm_group``, as its handler
     saw it in /proc/self/cgroup) and of the flood's beside it; None without them."""
-    from runners.sandbox import tenant_ids
     from runners.sandbox.cpuplace import v1_cpu_mount
 
     mount = v1_cpu_mount()
     if mount is None or os.geteuid() != 0 or not calm_group.startswith("/"):
         return None
     calm = mount / calm_group.lstrip("/")
-    flood = calm.parent / f"u-{tenant_ids('flood').uid}"
-    if calm.name != f"u-{tenant_ids('calm').uid}" or not (calm / "cpu.idle").exists():
+    flood = calm.parent / f"u-{uids['flood']}"
+    assert calm.name == f"u-{uids['calm']}", (calm, uids)
+    if not (calm / "cpu.idle").exists():
         return None
     return {
         "calm": (calm / "cpu.idle").read_text().strip(),
         "flood": (flood / "cpu.idle").read_text().strip(),
     }
+
+
+async def tenant_uids(dsn: str) -> dict[str, int]:
+    """Each tenant's uid, from its slot in the store (the daemon's default range)."""
+    conn = await asyncpg.connect(dsn)
+    try:
+        rows = await conn.fetch("SELECT client, uid_slot FROM tenants")
+    finally:
+        await conn.close()
+    return {row["client"]: TENANT_UID_BASE + row["uid_slot"] for row in rows}
 
 
 async def _flood_counts(api: Api) -> dict[str, int]:
@@ -110,7 +122,7 @@ async def test_a_flood_does_not_hold_up_another_tenants_jobs(
             waits.append(float(started) - sent)
             contexts.add(pid)
         assert not adder.done(), "the flood's adds stopped early"
-        marks = await asyncio.to_thread(_cpu_marks, cpu_group)
+        marks = await asyncio.to_thread(_cpu_marks, cpu_group, await tenant_uids(pg_dsn))
         during = await _flood_counts(flood)
     finally:
         adder.cancel()
