@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any
 
@@ -9,6 +10,7 @@ import aiohttp
 
 from bench.procs import BenchError
 
+UNAVAILABLE_RETRIES = 10
 STATE_KEYS = ("waiting", "scheduled", "running", "done_ok", "done_failed", "done_error")
 
 
@@ -23,7 +25,19 @@ class Api:
         self.stats_seconds: list[float] = []  # how long each /stats took (its cost is load)
 
     async def _json(self, method: str, path: str, **kwargs: Any) -> tuple[int, Any]:
-        headers = {**self.headers, **kwargs.pop("headers", {})}
+        """The reply's status and JSON body; a ``503`` (the daemon cannot reach its
+        store for a moment) is asked again after its ``Retry-After``, a few times,
+        as a client should."""
+        for _ in range(UNAVAILABLE_RETRIES):
+            status, data = await self._once(method, path, **kwargs)
+            if status != 503:
+                break
+            await asyncio.sleep(1.0)
+        return status, data
+
+    async def _once(self, method: str, path: str, **kwargs: Any) -> tuple[int, Any]:
+        headers = {**self.headers, **kwargs.get("headers", {})}
+        kwargs = {k: v for k, v in kwargs.items() if k != "headers"}
         try:
             async with self.session.request(
                 method, f"{self.url}/{self.client}{path}", headers=headers, **kwargs
