@@ -3,6 +3,7 @@ or the configured run-as user (created as a system user when missing)."""
 
 from __future__ import annotations
 
+import grp
 import logging
 import os
 import pwd
@@ -10,6 +11,7 @@ import subprocess
 import zlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 from runners.errors import SandboxError
 
@@ -78,17 +80,38 @@ class TenantUids:
             )
         uid = self.base + slot
         if uid not in self._taken:
-            try:
-                self._taken[uid] = pwd.getpwuid(uid).pw_name
-            except KeyError:
-                self._taken[uid] = None
-        user = self._taken[uid]
-        if user is not None:
+            self._taken[uid] = host_owner(uid)
+        owner = self._taken[uid]
+        if owner is not None:
             raise SandboxError(
-                f"uid {uid} of tenant {client!r} is the user {user!r} of this host: its"
-                " handlers do not run (move the range with --tenant-uid-base)"
+                f"uid {uid} of tenant {client!r} is {owner} of this host: its handlers do"
+                " not run (move the range with --tenant-uid-base)"
             )
         return RunAs(f"tenant:{client}", uid, uid)
+
+
+def host_owner(uid: int) -> str | None:
+    """Who on this host has ``uid`` (as a user, as a group, since a tenant's gid is
+    its uid, or in a subordinate id range of /etc/subuid or /etc/subgid), or None."""
+    try:
+        return f"the user {pwd.getpwuid(uid).pw_name!r}"
+    except KeyError:
+        pass
+    try:
+        return f"the group {grp.getgrgid(uid).gr_name!r}"
+    except KeyError:
+        pass
+    for table in ("/etc/subuid", "/etc/subgid"):
+        try:
+            lines = Path(table).read_text().splitlines()
+        except OSError:
+            continue
+        for line in lines:
+            name, _, rest = line.partition(":")
+            first, _, count = rest.partition(":")
+            if first.isdigit() and count.isdigit() and int(first) <= uid < int(first) + int(count):
+                return f"a subordinate id of {name!r} ({table})"
+    return None
 
 
 def resolve_run_as(run_as: str | None) -> RunAs | None:
