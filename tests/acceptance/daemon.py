@@ -13,13 +13,14 @@ import contextlib
 import os
 import queue
 import re
+import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
@@ -279,6 +280,23 @@ def deploy(
     tokens = {c: add_tenant(c, store=dsn, data_dir=data_dir, cwd=root) for c in clients}
     daemon = factory.start(data_dir, dsn, *args, env=env)
     return Deployment(daemon=daemon, dsn=dsn, data_dir=data_dir, cwd=root, tokens=tokens)
+
+
+@contextlib.contextmanager
+def deployed_where_handlers_reach(
+    factory: DaemonFactory, dsn: str, prefix: str, clients: list[str], *args: str
+) -> Iterator[Deployment]:
+    """``deploy`` in a new ``reachable_dir``; the daemon stopped and the directory
+    removed at the end."""
+    root = reachable_dir(prefix)
+    try:
+        deployed = deploy(factory, dsn, root, clients, *args)
+        try:
+            yield deployed
+        finally:
+            deployed.daemon.close()
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def reachable_dir(prefix: str) -> Path:

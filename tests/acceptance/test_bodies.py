@@ -9,7 +9,6 @@ within ``--body-timeout`` seconds, however steadily it trickles.
 from __future__ import annotations
 
 import asyncio
-import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.acceptance.client import until
-from tests.acceptance.daemon import DaemonFactory, Deployment, deploy, reachable_dir
+from tests.acceptance.daemon import DaemonFactory, Deployment, deployed_where_handlers_reach
 
 MIB = 1 << 20
 BODY = 8 * MIB
@@ -25,15 +24,12 @@ BODY = 8 * MIB
 
 @pytest.fixture
 def deployment(daemons: DaemonFactory, pg_dsn: str) -> Iterator[Deployment]:
-    root = reachable_dir("qd-bodies-")
     args = ["--body-limit", str(16 * MIB), "--body-memory", str(64 * MIB), "--body-timeout", "3"]
     args += ["--payload-limit", str(BODY)]
-    deployed = deploy(daemons, pg_dsn, root, ["slow", "calm"], *args)
-    try:
+    with deployed_where_handlers_reach(
+        daemons, pg_dsn, "qd-bodies-", ["slow", "calm"], *args
+    ) as deployed:
         yield deployed
-    finally:
-        deployed.daemon.close()
-        shutil.rmtree(root, ignore_errors=True)
 
 
 def rss_mib(pid: int) -> float:

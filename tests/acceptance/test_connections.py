@@ -12,14 +12,13 @@ from __future__ import annotations
 import asyncio
 import os
 import resource
-import shutil
 from collections.abc import Iterator
 
 import aiohttp
 import pytest
 
 from tests.acceptance.client import Api
-from tests.acceptance.daemon import DaemonFactory, Deployment, deploy, reachable_dir
+from tests.acceptance.daemon import DaemonFactory, Deployment, deployed_where_handlers_reach
 
 PER_ADDRESS = 200
 HALF_SENT = 1000
@@ -27,14 +26,9 @@ HALF_SENT = 1000
 
 @pytest.fixture
 def deployment(daemons: DaemonFactory, pg_dsn: str) -> Iterator[Deployment]:
-    root = reachable_dir("qd-conns-")
     args = ("--max-connections-per-address", str(PER_ADDRESS), "--max-connections", "400")
-    deployed = deploy(daemons, pg_dsn, root, ["calm"], *args)
-    try:
+    with deployed_where_handlers_reach(daemons, pg_dsn, "qd-conns-", ["calm"], *args) as deployed:
         yield deployed
-    finally:
-        deployed.daemon.close()
-        shutil.rmtree(root, ignore_errors=True)
 
 
 def open_fds(pid: int) -> int:
