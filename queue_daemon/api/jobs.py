@@ -23,6 +23,7 @@ from queue_daemon.api.web import (
     read_body,
     split_payloads,
 )
+from queue_daemon.engine.ids import MAX_KEY, keyed_ids
 from queue_daemon.engine.limits import TenantLimits
 from queue_daemon.engine.quotas import rate_cost
 from queue_daemon.names import JobType, valid_type
@@ -63,15 +64,30 @@ async def add_jobs(request: web.Request) -> web.Response:
             f"this tenant has its limit of {limits.waiting} waiting jobs",
             services.waiting.RETRY_AFTER_S,
         )
+    key = _idempotency_key(request)
     try:
         ids = await services.intake.add(
-            JobType(client, jobtype), lines, create_ms=now_ms, dt_ms=dt_ms
+            JobType(client, jobtype),
+            lines,
+            create_ms=now_ms,
+            dt_ms=dt_ms,
+            ids=None if key is None else keyed_ids(client, key, len(lines)),
         )
     except JournalError as exc:
         logger.error("journal write failed: %s", exc, extra={"action": "journal_write_failed"})
         raise errors.unavailable("the journal cannot be written; nothing was accepted") from None
     services.metrics.add_took(time.perf_counter() - began)
     return json_response({"ids": ids})
+
+
+def _idempotency_key(request: web.Request) -> str | None:
+    """The add's ``Idempotency-Key`` (1 to 200 printable characters), or None."""
+    key = request.headers.get("Idempotency-Key")
+    if key is None:
+        return None
+    if not 1 <= len(key) <= MAX_KEY or not key.isprintable():
+        raise errors.bad_request(f"Idempotency-Key must be 1 to {MAX_KEY} printable characters")
+    return key
 
 
 def _check_quotas_before_the_body(

@@ -7,6 +7,7 @@ ids of one daemon sort by acceptance order.
 
 from __future__ import annotations
 
+import hashlib
 import time
 
 _LOW_BITS = 12
@@ -38,3 +39,16 @@ class IdGenerator:
             ids += [prefix + tail for tail in tails[low : low + stop - start]]
             start = stop
         return ids
+
+
+MAX_KEY = 200  # characters of an Idempotency-Key
+
+
+def keyed_ids(client: str, key: str, n: int) -> list[str]:
+    """The ids of an add that carries ``key``: derived from the tenant and the key
+    alone, so the same add repeated (on any daemon, after a crash, while the
+    store is down) journals the same ids, and ingestion, idempotent by id, keeps
+    the first. They start with ``i``, never a hex digit: no daemon's own id
+    (``<13 hex digits>-<sysid>``) is one of them."""
+    digest = hashlib.sha256(f"{client}\0{key}".encode("utf-8", "surrogatepass")).hexdigest()
+    return [f"i{digest[:24]}-{i}" for i in range(n)]

@@ -23,11 +23,18 @@ class Intake:
         self._metrics = metrics
 
     async def add(
-        self, jobtype: JobType, payloads: Sequence[str], *, create_ms: int, dt_ms: int
+        self,
+        jobtype: JobType,
+        payloads: Sequence[str],
+        *,
+        create_ms: int,
+        dt_ms: int,
+        ids: list[str] | None = None,
     ) -> list[str]:
-        """The new jobs' ids, once their lines are durable. JournalError (nothing was
-        accepted) or ValueError (a payload the journal cannot frame) otherwise."""
-        ids = self._ids.next_ids(len(payloads))
+        """The new jobs' ids (``ids`` when given: an idempotent add's), once their
+        lines are durable. JournalError (nothing was accepted) or ValueError (a
+        payload the journal cannot frame) otherwise."""
+        ids = ids or self._ids.next_ids(len(payloads))
         stored = jobtype.stored
         await self.journal.write(stored, ids, payloads, create_ms=create_ms, dt_ms=dt_ms)
         self._queuelog.added(stored, ids, payloads, create_ms, dt_ms)

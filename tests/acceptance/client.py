@@ -106,13 +106,14 @@ class Api:
         *,
         content_type: str = "text/plain",
         params: Mapping[str, str] | None = None,
+        headers: Mapping[str, str] | None = None,
     ) -> Reply:
         return await self.request(
             "POST",
             f"/{self.client}/job/{jobtype}/add",
             data=body,
             params=params,
-            headers={"Content-Type": content_type},
+            headers={"Content-Type": content_type, **(headers or {})},
         )
 
     async def add(
