@@ -179,6 +179,7 @@ async def _reload(dsn: str) -> None:
 PG_USER = "embedded_postgres"  # the system user the server runs as, when root
 SERVER_HOME = Path("/var/lib/queue-daemon")  # the daemon's own directories, when root
 START_TIMEOUT = 60.0
+OWNER_FILE = "data_dir"  # in a directory below SERVER_HOME: the data directory it serves
 
 
 def open_to_others(path: Path) -> bool:
@@ -194,12 +195,30 @@ def host_home(data_dir: Path) -> Path:
     users may pass, not list), made if missing, for what other users must reach
     when ``data_dir``'s own path does not let them through."""
     _server_home()
-    name = hashlib.sha256(str(data_dir.resolve()).encode()).hexdigest()[:16]
-    home = SERVER_HOME / name
+    owner = str(data_dir.resolve())
+    home = SERVER_HOME / hashlib.sha256(owner.encode()).hexdigest()[:16]
     if not home.is_dir():
         home.mkdir(mode=0o711, exist_ok=True)
         os.chmod(home, 0o711)
+        (home / OWNER_FILE).write_text(owner + "\n")
     return home
+
+
+def orphaned_homes() -> list[Path]:
+    """The directories below ``SERVER_HOME`` whose data directory is gone (its
+    path is in their ``OWNER_FILE``): what is left when a data directory is
+    deleted without its server's data."""
+    if not SERVER_HOME.is_dir():
+        return []
+    found = []
+    for home in SERVER_HOME.iterdir():
+        try:
+            owner = Path((home / OWNER_FILE).read_text().strip())
+        except OSError:
+            continue  # not a data directory's (the binaries' copy)
+        if not owner.exists():
+            found.append(home)
+    return found
 
 
 def _server_home() -> None:

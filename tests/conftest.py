@@ -14,7 +14,7 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from store.embedded import SERVER_HOME, stop_server
+from store.embedded import orphaned_homes, stop_server
 from tests.pgserver import PgServer
 
 TEMPLATE = "qd_template"
@@ -32,14 +32,16 @@ def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
 def _server_homes() -> Iterator[None]:
     """As root, daemons and CLI commands on the embedded default keep the server's
     data (and handlers' directories) below ``SERVER_HOME``, outside the tests' temp
-    directories: what the tests made there is stopped and removed at the end."""
-    before = set(SERVER_HOME.iterdir()) if SERVER_HOME.is_dir() else set()
+    directories: those whose data directory is gone (the tests remove theirs) are
+    stopped and removed, before and after the session. Another test run's, whose
+    data directories still exist, are left alone."""
+    _remove_orphaned_homes()
     yield
-    if not SERVER_HOME.is_dir():
-        return
-    for home in set(SERVER_HOME.iterdir()) - before:
-        if home.name.startswith("pginstall-"):
-            continue  # the binaries' copy: made once, kept
+    _remove_orphaned_homes()
+
+
+def _remove_orphaned_homes() -> None:
+    for home in orphaned_homes():
         stop_server(home / "pg")
         shutil.rmtree(home, ignore_errors=True)
 
