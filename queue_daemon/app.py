@@ -262,6 +262,7 @@ class Daemon:
             limits=limits,
             metrics=metrics,
             admission=admission,
+            ensure_uid=tokens.ensure_uid_slot,
         )
         metrics.watch(store, _sources(identity, ingester, worker, pool))
         supervisor = self.supervisor

@@ -27,6 +27,7 @@ class TenantsPart(PgBase):
             async with self._conn() as conn, conn.transaction():
                 if await conn.fetchrow(queries.tenants.ADD_TENANT, client) is None:
                     raise Conflict(f"tenant {client!r} exists")
+                await conn.execute(queries.tenants.ADD_UID_SLOT, client)
                 await conn.execute(queries.tenants.DELETE_TENANT_TOKENS, client)
                 await conn.execute(queries.tenants.INSERT_TENANT_TOKEN, client, token_hash)
         except StoreError as exc:
@@ -78,7 +79,13 @@ class TenantsPart(PgBase):
     async def tenant_uid_slots(self) -> dict[str, int]:
         """client -> its slot in the range of tenant uids (unique, never reused)."""
         rows = await self._fetch(queries.tenants.TENANT_UID_SLOTS)
-        return {row["client"]: row["uid_slot"] for row in rows}
+        return {row["client"]: row["slot"] for row in rows}
+
+    async def ensure_uid_slot(self, client: str) -> int:
+        """``client``'s uid slot, given now if it has none."""
+        row = await self._fetchrow(queries.tenants.ENSURE_UID_SLOT, client)
+        assert row is not None
+        return int(row["slot"])
 
     async def tenant_limits(self) -> dict[str, dict[str, float]]:
         """client -> its limit overrides, for active tenants that have any."""

@@ -137,6 +137,9 @@ class TenantStore(Protocol):
     async def tenant_uid_slots(self) -> dict[str, int]:
         """client -> its slot in the range of tenant uids (unique, never reused)."""
 
+    async def ensure_uid_slot(self, client: str) -> int:
+        """``client``'s uid slot, given now if it has none."""
+
     async def tenant_limits(self) -> dict[str, dict[str, float]]:
         """client -> its limit overrides, for active tenants that have any."""
         ...

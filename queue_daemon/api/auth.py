@@ -92,6 +92,13 @@ class TokenCache:
         self._by_hash = by_hash
         self.loaded = True
 
+    async def ensure_uid_slot(self, client: str) -> None:
+        """Give ``client`` a uid slot if this daemon knows none (an anonymous
+        client, or a tenant added since the last reload); once per client."""
+        if client not in self.uid_slots:
+            slot = await self._store.ensure_uid_slot(client)
+            self.uid_slots = {**self.uid_slots, client: slot}
+
     async def run(self, interval: float) -> None:
         while True:
             await asyncio.sleep(interval)

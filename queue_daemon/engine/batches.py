@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence, Set
+from collections.abc import Awaitable, Callable, Sequence, Set
 from datetime import UTC, datetime
 from typing import Protocol
 
@@ -54,6 +54,7 @@ class BatchRunner:
         intake: Intake,
         admission: Admission | None,
         limits: Limits,
+        ensure_uid: Callable[[str], Awaitable[None]] | None = None,
         queuelog: QueueLog,
         metrics: Metrics,
         sizes: BatchSizes,
@@ -63,6 +64,7 @@ class BatchRunner:
         self._handlers = handlers
         self._intake = intake
         self._admission = admission
+        self._ensure_uid = ensure_uid  # gives a client its uid slot before its first run
         self._limits = limits
         self._queuelog = queuelog
         self._metrics = metrics
@@ -92,6 +94,8 @@ class BatchRunner:
         """The releases of a batch's runs; ``run_ms`` gets each run's time (measured
         by the runner, else the batch's time shared out)."""
         inputs = [JobInput(id=job.id, payload=job.data, attempt=job.attempts) for job in jobs]
+        if self._ensure_uid is not None:
+            await self._ensure_uid(spec.client)
         limits = self._limits.of(spec.client)
         follow = FollowOns(
             spec, limits, self._admission, self._write, self._metrics.follow_ons_dropped

@@ -88,6 +88,7 @@ class Worker:
         limits: Limits | None = None,
         metrics: Metrics | None = None,
         admission: Admission | None = None,
+        ensure_uid: Callable[[str], Awaitable[None]] | None = None,
     ) -> None:
         self._store = store
         self._pool = pool
@@ -116,6 +117,7 @@ class Worker:
             intake=intake,
             admission=admission,
             limits=limits,
+            ensure_uid=ensure_uid,
             queuelog=queuelog,
             metrics=self._metrics,
             sizes=self._sizes,

@@ -19,6 +19,9 @@ ON CONFLICT (client) DO UPDATE
 RETURNING client
 """
 
+# $1 client: a new tenant's uid slot (a re-activated one keeps its own).
+ADD_UID_SLOT = "INSERT INTO tenant_uids (client) VALUES ($1) ON CONFLICT (client) DO NOTHING"
+
 # $1 client: a re-activated tenant starts without its revoked tokens.
 DELETE_TENANT_TOKENS = "DELETE FROM tenant_tokens WHERE client = $1"
 
@@ -74,9 +77,22 @@ WHERE t.revoked_at IS NULL AND {_LIVE}
 
 TOKEN_KEY = "SELECT value FROM secrets WHERE name = 'token_hmac_key'"
 
-# Every tenant's uid slot (0007_tenant_uids.sql), revoked ones too: a slot is
-# never another tenant's.
-TENANT_UID_SLOTS = "SELECT client, uid_slot FROM tenants"
+# Every client's uid slot (0007_tenant_uids.sql): a slot is never another's.
+TENANT_UID_SLOTS = "SELECT client, slot FROM tenant_uids"
+
+# $1 client: its slot, given now if it has none (a gap in the sequence when two
+# daemons race for it is harmless).
+ENSURE_UID_SLOT = """
+WITH given AS (
+    INSERT INTO tenant_uids (client) VALUES ($1)
+    ON CONFLICT (client) DO NOTHING
+    RETURNING slot
+)
+SELECT slot FROM given
+UNION ALL
+SELECT slot FROM tenant_uids WHERE client = $1
+LIMIT 1
+"""
 
 # Overrides of the daemon-wide limits for every active tenant that has any
 # (0005_limits_admin.sql).

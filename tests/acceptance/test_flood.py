@@ -69,10 +69,10 @@ async def tenant_uids(dsn: str) -> dict[str, int]:
     """Each tenant's uid, from its slot in the store (the daemon's default range)."""
     conn = await asyncpg.connect(dsn)
     try:
-        rows = await conn.fetch("SELECT client, uid_slot FROM tenants")
+        rows = await conn.fetch("SELECT client, slot FROM tenant_uids")
     finally:
         await conn.close()
-    return {row["client"]: TENANT_UID_BASE + row["uid_slot"] for row in rows}
+    return {row["client"]: TENANT_UID_BASE + row["slot"] for row in rows}
 
 
 async def _flood_counts(api: Api) -> dict[str, int]:

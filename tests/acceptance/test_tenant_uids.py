@@ -20,6 +20,7 @@ import asyncpg
 import pytest
 
 from runners.sandbox.users import TENANT_UID_SPAN
+from store import queries
 from tests.acceptance.client import Handlers, wait_done
 from tests.acceptance.daemon import DaemonFactory, Deployment, deploy, reachable_dir
 
@@ -58,11 +59,11 @@ async def test_a_name_chosen_to_collide_gets_a_uid_of_its_own(
     assert uids["bob"] != uids["mallory_1e0bb"], uids
     conn = await asyncpg.connect(pg_dsn)
     try:
-        slots = await conn.fetch("SELECT client, uid_slot FROM tenants ORDER BY uid_slot")
+        slots = await conn.fetch("SELECT client, slot FROM tenant_uids ORDER BY slot")
     finally:
         await conn.close()
     assert [r["client"] for r in slots] == ["bob", "mallory_1e0bb"]
-    assert {str(2_000_000 + r["uid_slot"]) for r in slots} == set(uids.values())
+    assert {str(2_000_000 + r["slot"]) for r in slots} == set(uids.values())
 
 
 async def test_a_tenant_whose_uid_is_a_host_user_runs_nothing(
@@ -82,14 +83,27 @@ async def test_concurrent_tenant_adds_get_distinct_slots(pg_dsn: str) -> None:
     async def add(n: int) -> None:
         conn = await asyncpg.connect(pg_dsn)
         try:
-            await conn.execute("INSERT INTO tenants (client) VALUES ($1)", f"t{n}")
+            await conn.execute(queries.tenants.ENSURE_UID_SLOT, f"t{n % 10}")
         finally:
             await conn.close()
 
     await asyncio.gather(*(add(n) for n in range(20)))
     conn = await asyncpg.connect(pg_dsn)
     try:
-        slots = [r["uid_slot"] for r in await conn.fetch("SELECT uid_slot FROM tenants")]
+        slots = [r["slot"] for r in await conn.fetch("SELECT slot FROM tenant_uids")]
     finally:
         await conn.close()
-    assert len(slots) == len(set(slots)) == 20
+    assert len(slots) == len(set(slots)) == 10  # twice each client: one slot each
+
+
+async def test_an_anonymous_client_gets_a_uid_of_its_own(
+    daemons: DaemonFactory, pg_dsn: str, root_dir: str, session: aiohttp.ClientSession
+) -> None:
+    """Under --no-auth any client name works, tenant or not: its first batch gives it
+    a slot, and its jobs run."""
+    site = deployed(daemons, pg_dsn, root_dir, [], "--no-auth")
+    api = site.api(session, "anyone")
+    await Handlers(api).add("who", "shell", 'echo "S: 200 $(id -u)"')
+    [job_id] = await api.add("who", ["x"])
+    job = await wait_done(api, job_id)
+    assert job["code"] == "ok" and int(job["result"]) >= 2_000_000, job
