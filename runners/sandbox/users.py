@@ -52,7 +52,7 @@ class NoUidYet(SandboxError):
 
 class TenantUids:
     """Each tenant's uid from a registry of slots (unique, never reused: the
-    store's ``tenants.uid_slot``), placed in the range ``base`` .. ``base +
+    store's ``tenant_uids``), placed in the range ``base`` .. ``base +
     count``; a uid that is a user of this host (it has a passwd entry) is never
     used, since that user's files and processes would be the tenant's."""
 
