@@ -151,8 +151,8 @@ async def test_follow_on_jobs_over_the_add_rate_retry_their_run_later(
     [job_id] = await tenant.add("parent", ["go"])
 
     async def refused() -> dict[str, object] | None:
-        job = (await tenant.get_job(job_id)).json
-        return job if job["exitcode"] == 129 else None
+        reply = await tenant.get_job(job_id)  # 404 until the job reaches the store
+        return reply.json if reply.status == 200 and reply.json["exitcode"] == 129 else None
 
     job = await until(refused, 20, "the run refused for the add rate")
     assert "over this tenant's add rate; retried later" in str(job["result"]), job
