@@ -274,6 +274,7 @@ class Context:
                         raise ProtocolError(f"unexpected result of job {job_id!r}")
                     now = loop.time()
                     result = job_result(running, message, (now - began) * 1000, self._limits)
+                    printed = _length(message.get("output"))  # (the text itself is freed)
                     self.broken = self.broken or result.recycle  # e.g. after a MemoryError
                     results.append(result)
                     began = now
@@ -283,6 +284,8 @@ class Context:
                         # the time the daemon takes is not the next job's
                         self._deadline = loop.time() + timeout
                         results[-1] = await sink.take(result)
+                    if printed:
+                        await self._spend_outside_the_clock(printed, timeout)
                 elif op == "done":
                     if running is not None or index < len(jobs):
                         raise ProtocolError("done before every job had a result")
@@ -298,6 +301,15 @@ class Context:
             self._timer.cancel()
             self._timer = None
         return await self._failed(jobs, results, running, index, timeout_per_job, problem)
+
+    async def _spend_outside_the_clock(self, size: int, job_seconds: float) -> None:
+        """What a job printed, from the tenant's output budget: a wait that is not the
+        next job's time (meanwhile the child's frames wait in its pipe)."""
+        if self._timer is not None:
+            self._timer.cancel()
+        await self._spend(size)
+        self._deadline = asyncio.get_running_loop().time() + job_seconds
+        self._timer = asyncio.get_running_loop().call_at(self._deadline, self._check_deadline)
 
     def _check_deadline(self) -> None:
         loop = asyncio.get_running_loop()
@@ -403,6 +415,10 @@ class Context:
         for task in drains:
             if not task.cancelled() and task.exception() is not None:
                 logger.warning("draining a context's output failed: %r", task.exception())
+
+
+def _length(text: object) -> int:
+    return len(text) if isinstance(text, str) else 0
 
 
 def pipe_file(fd: int, mode: str) -> io.FileIO:

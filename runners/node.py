@@ -21,6 +21,8 @@ from pathlib import Path
 MIN_NODE_MAJOR = 18
 CHECK_TIMEOUT = 10.0  # seconds for `node --check`
 BOOTSTRAP = Path(__file__).resolve().parent / "bootstrap" / "node_boot.js"
+# preloaded so that it holds in worker threads too (node_confine.js says why)
+CONFINE = BOOTSTRAP.with_name("node_confine.js")
 
 _VERSION = re.compile(r"^v?(\d+)\.(\d+)\.(\d+)")
 
@@ -88,9 +90,17 @@ def node_command() -> list[str]:
     )
 
 
-def bootstrap_command() -> list[str]:
-    """The argv of a node context (its fds 3/4 are mapped by the caller, PROTOCOL.md)."""
-    return [*node_command(), str(BOOTSTRAP)]
+def bootstrap_command(node: list[str] | None = None, directory: Path | None = None) -> list[str]:
+    """The argv of a node context (its fds 3/4 are mapped by the caller, PROTOCOL.md):
+    ``node`` (default ``node_command()``) running the bootstraps found in ``directory``
+    (default this package's), module resolution confined before any other code."""
+    where = directory or BOOTSTRAP.parent
+    return [
+        *(node or node_command()),
+        "--require",
+        str(where / CONFINE.name),
+        str(where / BOOTSTRAP.name),
+    ]
 
 
 # How the bootstrap wraps a hook body (before/beforeEach/afterEach) so that it may

@@ -22,6 +22,7 @@ import time
 from collections import Counter
 from collections.abc import Sequence, Set
 from dataclasses import dataclass
+from pathlib import Path
 
 from runners.budget import OutputBudget
 from runners.codes import ERROR
@@ -239,13 +240,13 @@ class RunnerPool:
     async def _command(self, spec: HandlerSpec) -> list[str]:
         if spec.lang == "python":
             return [self.sandbox.python, "-I", self.sandbox.bootstrap("python_boot.py")]
-        from runners.node import node_command
+        from runners.node import bootstrap_command, node_command
 
         try:
             node = await asyncio.to_thread(node_command)
         except OSError as exc:
             raise ContextFailed(f"cannot run node: {exc}") from None
-        return [*node, self.sandbox.bootstrap("node_boot.js")]
+        return bootstrap_command(node, Path(self.sandbox.bootstrap("node_boot.js")).parent)
 
     async def _make_room(self) -> None:
         while self._count() >= self.settings.max_contexts:

@@ -35,11 +35,16 @@ def job_result(
             result = clip(result, limits.max_result_bytes)
         return JobResult(id=job.id, exitcode=exitcode, result=result, run_ms=run_ms)
     pairs: list[tuple[object, object]] = []
+    more = 0
     if isinstance(emits, list):
-        for emit in emits:
+        # parse_output looks at no more than this: a context may send millions
+        read = emits[: 2 * limits.max_emits]
+        more = len(emits) - len(read)
+        for emit in read:
             ok = isinstance(emit, list) and len(emit) == 2
             pairs.append((emit[0], emit[1]) if ok else (None, None))
-    parsed = parse_output(output if isinstance(output, str) else "", limits, pairs)
+    text = output if isinstance(output, str) else ""
+    parsed = parse_output(text, limits, pairs, more_emits=more)
     if not valid_exitcode(exitcode):
         result = f"invalid exit code {clip(repr(exitcode), 100)}"
         exitcode = ERROR

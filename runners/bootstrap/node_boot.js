@@ -13,6 +13,9 @@ const path = require('node:path');
 const util = require('node:util');
 const vm = require('node:vm');
 const Module = require('node:module');
+// where modules may come from (the context starts node with `--require` of it;
+// here for a bootstrap started without)
+require('./node_confine.js');
 
 const { createRequire } = Module;
 
@@ -171,34 +174,6 @@ function logError(what, err) {
   process.stderr.write(`node_boot: ${what}: ${describe(err)}\n`);
 }
 
-// ---------------------------------------------------------------- modules
-
-// `require` never leaves the context's own directory: node's builtins, and
-// modules below the directory the handler runs in. Node would otherwise look
-// in every node_modules from there up to `/` (/tmp/node_modules, those above
-// the daemon's data directory: anyone's files), in NODE_PATH and in the
-// user's and node's global folders. Called once, before the handler's code.
-function confineModules() {
-  const root = fs.realpathSync(process.cwd());
-  const within = (file) => file === root || file.startsWith(root + path.sep);
-  const nodeModulePaths = Module._nodeModulePaths;
-  Module._nodeModulePaths = function ownPaths(from) {
-    return nodeModulePaths.call(this, from).filter(within);
-  };
-  Module.globalPaths.length = 0;
-  const resolveFilename = Module._resolveFilename;
-  Module._resolveFilename = function ownFile(request, ...rest) {
-    const resolved = resolveFilename.call(this, request, ...rest);
-    if (Module.isBuiltin(resolved) || within(resolved)) return resolved;
-    const err = new Error(
-      `Cannot find module '${request}': a handler may require node's own modules and ` +
-        "files below its directory only"
-    );
-    err.code = 'MODULE_NOT_FOUND';
-    throw err;
-  };
-}
-
 // ---------------------------------------------------------------- the handler
 
 let handler = null;
@@ -227,7 +202,6 @@ async function init(msg) {
   handlerType = String(msg.type || '');
   client = String(msg.client || '');
   const filename = path.join(process.cwd(), FILENAME);
-  confineModules();
   requireRef = createRequire(filename);
   moduleRef = { exports: {}, id: FILENAME, filename, loaded: false, require: requireRef };
   let before;

@@ -70,3 +70,60 @@ async def test_an_output_flood_costs_the_daemon_little_and_others_nothing(
     calm_done = await wait_all_done(calm, calm_ids, within=30)
     assert all(job["result"] == "fine" for job in calm_done.values())
     assert all(job["state"] == "done" for job in done.values())
+
+
+# Each prints 15 MiB of empty lines in a few hundredths of a second: what the
+# daemon makes of a job's output must cost it no step per line.
+PRINTERS = {
+    "python_print": (
+        "python",
+        "import sys\n"
+        "def handler(p, ctx):\n"
+        "    for _ in range(15):\n"
+        "        sys.stdout.write('\\n' * (1 << 20))\n"
+        "    print('S: 200 printed')\n",
+    ),
+    "node_print": (
+        "node",
+        "module.exports = () => {\n"
+        "  for (let i = 0; i < 15; i++) process.stdout.write('\\n'.repeat(1 << 20));\n"
+        "  console.log('S: 200 printed');\n"
+        "};\n",
+    ),
+    "shell_print": ("shell", "head -c 16000000 /dev/zero | tr '\\0' '\\n'; echo 'S: 200 printed'"),
+}
+
+
+@pytest.fixture
+def unthrottled(daemons: DaemonFactory, pg_dsn: str) -> Iterator[Deployment]:
+    """A daemon that reads as much output as handlers print (no --output-rate)."""
+    with deployed_where_handlers_reach(
+        daemons, pg_dsn, "qd-output-", ["noisy", "calm"], "--output-rate", "0"
+    ) as deployed:
+        yield deployed
+
+
+async def test_printed_lines_cost_the_daemon_no_step_each(
+    unthrottled: Deployment, session: aiohttp.ClientSession
+) -> None:
+    """Even read at once, millions of printed lines cost the daemon a few passes over
+    their bytes, not a step each: its CPU stays low, the jobs' status lines count."""
+    deployment = unthrottled
+    noisy, calm = deployment.api(session, "noisy"), deployment.api(session, "calm")
+    for name, (lang, body) in PRINTERS.items():
+        await Handlers(noisy).add(name, lang, body, timeout=30, maxAttempts=1)
+    await Handlers(calm).add("quick", "shell", "echo 'S: 200 fine'")
+    [warm] = await calm.add("quick", ["warm"])
+    await wait_done(calm, warm)
+    pid = deployment.daemon.pid
+    cpu_before = cpu_seconds(pid)
+    printed = [i for name in PRINTERS for i in await noisy.add(name, ["1", "2", "3"])]
+    calm_ids = await calm.add("quick", ["x"] * 5)
+    done = await wait_all_done(noisy, printed, within=120)
+    used = cpu_seconds(pid) - cpu_before
+    # 9 jobs of 15 MiB of lines: about 3 s of the daemon's CPU each when it took
+    # them a line at a time (28 s in all), 0.7-1.1 s in all since
+    assert used < 4.0, f"the daemon used {used:.1f} s of CPU on 9 jobs' printed lines"
+    assert all(job["result"] == "printed" for job in done.values()), done
+    calm_done = await wait_all_done(calm, calm_ids, within=30)
+    assert all(job["result"] == "fine" for job in calm_done.values())

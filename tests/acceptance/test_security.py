@@ -301,3 +301,40 @@ async def test_a_module_planted_for_another_tenant_is_never_loaded(
         assert not exists(str(marker)), "a planted module ran in another tenant's handler"
     finally:
         _unplant(planted)
+
+
+IMPORTER = """
+const fs = require('node:fs');
+module.exports = (name) => {
+  fs.writeFileSync(name + '.mjs', `export { default } from '${name}';\\n`);
+  return require(`./${name}.mjs`).default;
+};
+"""
+
+
+async def test_a_module_planted_for_another_tenant_is_never_imported(
+    site: Site, session: aiohttp.ClientSession
+) -> None:
+    """As above, for an ES module: alice's own module imports it by name, and
+    node's ESM resolver walks up from it as its CommonJS loader does."""
+    names = [f"qd-esm-tmp-{os.getpid()}", f"qd-esm-up-{os.getpid()}"]
+    marker = shared_dir(site.data_dir.parent, names[0]) / "ran"
+    above = site.data_dir.parent / "node_modules"
+    planted = [Path("/tmp/node_modules", names[0]), above / names[1]]
+    try:
+        for place in planted:
+            place.mkdir(parents=True)
+            place.joinpath("package.json").write_text('{"type": "module", "main": "index.js"}')
+            place.joinpath("index.js").write_text(
+                f"import fs from 'node:fs';\nfs.writeFileSync({json.dumps(str(marker))}, 'ran');\n"
+                "export default 'planted';\n"
+            )
+        api = Api(session, site.daemon.url, "alice", site.tokens["alice"])
+        await Handlers(api).add("importer", "node", IMPORTER, maxAttempts=1)
+        for name, job_id in zip(names, await api.add("importer", names), strict=True):
+            job = await wait_done(api, job_id, within=30)
+            assert job["code"] == "error", (name, job)
+            assert f"Cannot find module '{name}'" in job["result"], (name, job)
+        assert not exists(str(marker)), "a planted module ran in another tenant's handler"
+    finally:
+        _unplant(planted)

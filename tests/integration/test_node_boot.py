@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from runners import node as node_mod
-from runners.node import BOOTSTRAP, check_node, node_command, wheel_node
+from runners.node import check_node, node_command, wheel_node
 
 Frame = dict[str, Any]
 
@@ -46,7 +46,7 @@ class Boot:
         self.stderr_path = tmp / "ctx-stderr.log"
         with self.stdout_path.open("wb") as out, self.stderr_path.open("wb") as err:
             self.proc = subprocess.Popen(
-                [*(command or node_command()), str(BOOTSTRAP)],
+                node_mod.bootstrap_command(command),
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=err,

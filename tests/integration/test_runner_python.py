@@ -359,6 +359,25 @@ async def test_result_and_log_are_bounded(work_root: Path) -> None:
         await pool.close()
 
 
+async def test_what_jobs_print_is_read_within_the_tenants_output_budget(work_root: Path) -> None:
+    """A job's printed output comes back in its result frame: it counts against the
+    tenant's --output-rate like a pipe's, and the wait is not the next job's time."""
+    mib = 1 << 20
+    settings = RunnerSettings(work_root=work_root, output_rate=2 * mib, output_burst=mib)
+    pool = RunnerPool(settings)
+    try:
+        body = "def handler(p, ctx):\n    print('\\n' * (1 << 20), end='')\n    return p\n"
+        started = time.monotonic()
+        results = await pool.run_batch(spec(body, timeout=0.5), jobs("a", "b", "c", "d"))
+        took = time.monotonic() - started
+        assert [r.result for r in results] == ["a", "b", "c", "d"], results
+        # 4 MiB printed, 1 MiB of burst: 3 MiB at 2 MiB/s
+        assert pool.output_budget.throttled["acme"] >= 1.4
+        assert took >= 1.4
+    finally:
+        await pool.close()
+
+
 async def test_close_leaves_nothing_behind(work_root: Path) -> None:
     pool = RunnerPool(RunnerSettings(work_root=work_root, processes=PROCESSES))
     results = await pool.run_batch(

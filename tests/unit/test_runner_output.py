@@ -2,11 +2,24 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from runners.check import check_handler
 from runners.codes import code_of, valid_exitcode
-from runners.output import OutputLimits, clip, emit_problem, parse_output
+from runners.output import (
+    STATUS_TRIES,
+    OutputLimits,
+    Parsed,
+    _FollowOns,
+    _Log,
+    _set_status,
+    _status_of,
+    clip,
+    emit_problem,
+    parse_output,
+)
 
 LIMITS = OutputLimits()
 
@@ -194,3 +207,104 @@ def test_every_dropped_follow_on_job_keeps_its_reason() -> None:
 )
 def test_payloads_that_look_like_journal_framing_are_fine(payload: str) -> None:
     assert emit_problem("t", payload, 1 << 20) is None
+
+
+# ---------------------------------------------------------------- floods of lines
+
+
+def _one_at_a_time(output: str, limits: OutputLimits) -> Parsed:
+    """The rule of parse_output, applied to every line in turn (the reference)."""
+    parsed = Parsed()
+    log = _Log(limits)
+    follow = _FollowOns(parsed, log, limits)
+    lines = output.split("\n")
+    if lines and not lines[-1]:
+        lines.pop()
+    for line in lines:
+        if line.startswith("J: "):
+            follow.add_line(line)
+        elif line.startswith("S: "):
+            status = _status_of(line)
+            if status is None:
+                log.add(f"ignored a bad status line: {line[:200]}")
+            else:
+                _set_status(parsed, status)
+        else:
+            log.add(line)
+    if follow.over:
+        log.add(f"dropped {follow.over} follow-on jobs over the limit of {limits.max_emits}")
+    parsed.log = log.finish()
+    return parsed
+
+
+LINES = [
+    "", "x", "plain text", "\r", "y" * 3000, "J: t|p", "J: t|ééé", "J: bad type|p",
+    "J: nobar", "J: t|", "J: t|0123456789abc", "S: 200", "S: 404 not here", "S: 099 z",
+    "S: 99", "S: abc", "S: 201 x\r", "S:200", "J:t|p",
+]  # fmt: skip
+
+
+def test_lines_searched_in_bulk_give_what_each_line_in_turn_gives() -> None:
+    limits = OutputLimits(max_log_lines=5, max_log_bytes=4000, max_emits=3, payload_limit=10)
+    rng = random.Random(16)
+    for _ in range(2000):
+        output = "\n".join(rng.choice(LINES) for _ in range(rng.randrange(100)))
+        output += rng.choice(["", "\n"])
+        got, want = parse_output(output, limits), _one_at_a_time(output, limits)
+        assert (got.emits, got.dropped) == (want.emits, want.dropped), output
+        assert (got.exitcode, got.result, got.result_set) == (
+            want.exitcode,
+            want.result,
+            want.result_set,
+        ), output
+        # a bad status line past the log's room is not counted among the dropped lines
+        kept = [line for line in got.log if not line.startswith("… ")]
+        assert kept == [line for line in want.log if not line.startswith("… ")], output
+
+
+def test_a_flood_of_lines_costs_no_step_per_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    steps = 0
+    add = _Log.add
+
+    def counted(self: _Log, line: str) -> None:
+        nonlocal steps
+        steps += 1
+        add(self, line)
+
+    monkeypatch.setattr(_Log, "add", counted)
+    output = "\n" * 1_000_000 + "J: t|late\n" + "x\n" * 1_000_000 + "S: 201 still read\n"
+    parsed = parse_output(output, LIMITS)
+    assert steps <= LIMITS.max_log_lines + 2
+    assert parsed.emits == [("t", "late")]
+    assert (parsed.exitcode, parsed.result) == (201, "still read")
+    # (every line but the J: one is counted, the S: line too)
+    assert parsed.log[-1] == f"… {2_000_001 - LIMITS.max_log_lines} more lines dropped"
+
+
+def test_follow_on_lines_past_the_limit_are_counted_not_looked_at() -> None:
+    limits = OutputLimits(max_emits=5)
+    output = "J: t|x\n" * 10 + "J: nobar\n" * 1000 + "plain\n" + "J: t|y\n" * 1000
+    parsed = parse_output(output, limits)
+    assert parsed.emits == [("t", "x")] * 5
+    assert parsed.dropped == []
+    # past the most lines that could matter (here 210), plain lines are only counted
+    # (and the note of the follow-on jobs over the limit after them)
+    assert parsed.log == ["… 2 more lines dropped"]
+    bad_first = parse_output("J: nobar\n" * 10 + "J: t|x\n" * 10, limits)
+    assert (len(bad_first.dropped), bad_first.emits) == (5, [])
+    assert bad_first.log[-1] == "dropped 15 follow-on jobs over the limit of 5"
+
+
+def test_emits_past_what_is_looked_at_are_counted() -> None:
+    limits = OutputLimits(max_emits=2)
+    parsed = parse_output("", limits, [("t", "a"), ("t", "b"), ("t", "c")], more_emits=10)
+    assert parsed.emits == [("t", "a"), ("t", "b")]
+    assert parsed.log == ["dropped 11 follow-on jobs over the limit of 2"]
+
+
+def test_the_last_good_status_line_is_found_among_the_last_bad_ones() -> None:
+    flood = "x\n" * 500
+    found = parse_output(flood + "S: 202 kept\n" + "S: 99\n" * (STATUS_TRIES - 1), LIMITS)
+    assert (found.exitcode, found.result) == (202, "kept")
+    hidden = parse_output(flood + "S: 202 kept\n" + "S: 99\n" * STATUS_TRIES, LIMITS)
+    assert hidden.exitcode is None  # past what is looked at: as if it were not there
