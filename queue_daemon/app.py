@@ -39,7 +39,9 @@ from queue_daemon.engine.ids import IdGenerator
 from queue_daemon.engine.ingester import Ingester
 from queue_daemon.engine.intake import Intake
 from queue_daemon.engine.limits import Limits
+from queue_daemon.engine.pulled import Pulls
 from queue_daemon.engine.quotas import Admission, RateLimiter, WaitingLimiter
+from queue_daemon.engine.waits import DoneWaits
 from queue_daemon.engine.worker import Worker, WorkerSettings
 from queue_daemon.observe.metrics import Metrics, Sources
 from queue_daemon.observe.overview import Overview
@@ -170,6 +172,8 @@ class Daemon:
         self.ingester: Ingester | None = None
         self.pool: RunnerPool | None = None
         self.worker: Worker | None = None
+        self.pulls: Pulls | None = None
+        self.done_waits: DoneWaits | None = None
         self.waiting: WaitingLimiter | None = None
         self.runner: AppRunner | None = None
         self.connections: ConnectionCaps | None = None
@@ -243,6 +247,17 @@ class Daemon:
         admission = Admission(
             RateLimiter(settings.tenant_rate, settings.tenant_burst), self.waiting
         )
+        self.pulls = pulls = Pulls(
+            store=store,
+            handlers=handlers,
+            intake=intake,
+            admission=admission,
+            limits=limits,
+            queuelog=queuelog,
+            metrics=metrics,
+            job_ttl=settings.job_ttl,
+        )
+        self.done_waits = done_waits = DoneWaits(store.done_among)
         self.worker = worker = Worker(
             store=store,
             intake=intake,
@@ -263,6 +278,8 @@ class Daemon:
             metrics=metrics,
             admission=admission,
             ensure_uid=tokens.ensure_uid_slot,
+            jobs_noted=pulls.waits.on_jobs,
+            done_noted=done_waits.on_done,
         )
         metrics.watch(store, _sources(identity, ingester, worker, pool))
         supervisor = self.supervisor
@@ -275,6 +292,7 @@ class Daemon:
         supervisor.start("sysid-lease", sysids.keep_leased(store, identity, settings.lease))
         supervisor.start("token-cache", tokens.run(settings.token_refresh))
         supervisor.start("queue-log", queuelog.run())
+        supervisor.start("done-waits", done_waits.run())
         throughput = Throughput()
         supervisor.start("throughput", throughput.run(store))
 
@@ -295,6 +313,8 @@ class Daemon:
             identity=identity,
             metrics=metrics,
             reads=CoalescedReads(READ_INTERVAL),
+            pulls=pulls,
+            done_waits=done_waits,
             bodies=BodyBudget(
                 settings.body_memory, max(settings.body_memory // 4, settings.body_limit)
             ),
@@ -330,6 +350,11 @@ class Daemon:
     async def stop(self) -> None:
         """Graceful when start() completed; otherwise closes whatever was opened."""
         settings = self.settings
+        # held claims and GETs answer now (with what there is), not at their timeout
+        if self.pulls is not None:
+            self.pulls.waits.close()
+        if self.done_waits is not None:
+            self.done_waits.close()
         if self.runner is not None:
             await self.runner.cleanup()  # stop accepting; requests in flight finish
         if self.worker is not None:

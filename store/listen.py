@@ -60,6 +60,7 @@ async def _serve(
     on_handler: Callable[[str], None],
     *,
     connect_timeout: float,
+    on_done: Callable[[set[str] | None], None] | None,
 ) -> None:
     """Listen on ``conn`` until ``closed`` is set; raise when the connection is lost."""
     lost = asyncio.Event()
@@ -73,11 +74,20 @@ async def _serve(
     def handler_note(_conn: Any, _pid: int, _channel: str, payload: object, /) -> None:
         _guarded("on_handler", lambda: on_handler(str(payload)))
 
+    def done_note(_conn: Any, _pid: int, _channel: str, payload: object, /) -> None:
+        if on_done is not None:
+            types = set(str(payload).split())
+            _guarded("on_done", lambda: on_done(types or None))
+
     conn.add_termination_listener(on_lost)
     await conn.add_listener(queries.queue.JOBS_CHANNEL, jobs_note)
     await conn.add_listener(queries.queue.HANDLERS_CHANNEL, handler_note)
+    if on_done is not None:
+        await conn.add_listener(queries.pulled.DONE_CHANNEL, done_note)
     logger.info("listening for notifications", extra={"action": "listen_connected"})
     _guarded("on_jobs", lambda: on_jobs(None))
+    if on_done is not None:
+        _guarded("on_done", lambda: on_done(None))
     while not closed.is_set():
         if lost.is_set():
             raise asyncpg.InterfaceError("the listening connection was closed")
@@ -111,6 +121,7 @@ async def listen_forever(
     *,
     connect_timeout: float,
     retry: Delays,
+    on_done: Callable[[set[str] | None], None] | None = None,
 ) -> None:
     """Deliver notifications until ``closed`` is set or the task is cancelled.
 
@@ -131,7 +142,14 @@ async def listen_forever(
             retry.reset()
             delay = retry.next()  # after the connection is lost
             try:
-                await _serve(conn, closed, on_jobs, on_handler, connect_timeout=connect_timeout)
+                await _serve(
+                    conn,
+                    closed,
+                    on_jobs,
+                    on_handler,
+                    connect_timeout=connect_timeout,
+                    on_done=on_done,
+                )
             except _CONNECTION_ERRORS as exc:
                 _log_failure("listen", exc, delay)
             finally:

@@ -181,3 +181,51 @@ class DaemonLease:
     expires: datetime | None
     released_at: datetime | None
     now: datetime  # the database clock, to compare ``expires`` with
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PulledJob:
+    """A job a tenant's worker now holds (``lock = 'w:<claim>:<worker>'``)."""
+
+    id: str
+    type: str  # stored jobtype, "client-type"
+    data: str
+    attempts: int  # including this run
+    create_dt: datetime
+    lease_until: datetime
+    due_ms: int | None = None  # as ClaimedJob's, for the queue log
+
+
+class HeldJob(NamedTuple):
+    """A job the complete's claim still holds, locked until the complete commits."""
+
+    id: str
+    type: str  # stored jobtype, "client-type"
+    attempts: int
+    create_dt: datetime
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WorkerSeen:
+    """A pull worker as the registry knows it."""
+
+    client: str
+    name: str
+    first_seen: datetime
+    last_seen: datetime
+    live: bool  # seen within the lease it holds jobs under
+    holding: int  # jobs it holds now
+    done_ok: int
+    done_failed: int
+    done_error: int
+    done_retry: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DaemonSeen:
+    sysid: str
+    host: str | None
+    state: str  # live | expired | released
+    expires: datetime | None
+    released_at: datetime | None
+    running: int

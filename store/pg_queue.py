@@ -124,7 +124,7 @@ class QueuePart(PgBase):
                 [r.refund_attempt for r in ordered],
                 sysid,
             )
-        return {row[0] for row in rows}
+        return {row[0] for row in rows if row[0] is not None}  # NULL: the note's row
 
     async def expire_locks(self) -> list[ExpiredLock]:
         rows = await self._fetch(queries.queue.EXPIRE_LOCKS)
@@ -151,6 +151,7 @@ class QueuePart(PgBase):
         on_handler: Callable[[str], None],
         *,
         retry: Delays,
+        on_done: Callable[[set[str] | None], None] | None = None,
     ) -> None:
         """Call ``on_jobs`` when jobs are added (and after each (re)connect) and
         ``on_handler(type)`` when a handler changes, until ``close`` or cancellation.
@@ -168,4 +169,5 @@ class QueuePart(PgBase):
             on_handler,
             connect_timeout=min(self._acquire_timeout, 10.0),
             retry=retry,
+            on_done=on_done,
         )

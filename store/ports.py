@@ -12,30 +12,36 @@ decisions are unit-tested against, in memory.
 | HandlerLookup | the handler cache (the newest version of a type)      |
 | HandlerStore  | the handler routes                                     |
 | SysidLeases   | the daemon's sysid                                     |
+| PulledJobs    | the pull-worker routes (claims by tenants' workers)   |
 | Dashboard     | the overview, metrics and throughput                   |
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from datetime import datetime
 from typing import Protocol
 
 from store.listen import Delays
 from store.models import (
     ClaimedJob,
     DaemonLease,
+    DaemonSeen,
     ExpiredLock,
     FailedJob,
     HandlerRecord,
+    HeldJob,
     Job,
     JobPage,
     JobState,
     NewJob,
+    PulledJob,
     QueueDepth,
     Release,
     RunningJobs,
     Tenant,
     TypeStats,
+    WorkerSeen,
 )
 
 
@@ -87,16 +93,21 @@ class JobQueue(Protocol):
     async def notify_jobs(self) -> None:
         """Wake listening daemons: new eligible jobs may exist."""
 
+    async def forget_workers(self) -> int:
+        """Delete pull workers not seen for a day; how many."""
+
     async def listen(
         self,
         on_jobs: Callable[[dict[str, int] | None], None],
         on_handler: Callable[[str], None],
         *,
         retry: Delays,
+        on_done: Callable[[set[str] | None], None] | None = None,
     ) -> None:
         """Call ``on_jobs`` on new jobs (with the due ones added per jobtype when
-        known, else None) and ``on_handler(type)`` when a handler changes, until
-        the store is closed (a dedicated connection; reconnects)."""
+        known, else None), ``on_handler(type)`` when a handler changes and
+        ``on_done`` when jobs are done (the stored types, None: any), until the
+        store is closed (a dedicated connection; reconnects)."""
 
 
 class JobQueries(Protocol):
@@ -238,14 +249,67 @@ class Dashboard(Protocol):
         """Sysid leases, live ones first."""
         ...
 
+    async def live_workers(self) -> dict[str, int]:
+        """client -> its pull workers seen within their lease."""
+        ...
+
     async def archived_counts(self) -> dict[str, int]:
         """Stored jobtype -> jobs ever archived (only grows): throughput samples."""
         ...
 
 
+# (job id, the whole lock value its claim put on it: 'w:<claim>:<worker>')
+Claim = tuple[str, str]
+
+
+class PulledJobs(Protocol):
+    async def claim_pulled(
+        self, type: str, limit: int, *, lock: str, lease: float, client: str, worker: str
+    ) -> list[PulledJob]:
+        """Take up to ``limit`` eligible jobs of ``type`` for a tenant's worker (as
+        ``claim``, with ``lock``); the worker's heartbeat."""
+
+    async def renew_pulled(
+        self, claims: Sequence[Claim], *, client: str, worker: str
+    ) -> dict[str, datetime]:
+        """Extend the lease of the jobs still held by their claims (by their type's
+        timeout); id -> the new end of the lease. The worker's heartbeat."""
+
+    async def existing_jobs(self, ids: Sequence[str], *, client: str) -> set[str]:
+        """Which of ``ids`` are ``client``'s jobs."""
+
+    async def complete_pulled(
+        self,
+        claims: Sequence[Claim],
+        decide: Callable[[list[HeldJob]], Awaitable[list[Release]]],
+        *,
+        client: str,
+        worker: str,
+    ) -> set[str]:
+        """In one transaction: lock the jobs still held by their claims, ask
+        ``decide`` for their releases (it may write follow-on jobs; an exception
+        changes nothing), apply them and count them for the worker. The ids applied."""
+
+    async def hand_back(
+        self, claims: Sequence[Claim], *, client: str, worker: str
+    ) -> dict[str, str]:
+        """Make held jobs waiting again without counting the claim's attempt;
+        id -> stored type of those handed back."""
+
+    async def done_among(self, ids: Sequence[str]) -> set[str]:
+        """Which of ``ids`` are done."""
+
+    async def workers(self, client: str | None = None) -> list[WorkerSeen]:
+        """Pull workers seen within a day: ``client``'s, or every tenant's."""
+
+    async def daemons(self) -> list[DaemonSeen]:
+        """Daemons seen within a day, with the jobs each runs now."""
+
+
 class Store(
     JobIntake,
     JobQueue,
+    PulledJobs,
     JobQueries,
     TenantStore,
     HandlerStore,

@@ -7,6 +7,7 @@ import math
 from typing import Any
 
 from queue_daemon.api import errors
+from queue_daemon.engine.pulled import PULLED_LANG
 from queue_daemon.names import JobType, valid_type
 from runners.models import LANGS
 from store.models import HandlerRecord
@@ -15,10 +16,22 @@ MAX_SOURCE_BYTES = 1 << 20  # default limit of each of body, before, beforeEach,
 MAX_TIMEOUT_S = 3600.0
 MAX_ATTEMPTS = 100
 _TEXT_FIELDS = ("body", "before", "beforeEach", "afterEach")
+PULLED_LEASE = 60  # the default lease of a claim of a pulled type, seconds
 
 
 def bad_handler(message: str) -> errors.ApiError:
     return errors.ApiError(400, "bad_handler", message)
+
+
+def _source(fields: dict[str, Any], name: str, limit: int) -> str:
+    value = fields.get(name, "")
+    if not isinstance(value, str):
+        raise bad_handler(f"{name} must be a string")
+    if "\x00" in value:
+        raise bad_handler(f"{name} contains a NUL character")
+    if len(value.encode("utf-8", "surrogatepass")) > limit:
+        raise errors.too_large(f"{name} is over {limit} bytes")
+    return value
 
 
 def parse_handler(fields: Any, *, source_limit: int = MAX_SOURCE_BYTES) -> dict[str, object]:
@@ -29,19 +42,19 @@ def parse_handler(fields: Any, *, source_limit: int = MAX_SOURCE_BYTES) -> dict[
     if unknown:
         raise bad_handler(f"unknown fields: {', '.join(sorted(unknown))}")
     lang = fields.get("lang")
-    if lang not in LANGS:
-        raise bad_handler(f"lang must be one of {', '.join(LANGS)}")
+    if lang not in (*LANGS, PULLED_LANG):
+        raise bad_handler(f"lang must be one of {', '.join((*LANGS, PULLED_LANG))}")
     data: dict[str, object] = {"lang": lang}
     for name in _TEXT_FIELDS:
-        value = fields.get(name, "")
-        if not isinstance(value, str):
-            raise bad_handler(f"{name} must be a string")
-        if "\x00" in value:
-            raise bad_handler(f"{name} contains a NUL character")
-        if len(value.encode("utf-8", "surrogatepass")) > source_limit:
-            raise errors.too_large(f"{name} is over {source_limit} bytes")
-        data[name] = value
-    if not str(data["body"]).strip():
+        data[name] = _source(fields, name, source_limit)
+    if lang == PULLED_LANG:
+        # no code: the tenant's own workers claim the type's jobs
+        if any(data[n] for n in _TEXT_FIELDS):
+            raise bad_handler(
+                f"a {PULLED_LANG} handler has no body, before, beforeEach or afterEach:"
+                " the tenant's workers run its jobs"
+            )
+    elif not str(data["body"]).strip():
         raise bad_handler("body is required")
     if lang in ("shell", "http") and any(data[n] for n in ("before", "beforeEach", "afterEach")):
         raise bad_handler(f"before, beforeEach and afterEach apply to python and node, not {lang}")
@@ -53,7 +66,8 @@ def parse_handler(fields: Any, *, source_limit: int = MAX_SOURCE_BYTES) -> dict[
     if not isinstance(then, str) or (then and not valid_type(then)):
         raise bad_handler("then must be a type name, [A-Za-z0-9_.:-]{1,100}")
     data["then"] = then
-    timeout = fields.get("timeout", 30)
+    # a pulled type's timeout is the lease of a claim
+    timeout = fields.get("timeout", PULLED_LEASE if lang == PULLED_LANG else 30)
     if (
         isinstance(timeout, bool)
         or not isinstance(timeout, int | float)

@@ -11,6 +11,7 @@ from queue_daemon.api import errors
 from queue_daemon.api.auth import authorize
 from queue_daemon.api.handler_fields import bad_handler, handler_body, parse_handler
 from queue_daemon.api.web import SERVICES, jobtype_of, json_response, read_body
+from queue_daemon.engine.pulled import PULLED_LANG
 from queue_daemon.names import JobType
 from runners.check import check_handler
 from store.errors import LimitReached, NotFound
@@ -36,13 +37,17 @@ async def add_handler(request: web.Request) -> web.Response:
             raise bad_handler(f"body is not valid UTF-8 at byte {exc.start}") from None
         fields = {"lang": request.query.get("lang", ""), "body": source}
     data = parse_handler(fields, source_limit=settings.handler_limit)
-    problem = await asyncio.to_thread(
-        check_handler,
-        str(data["lang"]),
-        str(data["body"]),
-        before=str(data["before"]),
-        before_each=str(data["beforeEach"]),
-        after_each=str(data["afterEach"]),
+    problem = (
+        None
+        if data["lang"] == PULLED_LANG
+        else await asyncio.to_thread(
+            check_handler,
+            str(data["lang"]),
+            str(data["body"]),
+            before=str(data["before"]),
+            before_each=str(data["beforeEach"]),
+            after_each=str(data["afterEach"]),
+        )
     )
     if problem is not None:
         raise bad_handler(problem)

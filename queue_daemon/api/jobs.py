@@ -23,6 +23,7 @@ from queue_daemon.api.web import (
     read_body,
     split_payloads,
 )
+from queue_daemon.engine.backoff import Backoff
 from queue_daemon.engine.ids import MAX_KEY, keyed_ids
 from queue_daemon.engine.limits import TenantLimits
 from queue_daemon.engine.quotas import rate_cost
@@ -31,6 +32,8 @@ from store.errors import BadCursor, Conflict, NotFound
 from store.models import Job, JobState, TypeStats
 
 logger = logging.getLogger(__name__)
+
+MAX_WAIT_S = 60.0  # the longest a GET of a job is held (wait=)
 
 
 async def add_jobs(request: web.Request) -> web.Response:
@@ -128,7 +131,7 @@ def job_body(job: Job) -> dict[str, Any]:
     }
 
 
-def _job_id(request: web.Request) -> str:
+def job_id_of(request: web.Request) -> str:
     job_id = request.match_info["id"]
     # every id this daemon gives out is short printable ASCII; anything else (a NUL,
     # a lone surrogate from the URL's percent-decoding) would only trouble the store
@@ -137,21 +140,62 @@ def _job_id(request: web.Request) -> str:
     return job_id
 
 
-async def get_job(request: web.Request) -> web.Response:
-    services = request.app[SERVICES]
-    client = await authorize(request, services)
+async def get_job_body(services: Services, client: str, job_id: str) -> dict[str, Any]:
     try:
-        job = await services.store.get_job(client, _job_id(request))
+        return job_body(await services.store.get_job(client, job_id))
     except NotFound:
         raise errors.not_found("no such job (or not yet in the store)") from None
-    return json_response(job_body(job))
+
+
+async def get_job(request: web.Request) -> web.Response:
+    """The job; with ``wait=S`` (0 to 60) held until it is done or S runs out."""
+    services = request.app[SERVICES]
+    client = await authorize(request, services)
+    job_id = job_id_of(request)
+    wait = _wait_of(request)
+    if not wait:
+        return json_response(await get_job_body(services, client, job_id))
+    now = time.monotonic()
+    deadline, unseen_until = now + wait, now + min(wait, NOT_YET_S)
+    unseen = Backoff(NOT_YET_FIRST_S, NOT_YET_MAX_S)
+    while True:
+        try:
+            job = await services.store.get_job(client, job_id)
+        except NotFound:
+            # acknowledged here a moment ago, perhaps, and not yet in the store
+            if not services.journal.lag.unread_lines or time.monotonic() >= unseen_until:
+                raise errors.not_found("no such job (or not yet in the store)") from None
+            await unseen.sleep()
+            continue
+        left = deadline - time.monotonic()
+        if job.state is JobState.DONE or left <= 0 or services.done_waits.closed:
+            return json_response(job_body(job))
+        await services.done_waits.wait(job_id, JobType(client, job.type).stored, left)
+
+
+NOT_YET_S = 5.0  # how long a held GET waits for a job id to reach the store
+NOT_YET_FIRST_S = 0.02
+NOT_YET_MAX_S = 0.5
+
+
+def _wait_of(request: web.Request) -> float:
+    text = request.query.get("wait")
+    if text is None:
+        return 0.0
+    try:
+        wait = float(text)
+    except ValueError:
+        wait = -1.0
+    if not math.isfinite(wait) or not 0 <= wait <= MAX_WAIT_S:
+        raise errors.bad_request(f"wait must be a number of seconds from 0 to {MAX_WAIT_S:g}")
+    return wait
 
 
 async def cancel_job(request: web.Request) -> web.Response:
     services = request.app[SERVICES]
     client = await authorize(request, services)
     try:
-        job = await services.store.cancel_job(client, _job_id(request))
+        job = await services.store.cancel_job(client, job_id_of(request))
     except NotFound:
         raise errors.not_found("no such job (or not yet in the store)") from None
     except Conflict:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from queue_daemon.api import admin, handlers, health, jobs, openapi, overview
+from queue_daemon.api import admin, handlers, health, jobs, openapi, overview, pull
 from queue_daemon.api.web import SERVICES, Services, error_middleware
 
 
@@ -17,11 +17,20 @@ def build_app(services: Services) -> web.Application:
     router.add_get("/", overview.dashboard)
     # before /{client}/overview, which would take "admin" for a client name
     router.add_get("/admin/overview", overview.admin_overview)
+    router.add_get("/admin/workers", pull.admin_workers)
     router.add_post("/{client}/job/{type}/add", jobs.add_jobs)
     router.add_get("/{client}/job/{id}", jobs.get_job)
     router.add_post("/{client}/job/{id}/cancel", jobs.cancel_job)
     router.add_get("/{client}/jobs", jobs.list_jobs)
     router.add_get("/{client}/stats", jobs.stats)
+    router.add_post("/{client}/job/{type}/claim", pull.claim)
+    router.add_post("/{client}/job/{id}/renew", pull.renew_one)
+    router.add_post("/{client}/job/{id}/complete", pull.complete_one)
+    router.add_post("/{client}/job/{id}/release", pull.release_one)
+    router.add_post("/{client}/jobs/renew", pull.renew_many)
+    router.add_post("/{client}/jobs/complete", pull.complete_many)
+    router.add_post("/{client}/jobs/release", pull.release_many)
+    router.add_get("/{client}/workers", pull.workers)
     router.add_get("/{client}/overview", overview.tenant_overview)
     router.add_post("/{client}/handler/add/{type}", handlers.add_handler)
     router.add_post("/{client}/handler/del/{type}", handlers.delete_handler)

@@ -29,8 +29,10 @@ from queue_daemon.engine.handlers import HandlerCache
 from queue_daemon.engine.ingester import Ingester
 from queue_daemon.engine.intake import Intake
 from queue_daemon.engine.limits import Limits
+from queue_daemon.engine.pulled import Pulls
 from queue_daemon.engine.quotas import RateLimiter, WaitingLimiter
 from queue_daemon.engine.sysid import Identity
+from queue_daemon.engine.waits import DoneWaits
 from queue_daemon.names import valid_type
 from queue_daemon.observe.metrics import Metrics
 from queue_daemon.observe.overview import Overview
@@ -65,6 +67,8 @@ class Services:
     metrics: Metrics
     bodies: BodyBudget  # bytes of request bodies being read
     reads: CoalescedReads[Any]  # the tenants' repeatable reads of the store
+    pulls: Pulls  # jobs of pulled types, claimed by the tenants' workers
+    done_waits: DoneWaits  # GETs held until their job is done
 
 
 SERVICES = web.AppKey("services", Services)

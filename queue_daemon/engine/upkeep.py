@@ -12,6 +12,7 @@ from store.models import Release, ReleaseHow
 from store.ports import JobQueue
 
 NO_HANDLER_RESULT = "no handler for this type before the job's time ran out"
+NO_WORKER_RESULT = "no worker claimed this job before its time ran out"
 
 
 class Upkeep:
@@ -49,10 +50,13 @@ class Upkeep:
         purged = await self._store.purge(self._retention)
         if purged:
             self._queuelog.purged(purged)
+        await self._store.forget_workers()
 
-    async def expire_unhandled(self, jobtype: str) -> None:
-        """Archive the jobs of a type without a handler whose time ran out (503)."""
-        ids = await self._store.expire_waiting(jobtype, self._job_ttl, NO_HANDLER_RESULT)
+    async def expire_unhandled(self, jobtype: str, *, pulled: bool = False) -> None:
+        """Archive the jobs of a type without a handler (or a pulled type, that no
+        worker claimed) whose time ran out (503)."""
+        result = NO_WORKER_RESULT if pulled else NO_HANDLER_RESULT
+        ids = await self._store.expire_waiting(jobtype, self._job_ttl, result)
         if ids:
             releases = [
                 Release(id=i, how=ReleaseHow.ARCHIVE, code="error", exitcode=503) for i in ids

@@ -29,6 +29,7 @@ from queue_daemon.engine.handlers import HandlerCache
 from queue_daemon.engine.intake import Intake
 from queue_daemon.engine.limits import Limits, TenantLimits
 from queue_daemon.engine.outcomes import put_back
+from queue_daemon.engine.pulled import PULLED_LANG
 from queue_daemon.engine.quotas import Admission
 from queue_daemon.engine.upkeep import Upkeep
 from queue_daemon.engine.waiting import POLL_S, WaitingTypes, claimable
@@ -89,6 +90,8 @@ class Worker:
         metrics: Metrics | None = None,
         admission: Admission | None = None,
         ensure_uid: Callable[[str], Awaitable[None]] | None = None,
+        jobs_noted: Callable[[dict[str, int] | None], None] | None = None,
+        done_noted: Callable[[set[str] | None], None] | None = None,
     ) -> None:
         self._store = store
         self._pool = pool
@@ -96,6 +99,8 @@ class Worker:
         self._queuelog = queuelog
         self._sysid = sysid
         self._settings = settings
+        self._jobs_noted = jobs_noted  # told of new jobs too (held claims of pull workers)
+        self._done_noted = done_noted  # told of done jobs (held GETs)
         self._metrics = metrics or Metrics()
         self._scheduler = Scheduler(
             concurrency=settings.concurrency,
@@ -153,6 +158,8 @@ class Worker:
         not known what changed (the waiting types are read again)."""
         self._waiting.noted(added)
         self._wake.set()
+        if self._jobs_noted is not None:
+            self._jobs_noted(added)
 
     def on_handler(self, jobtype: str) -> None:
         self._handlers.invalidate(jobtype)
@@ -170,7 +177,11 @@ class Worker:
         settings = self._settings
         async with asyncio.TaskGroup() as group:
             retry = Backoff(LISTEN_RETRY_FIRST_S, LISTEN_RETRY_MAX_S)
-            group.create_task(self._store.listen(self.on_jobs, self.on_handler, retry=retry))
+            group.create_task(
+                self._store.listen(
+                    self.on_jobs, self.on_handler, retry=retry, on_done=self._done_noted
+                )
+            )
             for _ in range(CLAIM_LOOPS):
                 group.create_task(self._claim_loop())
             group.create_task(self._every(settings.lease / 3, self._renew))
@@ -257,10 +268,12 @@ class Worker:
 
     async def _claim_picked(self, pick: Pick) -> bool:
         jobtype = pick.jobtype
-        if await self._handlers.get(jobtype) is None:
-            # not claimed: its jobs wait (state waiting) until a handler comes
+        spec = await self._handlers.get(jobtype)
+        if spec is None or spec.lang == PULLED_LANG:
+            # not claimed: its jobs wait (state waiting) until a handler comes,
+            # or a tenant's worker claims them
             self._no_handler[jobtype] = time.monotonic()
-            await self._upkeep.expire_unhandled(jobtype)
+            await self._upkeep.expire_unhandled(jobtype, pulled=spec is not None)
             return True
         limit = min(pick.limit, self._sizes.size(jobtype))
         # hold the slots while the claim is in flight, so the other claim loop

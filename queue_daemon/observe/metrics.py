@@ -161,6 +161,8 @@ class Metrics:
         self._finished: dict[tuple[str, str, str], int] = {}
         self._lost_lease: dict[tuple[str, str], int] = {}
         self._follow_ons_dropped: dict[tuple[str, str], int] = {}
+        self._pulled: dict[tuple[str, str], int] = {}
+        self._live_workers: dict[str, int] = {}
         self._add_seconds = _Histogram(FAST_BUCKETS)
         self._claim_seconds = _Histogram(FAST_BUCKETS)
         self._run_seconds: dict[str, _Histogram] = {}
@@ -215,6 +217,13 @@ class Metrics:
         dropped = self._follow_ons_dropped
         dropped[labels] = dropped.get(labels, 0) + count
 
+    def pulled(self, client: str, event: str, count: int) -> None:
+        """Jobs of pulled types through this daemon: claimed, completed, stale (a
+        complete or renew whose claim no longer held the job), handed_back."""
+        if count:
+            labels = (self.labels.tenant(client), event)
+            self._pulled[labels] = self._pulled.get(labels, 0) + count
+
     def event_families(self) -> Iterable[Metric]:
         for name, documentation, labels, values in (
             (
@@ -249,6 +258,13 @@ class Metrics:
                 " a run's limits), rate or waiting (over the tenant's; the run is retried)",
                 ["tenant", "reason"],
                 self._follow_ons_dropped,
+            ),
+            (
+                "queue_pulled_jobs",
+                "Jobs of pulled types through this daemon, by tenant and event: claimed,"
+                " completed, stale (the claim no longer held the job), handed_back",
+                ["tenant", "event"],
+                self._pulled,
             ),
         ):
             family = CounterMetricFamily(name, documentation, labels=labels)
@@ -305,6 +321,7 @@ class Metrics:
                 store.queue_depths(None, DEPTH_TYPES, DEPTH_CAP), DEPTH_TIMEOUT_S
             )
             self._depth = {depth.type: depth for depth in depths}
+            self._live_workers = await asyncio.wait_for(store.live_workers(), DEPTH_TIMEOUT_S)
             self._depth_ok = True
         except (StoreError, TimeoutError) as exc:
             if self._depth_ok is not False:
@@ -335,6 +352,17 @@ class Metrics:
         for labels, value in sums.items():
             depth.add_metric(list(labels), value)
         yield depth
+        live = GaugeMetricFamily(
+            "queue_live_workers",
+            "Pull workers seen within their lease (every daemon's), by tenant",
+            labels=["tenant"],
+        )
+        workers: Tally[str] = Tally()
+        for client, count in self._live_workers.items():
+            workers[self.labels.tenant(client)] += count
+        for label, count in sorted(workers.items()):
+            live.add_metric([label], count)
+        yield live
         if self._depth_ok is not None:
             up = GaugeMetricFamily(
                 "queue_store_up", "1 if the store answered the last queue depth query, else 0"

@@ -71,6 +71,12 @@ def _due_ms(job: ClaimedJob) -> int:
     return int(job.create_dt.timestamp() * 1000)
 
 
+def _end(worker: str | None) -> str:
+    """The end of a started or finished line: the pull worker's name, if any
+    (a name is ``[A-Za-z0-9_.:-]``, nothing to escape)."""
+    return "}\n" if worker is None else f',"worker":"{worker}"}}\n'
+
+
 def _str(value: str | None) -> str:
     return "null" if value is None else f'"{value}"'
 
@@ -115,17 +121,26 @@ class QueueLog:
             "".join(map("".join, zip(repeat(head), ids, repeat('","size":'), sizes, repeat(tail))))
         )
 
-    def started(self, jobtype: str, jobs: Sequence[ClaimedJob], at_ms: int | None = None) -> None:
+    def started(
+        self,
+        jobtype: str,
+        jobs: Sequence[ClaimedJob],
+        at_ms: int | None = None,
+        *,
+        worker: str | None = None,
+    ) -> None:
         """One line per claimed job: its attempt and how long it waited since it was due,
-        ``wait_ms = start - max(create time, dt)``."""
+        ``wait_ms = start - max(create time, dt)``; ``worker``: the pull worker
+        that claimed it (through this daemon)."""
         at_ms = now_ms() if at_ms is None else at_ms
         head = record_head(Ev.STARTED, at_ms, jobtype) + ',"id":"'
         sys_part = self._sys
+        end = _end(worker)
         self._append(
             "".join(
                 [
                     f'{head}{job.id}","attempt":{job.attempts}{sys_part},'
-                    f'"wait_ms":{max(0, at_ms - _due_ms(job))}}}\n'
+                    f'"wait_ms":{max(0, at_ms - _due_ms(job))}{end}'
                     for job in jobs
                 ]
             )
@@ -138,14 +153,17 @@ class QueueLog:
         *,
         attempts: Mapping[str, int] | None = None,
         run_ms: Mapping[str, float] | None = None,
+        worker: str | None = None,
     ) -> None:
         """One line per run that ended (``how``: archive = done, retry, unget = put
-        back without counting), and a ``retry`` line for each job that will run again."""
+        back without counting), and a ``retry`` line for each job that will run again;
+        ``worker``: the pull worker that completed them."""
         at_ms = now_ms()
         head = record_head(Ev.FINISHED, at_ms, jobtype) + ',"id":"'
         attempts = attempts or {}
         run_ms = run_ms or {}
         sys_part = self._sys
+        end = _end(worker)
         # the code/exitcode/how part repeats within a batch: built once per kind
         # (keyed by identity of the how: hashing an enum member is a Python-level call)
         outcomes: dict[tuple[str | None, int | None, int], tuple[str, str]] = {}
@@ -156,7 +174,7 @@ class QueueLog:
             if outcome is None:
                 outcome = outcomes[key] = (
                     f',"code":{_str(r.code)},"exitcode":{_int(r.exitcode)},"run_ms":',
-                    f',"how":"{r.how.value}"}}\n',
+                    f',"how":"{r.how.value}"{end}',
                 )
             ran = run_ms.get(r.id)
             attempt = attempts.get(r.id)

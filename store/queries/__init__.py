@@ -14,9 +14,20 @@ from store.queries import (
     intake,
     jobs,
     migrations,
+    pulled,
     queue,
     sysids,
     tenants,
 )
 
-__all__ = ["dashboard", "handlers", "intake", "jobs", "migrations", "queue", "sysids", "tenants"]
+__all__ = [
+    "dashboard",
+    "handlers",
+    "intake",
+    "jobs",
+    "migrations",
+    "pulled",
+    "queue",
+    "sysids",
+    "tenants",
+]

@@ -111,11 +111,24 @@ UPDATE jobs SET dt = now() + make_interval(secs => $3)
 WHERE id = ANY($1::text[]) AND lock = $2
 """
 
+# A CTE named ``note``: one notification on qd_done naming the stored types of
+# the jobs of ``rows`` (id, type, lock) that are now done, when there are any
+# (``GET /job/{id}?wait=`` waits on it on every daemon). A statement selects
+# from ``note`` (a row of NULLs) so that it runs.
+NOTE_DONE = """
+note AS (
+    SELECT pg_notify('qd_done', CASE WHEN length(t) < 7000 THEN t ELSE '' END)
+    FROM (SELECT string_agg(DISTINCT type, ' ') AS t FROM {rows} WHERE lock = '__done') d
+    WHERE t IS NOT NULL
+)
+"""
+
 # One row of the unnest per release: $1 id, $2 how, $3 code, $4 exitcode,
 # $5 result, $6 delay seconds, $7 refund_attempt; $8 sysid. The outcome
 # (code, exitcode, result) is written as a whole when code is given and kept
 # as it was when not, so a result never outlives the run that produced it.
-RELEASE = """
+RELEASE = f"""
+WITH released AS (
 UPDATE jobs j
 SET lock = CASE r.how WHEN 'archive' THEN '__done' ELSE '' END,
     dt = CASE r.how
@@ -131,7 +144,11 @@ SET lock = CASE r.how WHEN 'archive' THEN '__done' ELSE '' END,
 FROM unnest($1::text[], $2::text[], $3::text[], $4::int[], $5::text[], $6::float8[],
             $7::bool[]) AS r(id, how, code, exitcode, result, delay, refund)
 WHERE j.id = r.id AND j.lock = $8
-RETURNING j.id
+RETURNING j.id, j.type, j.lock
+),
+{NOTE_DONE.format(rows="released")}
+SELECT id FROM released
+UNION ALL SELECT NULL FROM note
 """
 
 # Running jobs whose lease passed, or whose owner's sysid lapsed or was

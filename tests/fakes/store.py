@@ -176,12 +176,16 @@ class FakeStore:
     async def notify_jobs(self) -> None:
         self._call("notify_jobs")
 
+    async def forget_workers(self) -> int:
+        return 0
+
     async def listen(
         self,
         on_jobs: Callable[[dict[str, int] | None], None],
         on_handler: Callable[[str], None],
         *,
         retry: Delays,
+        on_done: Callable[[set[str] | None], None] | None = None,
     ) -> None:
         on_jobs(None)
         await asyncio.Event().wait()  # until cancelled

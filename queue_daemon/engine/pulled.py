@@ -1,0 +1,251 @@
+"""Jobs of pulled types, run by the tenants' own workers over HTTP: claims (held
+until a job comes, ``engine.waits``), renewals, completes and hand-backs.
+
+A claim locks its jobs with ``w:<claim token>:<worker>``: only a request that
+names that token and worker acts on them, so a worker that stalled past its
+lease, after another worker claimed the job again, changes nothing. A complete
+decides each job's outcome as a daemon-run job's (``engine.outcomes``: the
+handler's ``maxAttempts``, the job's time, backoff) and journals its follow-on
+jobs (``engine.followons``: ``then``, the tenant's limits) while the store
+holds the jobs locked, in one transaction: an outcome is never stored without
+its follow-on jobs being durable, and a stale claim writes nothing.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections import defaultdict
+from collections.abc import Container, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from queue_daemon.engine.followons import FollowOns
+from queue_daemon.engine.handlers import HandlerCache
+from queue_daemon.engine.intake import Intake
+from queue_daemon.engine.limits import Limits
+from queue_daemon.engine.outcomes import Policy, release_for
+from queue_daemon.engine.quotas import Admission
+from queue_daemon.engine.waits import RECHECK_S, JobWaits
+from queue_daemon.names import JobType
+from queue_daemon.observe.metrics import Metrics
+from queue_daemon.observe.queuelog import QueueLog
+from runners.models import HandlerSpec, JobResult
+from runners.output import clip
+from store.models import ClaimedJob, HeldJob, PulledJob, Release
+from store.ports import Claim, PulledJobs
+
+PULLED_LANG = "worker"  # a handler of this lang marks its type as pulled
+MAX_ITEMS = 1000  # jobs per claim, and items per batch request
+
+
+class NotPulled(Exception):
+    """The type has no handler of lang ``worker``: no worker may claim it."""
+
+
+class FollowOnsNotWritten(Exception):
+    """The journal refused a complete's follow-on jobs: nothing was changed."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Completion:
+    """One job's end as a worker reports it."""
+
+    id: str
+    claim: str
+    exitcode: int
+    result: str | None = None
+    jobs: list[tuple[str, str]] = field(default_factory=list)  # follow-on (type, payload)
+
+
+def lock_of(claim: str, worker: str) -> str:
+    return f"w:{claim}:{worker}"
+
+
+def valid_claim(claim: object) -> bool:
+    """A claim token as this daemon gives them out (32 hex digits)."""
+    return (
+        isinstance(claim, str) and len(claim) == 32 and all(c in "0123456789abcdef" for c in claim)
+    )
+
+
+class Pulls:
+    def __init__(
+        self,
+        *,
+        store: PulledJobs,
+        handlers: HandlerCache,
+        intake: Intake,
+        admission: Admission | None,
+        limits: Limits,
+        queuelog: QueueLog,
+        metrics: Metrics,
+        job_ttl: float,
+    ) -> None:
+        self._store = store
+        self._handlers = handlers
+        self._intake = intake
+        self._admission = admission
+        self._limits = limits
+        self._queuelog = queuelog
+        self._metrics = metrics
+        self._job_ttl = job_ttl
+        self.waits = JobWaits()
+
+    async def spec(self, jobtype: JobType) -> HandlerSpec:
+        spec = await self._handlers.get(jobtype.stored)
+        if spec is None or spec.lang != PULLED_LANG:
+            said = "has no handler" if spec is None else f"is run by the daemon ({spec.lang})"
+            raise NotPulled(
+                f"type {jobtype.name!r} {said}; workers claim types whose handler has"
+                f' lang "{PULLED_LANG}"'
+            )
+        return spec
+
+    async def claim(
+        self, jobtype: JobType, *, worker: str, limit: int, wait: float
+    ) -> tuple[str, list[PulledJob]]:
+        """The claim token and up to ``limit`` due jobs, held for ``wait`` seconds
+        until at least one is due."""
+        spec = await self.spec(jobtype)
+        claim = secrets.token_hex(16)
+        deadline = time.monotonic() + wait
+        stored = jobtype.stored
+        while True:
+            began = time.perf_counter()
+            jobs = await self._store.claim_pulled(
+                stored,
+                limit,
+                lock=lock_of(claim, worker),
+                lease=spec.timeout,
+                client=jobtype.client,
+                worker=worker,
+            )
+            self._metrics.claimed(stored, len(jobs), time.perf_counter() - began)
+            left = deadline - time.monotonic()
+            if jobs or left <= 0 or self.waits.closed:
+                break
+            await self.waits.wait(stored, min(left, RECHECK_S))
+        if jobs:
+            self._metrics.pulled(jobtype.client, "claimed", len(jobs))
+            self._queuelog.started(stored, [_claimed(job) for job in jobs], worker=worker)
+        return claim, jobs
+
+    async def renew(
+        self, client: str, worker: str, claims: Sequence[tuple[str, str]]
+    ) -> tuple[dict[str, datetime], set[str]]:
+        """The new end of the lease of each job still held, and the ids that are
+        not ``client``'s jobs at all (the rest: no longer held)."""
+        held = await self._store.renew_pulled(_locks(claims, worker), client=client, worker=worker)
+        return held, await self._unknown(client, claims, held)
+
+    async def hand_back(
+        self, client: str, worker: str, claims: Sequence[tuple[str, str]]
+    ) -> tuple[set[str], set[str]]:
+        """Held jobs made waiting again, their attempt not counted; and the ids that
+        are not ``client``'s jobs."""
+        back = await self._store.hand_back(_locks(claims, worker), client=client, worker=worker)
+        for jobtype in set(back.values()):
+            self.waits.on_jobs({jobtype: 1})
+        self._metrics.pulled(client, "handed_back", len(back))
+        return set(back), await self._unknown(client, claims, back)
+
+    async def complete(
+        self, client: str, worker: str, completions: Sequence[Completion]
+    ) -> tuple[set[str], set[str]]:
+        """Apply each completion whose claim still holds its job; the ids applied,
+        and the ids that are not ``client``'s jobs. FollowOnsNotWritten when the
+        journal refused the follow-on jobs (nothing changed)."""
+        by_id = {c.id: c for c in completions}
+        logged: list[tuple[str, list[Release], dict[str, int]]] = []
+
+        async def decide(held: list[HeldJob]) -> list[Release]:
+            logged.clear()
+            return await self._releases(client, held, by_id, logged)
+
+        claims = [(c.id, c.claim) for c in completions]
+        applied = await self._store.complete_pulled(
+            _locks(claims, worker), decide, client=client, worker=worker
+        )
+        for stored, releases, attempts in logged:
+            mine = [r for r in releases if r.id in applied]
+            self._queuelog.finished(stored, mine, attempts=attempts, worker=worker)
+            self._metrics.finished(stored, mine)
+        self._metrics.pulled(client, "completed", len(applied))
+        stale = len(completions) - len(applied)
+        unknown = await self._unknown(client, claims, applied)
+        self._metrics.pulled(client, "stale", stale - len(unknown))
+        return applied, unknown
+
+    async def _releases(
+        self,
+        client: str,
+        held: list[HeldJob],
+        by_id: dict[str, Completion],
+        logged: list[tuple[str, list[Release], dict[str, int]]],
+    ) -> list[Release]:
+        by_type: dict[str, list[HeldJob]] = defaultdict(list)
+        for job in held:
+            by_type[job.type].append(job)
+        limits = self._limits.of(client)
+        now = datetime.now(UTC)
+        releases: list[Release] = []
+        for stored, jobs in by_type.items():
+            jobtype = JobType.parse(stored)
+            spec = await self._handlers.get(stored) or _orphan_spec(jobtype)
+            follow = FollowOns(
+                spec, limits, self._admission, self._write, self._metrics.follow_ons_dropped
+            )
+            policy = Policy(max_attempts=spec.max_attempts, job_ttl=self._job_ttl)
+            mine: list[Release] = []
+            for job in jobs:
+                done = by_id[job.id]
+                ran = await follow.take(
+                    JobResult(
+                        id=job.id, exitcode=done.exitcode, result=done.result, emits=done.jobs
+                    )
+                )
+                text = None if ran.result is None else clip(ran.result, limits.result)
+                claimed = ClaimedJob(
+                    id=job.id, type=stored, data="", attempts=job.attempts, create_dt=job.create_dt
+                )
+                mine.append(release_for(claimed, ran.exitcode, text, policy, now=now))
+            if not await follow.flush():
+                raise FollowOnsNotWritten("the journal cannot be written; nothing was changed")
+            releases += mine
+            logged.append((stored, mine, {job.id: job.attempts for job in jobs}))
+        return releases
+
+    async def _write(self, jobtype: JobType, payloads: list[str]) -> None:
+        now_ms = time.time_ns() // 1_000_000
+        await self._intake.add(jobtype, payloads, create_ms=now_ms, dt_ms=now_ms)
+
+    async def _unknown(
+        self, client: str, claims: Sequence[tuple[str, str]], answered: Container[str]
+    ) -> set[str]:
+        missing = [job_id for job_id, _ in claims if job_id not in answered]
+        if not missing:
+            return set()
+        return set(missing) - await self._store.existing_jobs(missing, client=client)
+
+
+def _locks(claims: Sequence[tuple[str, str]], worker: str) -> list[Claim]:
+    return [(job_id, lock_of(claim, worker)) for job_id, claim in claims]
+
+
+def _claimed(job: PulledJob) -> ClaimedJob:
+    return ClaimedJob(
+        id=job.id,
+        type=job.type,
+        data="",
+        attempts=job.attempts,
+        create_dt=job.create_dt,
+        due_ms=job.due_ms,
+    )
+
+
+def _orphan_spec(jobtype: JobType) -> HandlerSpec:
+    """The rules for a held job whose type lost its handler meanwhile: the defaults."""
+    return HandlerSpec(
+        version="", client=jobtype.client, type=jobtype.name, lang=PULLED_LANG, body=""
+    )

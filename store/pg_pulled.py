@@ -1,0 +1,156 @@
+"""Pull workers' claims, renewals, completes and hand-backs, and the registry
+of workers (``PulledJobs`` in ``store/ports.py``)."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from datetime import datetime
+
+from store import queries
+from store.models import (
+    DaemonSeen,
+    HeldJob,
+    PulledJob,
+    Release,
+    ReleaseHow,
+    WorkerSeen,
+)
+from store.pg_base import PgBase
+
+# (job id, the whole lock value its claim put on it)
+Claim = tuple[str, str]
+
+DEFAULT_LEASE = 60.0  # a pulled job whose type lost its handler is renewed by this much
+
+
+def _split(claims: Sequence[Claim]) -> tuple[list[str], list[str]]:
+    ordered = sorted(claims)  # concurrent updates of the same rows lock them in one order
+    return [c[0] for c in ordered], [c[1] for c in ordered]
+
+
+class PulledPart(PgBase):
+    async def claim_pulled(
+        self, type: str, limit: int, *, lock: str, lease: float, client: str, worker: str
+    ) -> list[PulledJob]:
+        rows = await self._fetch(
+            queries.pulled.CLAIM, type, limit, lock, float(lease), client, worker
+        )
+        jobs = [
+            PulledJob(
+                id=row["id"],
+                type=row["type"],
+                data=row["data"],
+                attempts=row["attempts"],
+                create_dt=row["create_dt"],
+                lease_until=row["lease_until"],
+                due_ms=row["due_ms"],
+            )
+            for row in rows
+        ]
+        jobs.sort(key=lambda job: (job.create_dt, job.id))
+        return jobs
+
+    async def renew_pulled(
+        self, claims: Sequence[Claim], *, client: str, worker: str
+    ) -> dict[str, datetime]:
+        ids, locks = _split(claims)
+        rows = await self._fetch(queries.pulled.RENEW, ids, locks, client, worker, DEFAULT_LEASE)
+        return {row["id"]: row["lease_until"] for row in rows}
+
+    async def existing_jobs(self, ids: Sequence[str], *, client: str) -> set[str]:
+        rows = await self._fetch(queries.pulled.EXISTING, list(ids), client)
+        return {row["id"] for row in rows}
+
+    async def complete_pulled(
+        self,
+        claims: Sequence[Claim],
+        decide: Callable[[list[HeldJob]], Awaitable[list[Release]]],
+        *,
+        client: str,
+        worker: str,
+    ) -> set[str]:
+        ids, locks = _split(claims)
+        lock_of = dict(claims)
+        async with self._conn() as conn, conn.transaction():
+            rows = await conn.fetch(queries.pulled.HELD_FOR_UPDATE, ids, locks, client)
+            held = [HeldJob(r["id"], r["type"], r["attempts"], r["create_dt"]) for r in rows]
+            releases = sorted(await decide(held), key=lambda r: r.id) if held else []
+            applied: set[str] = set()
+            if releases:
+                done = await conn.fetch(
+                    queries.pulled.RELEASE,
+                    [r.id for r in releases],
+                    [lock_of[r.id] for r in releases],
+                    [ReleaseHow(r.how).value for r in releases],
+                    [r.code for r in releases],
+                    [r.exitcode for r in releases],
+                    [r.result for r in releases],
+                    [float(r.delay) for r in releases],
+                )
+                applied = {row[0] for row in done if row[0] is not None}
+            codes = [r.code for r in releases if r.id in applied]
+            await conn.execute(
+                queries.pulled.COUNT_DONE,
+                client,
+                worker,
+                codes.count("ok"),
+                codes.count("failed"),
+                codes.count("error"),
+                codes.count("retry"),
+            )
+        return applied
+
+    async def hand_back(
+        self, claims: Sequence[Claim], *, client: str, worker: str
+    ) -> dict[str, str]:
+        ids, locks = _split(claims)
+        rows = await self._fetch(queries.pulled.HAND_BACK, ids, locks, client, worker)
+        return {row["id"]: row["type"] for row in rows}
+
+    async def done_among(self, ids: Sequence[str]) -> set[str]:
+        rows = await self._fetch(queries.pulled.DONE_AMONG, list(ids))
+        return {row["id"] for row in rows}
+
+    async def workers(self, client: str | None = None) -> list[WorkerSeen]:
+        if client is None:
+            rows = await self._fetch(queries.pulled.ALL_WORKERS)
+        else:
+            rows = await self._fetch(queries.pulled.WORKERS_OF, client)
+        return [
+            WorkerSeen(
+                client=row["client"],
+                name=row["name"],
+                first_seen=row["first_seen"],
+                last_seen=row["last_seen"],
+                live=row["live"],
+                holding=row["holding"],
+                done_ok=row["done_ok"],
+                done_failed=row["done_failed"],
+                done_error=row["done_error"],
+                done_retry=row["done_retry"],
+            )
+            for row in rows
+        ]
+
+    async def daemons(self) -> list[DaemonSeen]:
+        rows = await self._fetch(queries.pulled.DAEMONS)
+        return [
+            DaemonSeen(
+                sysid=row["sysid"],
+                host=row["host"],
+                state=row["state"],
+                expires=row["expires"],
+                released_at=row["released_at"],
+                running=row["running"],
+            )
+            for row in rows
+        ]
+
+    async def forget_workers(self) -> int:
+        async with self._conn() as conn:
+            status = await conn.execute(queries.pulled.FORGET_WORKERS)
+        return int(status.rsplit(" ", 1)[1])
+
+    async def live_workers(self) -> dict[str, int]:
+        rows = await self._fetch(queries.pulled.LIVE_WORKERS)
+        return {row["client"]: row["n"] for row in rows}

@@ -1,0 +1,177 @@
+"""Pull workers: claims by a tenant's own processes, their renewals, completes
+and hand-backs, the registry of workers, and the done-job checks that wake
+``GET /job/{id}?wait=``.
+
+A pulled job's lock is ``'w:' || <32 hex claim token> || ':' || <worker>``
+(migration 0008); every statement here matches a whole lock value, so only
+the holder of a claim can act on it. Every statement is scoped to the client
+($client) in SQL as well.
+"""
+
+from __future__ import annotations
+
+from store.queries.queue import CLAIM_IDS, NOTE_DONE
+
+DONE_CHANNEL = "qd_done"
+LOCK_PREFIX_LEN = 35  # len('w:') + 32 hex + len(':'): substr(lock, 36) is the worker name
+
+# The worker's heartbeat, a CTE of each statement below: $client, $worker and
+# the lease its jobs are held under (NULL: keep the one it had).
+_HEARTBEAT = """
+heartbeat AS (
+    INSERT INTO workers AS w (client, name, lease)
+    VALUES ({client}, {worker}, coalesce({lease}, 60))
+    ON CONFLICT (client, name) DO UPDATE
+    SET last_seen = now(), lease = coalesce({lease}, w.lease)
+)
+"""
+
+# $1 type, $2 limit, $3 lock, $4 lease seconds, $5 client, $6 worker
+CLAIM = f"""
+WITH {_HEARTBEAT.format(client="$5", worker="$6", lease="$4::float8")}
+UPDATE jobs
+SET lock = $3, dt = now() + make_interval(secs => $4), attempts = attempts + 1
+WHERE id = ANY(ARRAY({CLAIM_IDS}))
+RETURNING id, type, data, attempts, create_dt, dt AS lease_until,
+          (SELECT floor(extract(epoch FROM greatest(o.dt, o.create_dt)) * 1000)::bigint
+           FROM jobs o WHERE o.id = jobs.id) AS due_ms
+"""
+
+# The lease of a pulled type: its live handler's timeout ($fallback without one).
+_TYPE_LEASE = """
+coalesce((SELECT (h.data->>'timeout')::float8 FROM handlers h
+          WHERE h.type = j.type AND h.deleted_at IS NULL
+          ORDER BY h.dt DESC, h.id DESC LIMIT 1), {fallback})
+"""
+
+# $1 ids, $2 locks, $3 client, $4 worker, $5 lease when the type has no handler
+RENEW = f"""
+WITH {_HEARTBEAT.format(client="$3", worker="$4", lease="NULL::float8")}
+UPDATE jobs j
+SET dt = now() + make_interval(secs => {_TYPE_LEASE.format(fallback="$5")})
+FROM unnest($1::text[], $2::text[]) AS r(id, lock)
+WHERE j.id = r.id AND j.lock = r.lock AND split_part(j.type, '-', 1) = $3
+RETURNING j.id, j.dt AS lease_until
+"""
+
+# The held jobs among $1 ids with their $2 locks, locked until the complete
+# commits (an expiry skips them, a claim cannot see them): $3 client.
+HELD_FOR_UPDATE = """
+SELECT j.id, j.type, j.attempts, j.create_dt
+FROM jobs j
+JOIN unnest($1::text[], $2::text[]) AS r(id, lock) ON j.id = r.id AND j.lock = r.lock
+WHERE split_part(j.type, '-', 1) = $3
+ORDER BY j.id
+FOR UPDATE OF j
+"""
+
+# Which of $1 ids are $2's jobs at all (to tell 404 from 409).
+EXISTING = """
+SELECT id FROM jobs WHERE id = ANY($1::text[]) AND split_part(type, '-', 1) = $2
+"""
+
+# One row per complete, as queue.RELEASE, matched on its whole lock:
+# $1 id, $2 lock, $3 how, $4 code, $5 exitcode, $6 result, $7 delay seconds.
+RELEASE = f"""
+WITH released AS (
+UPDATE jobs j
+SET lock = CASE r.how WHEN 'archive' THEN '__done' ELSE '' END,
+    dt = CASE r.how
+        WHEN 'retry' THEN now() + make_interval(secs => r.delay)
+        ELSE now() + interval '1000 years'
+    END,
+    done_dt = CASE r.how WHEN 'archive' THEN now() ELSE j.done_dt END,
+    code = r.code, exitcode = r.exitcode, result = r.result
+FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::int[], $6::text[],
+            $7::float8[]) AS r(id, lock, how, code, exitcode, result, delay)
+WHERE j.id = r.id AND j.lock = r.lock
+RETURNING j.id, j.type, j.lock
+),
+{NOTE_DONE.format(rows="released")}
+SELECT id FROM released
+UNION ALL SELECT NULL FROM note
+"""
+
+# The worker's completes by code: $1 client, $2 worker, $3..$6 ok, failed, error, retry.
+COUNT_DONE = """
+INSERT INTO workers AS w (client, name, done_ok, done_failed, done_error, done_retry)
+VALUES ($1, $2, $3, $4, $5, $6)
+ON CONFLICT (client, name) DO UPDATE
+SET last_seen = now(), done_ok = w.done_ok + $3, done_failed = w.done_failed + $4,
+    done_error = w.done_error + $5, done_retry = w.done_retry + $6
+"""
+
+# Hand jobs back unrun: waiting at once, the claim's attempt not counted.
+# $1 ids, $2 locks, $3 client, $4 worker.
+HAND_BACK = f"""
+WITH {_HEARTBEAT.format(client="$3", worker="$4", lease="NULL::float8")}
+UPDATE jobs j
+SET lock = '', dt = now(), attempts = greatest(j.attempts - 1, 0)
+FROM unnest($1::text[], $2::text[]) AS r(id, lock)
+WHERE j.id = r.id AND j.lock = r.lock AND split_part(j.type, '-', 1) = $3
+RETURNING j.id, j.type
+"""
+
+# Which of $1 ids are done (for the daemons' waiting GETs).
+DONE_AMONG = """
+SELECT id FROM jobs WHERE id = ANY($1::text[]) AND lock = '__done'
+"""
+
+# Pulled jobs held now, per client and worker: only running jobs are read
+# (the predicate of jobs_running_idx).
+_HOLDING = f"""
+SELECT split_part(type, '-', 1) AS client, substr(lock, {LOCK_PREFIX_LEN + 1}) AS name,
+       count(*)::int AS n
+FROM jobs
+WHERE lock <> '' AND lock <> '__done' AND lock LIKE 'w:%'
+"""
+
+_WORKER_COLUMNS = """
+w.client, w.name, w.first_seen, w.last_seen,
+w.last_seen + make_interval(secs => w.lease) > now() AS live,
+coalesce(h.n, 0) AS holding, w.done_ok, w.done_failed, w.done_error, w.done_retry
+"""
+
+# $1 client: its workers seen within a day
+WORKERS_OF = f"""
+SELECT {_WORKER_COLUMNS}
+FROM workers w
+LEFT JOIN ({_HOLDING} AND split_part(type, '-', 1) = $1 GROUP BY 1, 2) h
+       ON h.client = w.client AND h.name = w.name
+WHERE w.client = $1 AND w.last_seen > now() - interval '1 day'
+ORDER BY w.name
+LIMIT 10000
+"""
+
+ALL_WORKERS = f"""
+SELECT {_WORKER_COLUMNS}
+FROM workers w
+LEFT JOIN ({_HOLDING} GROUP BY 1, 2) h ON h.client = w.client AND h.name = w.name
+WHERE w.last_seen > now() - interval '1 day'
+ORDER BY w.client, w.name
+LIMIT 10000
+"""
+
+# Every daemon seen within a day, with the jobs it runs now.
+DAEMONS = """
+SELECT s.sysid, s.host, s.expires, s.released_at,
+       CASE WHEN s.released_at IS NOT NULL THEN 'released'
+            WHEN s.expires IS NULL OR s.expires < now() THEN 'expired'
+            ELSE 'live' END AS state,
+       coalesce(r.n, 0) AS running
+FROM sysids s
+LEFT JOIN (SELECT lock, count(*)::int AS n FROM jobs
+           WHERE lock <> '' AND lock <> '__done' AND lock NOT LIKE 'w:%'
+           GROUP BY lock) r ON r.lock = s.sysid
+WHERE s.holder IS NOT NULL
+  AND coalesce(s.released_at, s.expires, now()) > now() - interval '1 day'
+ORDER BY s.sysid
+"""
+
+FORGET_WORKERS = "DELETE FROM workers WHERE last_seen < now() - interval '1 day'"
+
+LIVE_WORKERS = """
+SELECT client, count(*)::int AS n FROM workers
+WHERE last_seen > now() - interval '1 day' AND last_seen + make_interval(secs => lease) > now()
+GROUP BY client
+"""
