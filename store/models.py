@@ -143,7 +143,7 @@ class QueueDepth:
 class RunningJob:
     id: str
     type: str  # stored jobtype, "client-type"
-    sysid: str  # the daemon running it
+    sysid: str  # the daemon running it, or "worker:<name>" for a pull worker's claim
     attempts: int
     create_dt: datetime
     lease_until: datetime

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import secrets
 import time
+from typing import Any
 
 import orjson
 
@@ -89,7 +90,7 @@ class HandlersPart(PgBase):
             rows = await self._fetch(queries.dashboard.RUNNING_JOBS_CLIENT, client, limit)
         return RunningJobs(
             total=rows[0]["total"] if rows else 0,
-            oldest=[RunningJob(**{k: v for k, v in row.items() if k != "total"}) for row in rows],
+            oldest=[_running(row) for row in rows],
         )
 
     async def recent_failures(
@@ -110,3 +111,11 @@ class HandlersPart(PgBase):
     async def archived_counts(self) -> dict[str, int]:
         rows = await self._fetch(queries.dashboard.ARCHIVED_COUNTS)
         return {row["type"]: row["archived"] for row in rows}
+
+
+def _running(row: Any) -> RunningJob:
+    fields = {k: v for k, v in row.items() if k != "total"}
+    lock = fields["sysid"]
+    if lock.startswith("w:"):  # a pull worker's claim: its token stays out of sight
+        fields["sysid"] = f"worker:{lock[queries.pulled.LOCK_PREFIX_LEN :]}"
+    return RunningJob(**fields)

@@ -249,6 +249,10 @@ class Dashboard(Protocol):
         """Sysid leases, live ones first."""
         ...
 
+    async def workers(self, client: str | None = None) -> list[WorkerSeen]:
+        """Pull workers seen within a day: ``client``'s, or every tenant's."""
+        ...
+
     async def live_workers(self) -> dict[str, int]:
         """client -> its pull workers seen within their lease."""
         ...
@@ -298,9 +302,6 @@ class PulledJobs(Protocol):
 
     async def done_among(self, ids: Sequence[str]) -> set[str]:
         """Which of ``ids`` are done."""
-
-    async def workers(self, client: str | None = None) -> list[WorkerSeen]:
-        """Pull workers seen within a day: ``client``'s, or every tenant's."""
 
     async def daemons(self) -> list[DaemonSeen]:
         """Daemons seen within a day, with the jobs each runs now."""

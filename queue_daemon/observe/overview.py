@@ -17,12 +17,13 @@ from typing import Any
 
 from queue_daemon.names import JobType
 from queue_daemon.observe.throughput import Throughput
-from store.models import DaemonLease, FailedJob, QueueDepth, RunningJob
+from store.models import DaemonLease, FailedJob, QueueDepth, RunningJob, WorkerSeen
 from store.ports import Dashboard
 
 MAX_QUEUES = 1000  # types listed at most; "queues_cut" says when there were more
 COUNT_CAP = 10_000  # waiting (and scheduled) jobs counted per type at most; "capped" beyond
 MAX_DAEMONS = 100
+MAX_WORKERS = 200  # listed at most; "workers_cut" says when there were more
 DEFAULT_LIMIT = 50  # running jobs and failures listed, unless ?limit= says otherwise
 MAX_LIMIT = 500
 RESULT_CHARS = 500  # of a failure's result
@@ -63,11 +64,12 @@ class Overview:
 
     async def _build(self, client: str | None, limit: int) -> dict[str, Any]:
         store = self.store
-        depths, running, failures, daemons = await asyncio.gather(
+        depths, running, failures, daemons, workers = await asyncio.gather(
             store.queue_depths(client, MAX_QUEUES + 1, COUNT_CAP),
             store.running_jobs(client, limit),
             store.recent_failures(client, limit, RESULT_CHARS),
             store.daemon_leases(MAX_DAEMONS),
+            store.workers(client),
         )
         now = datetime.now(UTC)
         return {
@@ -84,6 +86,8 @@ class Overview:
             },
             "failures": [_failure(job) for job in failures],
             "daemons": [_daemon(lease, operator=client is None) for lease in daemons],
+            "workers": [_worker(seen) for seen in workers[:MAX_WORKERS]],
+            "workers_cut": len(workers) > MAX_WORKERS,
         }
 
     def _queue(self, depth: QueueDepth) -> dict[str, Any]:
@@ -114,6 +118,19 @@ def _running(job: RunningJob, now: datetime) -> dict[str, Any]:
         "create_dt": _iso(job.create_dt),
         "age_s": round(max((now - job.create_dt).total_seconds(), 0.0), 1),
         "lease_until": _iso(job.lease_until),
+    }
+
+
+def _worker(seen: WorkerSeen) -> dict[str, Any]:
+    return {
+        "client": seen.client,
+        "name": seen.name,
+        "live": seen.live,
+        "holding": seen.holding,
+        "last_seen": _iso(seen.last_seen),
+        "done_ok": seen.done_ok,
+        "done_failed": seen.done_failed,
+        "done_error": seen.done_error,
     }
 
 
