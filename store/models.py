@@ -44,6 +44,9 @@ class Job:
     exitcode: int | None
     result: str | None
     data: str
+    # its finished runs, oldest first (only ``get_job`` reads them; None elsewhere):
+    # {"started", "ended" (epoch ms), "by", "exitcode", "code", "reason"}
+    runs: list[dict[str, object]] | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -89,11 +92,13 @@ class ClaimedJob:
 
 
 class ExpiredLock(NamedTuple):
-    """A running job whose lock ran out and that is eligible again."""
+    """A running job whose lock ran out: eligible again, or done (error) when
+    that was its last attempt."""
 
     id: str
     type: str  # stored jobtype, "client-type"
     attempts: int
+    ended: bool = False  # done: every attempt's lease ran out
 
 
 class ReleaseHow(enum.StrEnum):

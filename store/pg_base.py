@@ -58,7 +58,18 @@ def job_of(row: asyncpg.Record) -> Job:
         exitcode=row["exitcode"],
         result=row["result"],
         data=row["data"],
+        runs=_runs(row),
     )
+
+
+def _runs(row: asyncpg.Record) -> list[dict[str, object]] | None:
+    """The job's runs when the query read them (``GET_JOB``), else None."""
+    try:
+        raw = row["runs"]
+    except KeyError:
+        return None
+    runs: list[dict[str, object]] = [] if raw is None else orjson.loads(raw)
+    return runs
 
 
 def handler_of(row: asyncpg.Record) -> HandlerRecord:

@@ -128,7 +128,7 @@ class QueuePart(PgBase):
 
     async def expire_locks(self) -> list[ExpiredLock]:
         rows = await self._fetch(queries.queue.EXPIRE_LOCKS)
-        return [ExpiredLock(row["id"], row["type"], row["attempts"]) for row in rows]
+        return [ExpiredLock(row["id"], row["type"], row["attempts"], row["last"]) for row in rows]
 
     async def purge(self, older_than: float) -> dict[str, int]:
         """Delete archived jobs done more than ``older_than`` seconds ago, at

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from datetime import UTC, datetime
 from typing import Any
 
 from aiohttp import web
@@ -115,7 +116,7 @@ def _check_quotas_before_the_body(
 
 
 def job_body(job: Job) -> dict[str, Any]:
-    return {
+    body: dict[str, Any] = {
         "id": job.id,
         "type": job.type,
         "state": job.state.value,
@@ -129,6 +130,24 @@ def job_body(job: Job) -> dict[str, Any]:
         "result": job.result,
         "payload": job.data,
     }
+    if job.runs is not None:
+        body["runs"] = [_run(run) for run in job.runs]
+    return body
+
+
+def _run(run: dict[str, object]) -> dict[str, object]:
+    """A run as the API shows it: its times as ISO-8601 (stored as epoch ms)."""
+    return {
+        **run,
+        "started": _ms_iso(run.get("started")),
+        "ended": _ms_iso(run.get("ended")),
+    }
+
+
+def _ms_iso(ms: object) -> str | None:
+    if not isinstance(ms, int):
+        return None
+    return iso(datetime.fromtimestamp(ms / 1000, UTC))
 
 
 def job_id_of(request: web.Request) -> str:

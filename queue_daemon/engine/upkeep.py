@@ -12,6 +12,7 @@ from store.models import Release, ReleaseHow
 from store.ports import JobQueue
 
 NO_HANDLER_RESULT = "no handler for this type before the job's time ran out"
+LEASE_EXPIRED_EXIT = 500  # store.queries.queue's: every run's lease ran out
 NO_WORKER_RESULT = "no worker claimed this job before its time ran out"
 
 
@@ -42,9 +43,25 @@ class Upkeep:
     async def expire(self) -> bool:
         """Unlock jobs whose lease ran out; True when there were any (they wait again)."""
         expired = await self._store.expire_locks()
-        if expired:
-            self._queuelog.expired(expired)
-        return bool(expired)
+        again = [lock for lock in expired if not lock.ended]
+        if again:
+            self._queuelog.expired(again)
+        ended: dict[str, list[Release]] = {}
+        for lock in expired:
+            if lock.ended:
+                ended.setdefault(lock.type, []).append(
+                    Release(
+                        id=lock.id,
+                        how=ReleaseHow.ARCHIVE,
+                        code="error",
+                        exitcode=LEASE_EXPIRED_EXIT,
+                    )
+                )
+        for jobtype, releases in ended.items():
+            attempts = {lock.id: lock.attempts for lock in expired}
+            self._queuelog.finished(jobtype, releases, attempts=attempts)
+            self._metrics.finished(jobtype, releases)
+        return bool(again)
 
     async def purge(self) -> None:
         purged = await self._store.purge(self._retention)

@@ -32,7 +32,7 @@ import orjson
 
 from queue_daemon.names import JobType
 from queue_daemon.observe.records import Ev, record_head
-from store.models import ClaimedJob, Release, ReleaseHow
+from store.models import ClaimedJob, ExpiredLock, Release, ReleaseHow
 
 logger = logging.getLogger(__name__)
 
@@ -215,7 +215,7 @@ class QueueLog:
             )
         self._append("".join(parts))
 
-    def expired(self, jobs: Iterable[tuple[str, str, int]]) -> None:
+    def expired(self, jobs: Iterable[ExpiredLock]) -> None:
         """Locks that ran out (a daemon died or stalled): ``(id, jobtype, attempts)``
         of each job made eligible again; ``sysid`` is the daemon that expired them."""
         at_ms = now_ms()
@@ -223,7 +223,7 @@ class QueueLog:
             "".join(
                 f'{record_head(Ev.EXPIRED, at_ms, jobtype)},"id":"{job_id}","attempt":{attempts}'
                 f"{self._sys}}}\n"
-                for job_id, jobtype, attempts in jobs
+                for job_id, jobtype, attempts, _ in jobs
             )
         )
 

@@ -9,7 +9,7 @@ _JOB_COLUMNS = """
 """
 
 GET_JOB = f"""
-SELECT {_JOB_COLUMNS}
+SELECT {_JOB_COLUMNS}, runs
 FROM jobs
 WHERE id = $1 AND split_part(type, '-', 1) = $2
 """
@@ -112,7 +112,10 @@ SET lock = '__done',
     dt = now() + interval '1000 years',
     code = 'failed',
     exitcode = 499,
-    result = 'cancelled'
+    result = 'cancelled',
+    runs = coalesce(runs, '[]'::jsonb) || jsonb_build_array(jsonb_build_object(
+        'started', NULL, 'ended', floor(extract(epoch FROM now()) * 1000)::bigint, 'by', NULL,
+        'exitcode', 499, 'code', 'failed', 'reason', 'cancelled'))
 WHERE id = $1 AND split_part(type, '-', 1) = $2 AND lock = ''
 RETURNING {_JOB_COLUMNS}
 """

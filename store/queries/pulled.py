@@ -10,7 +10,7 @@ the holder of a claim can act on it. Every statement is scoped to the client
 
 from __future__ import annotations
 
-from store.queries.queue import CLAIM_IDS, NOTE_DONE
+from store.queries.queue import BY_OF, CLAIM_IDS, NOTE_DONE, REASON_OF, RUN_ENTRY
 
 DONE_CHANNEL = "qd_done"
 LOCK_PREFIX_LEN = 35  # len('w:') + 32 hex + len(':'): substr(lock, 36) is the worker name
@@ -30,7 +30,7 @@ heartbeat AS (
 CLAIM = f"""
 WITH {_HEARTBEAT.format(client="$5", worker="$6", lease="$4::float8")}
 UPDATE jobs
-SET lock = $3, dt = now() + make_interval(secs => $4), attempts = attempts + 1
+SET lock = $3, dt = now() + make_interval(secs => $4), attempts = attempts + 1, run_dt = now()
 WHERE id = ANY(ARRAY({CLAIM_IDS}))
 RETURNING id, type, data, attempts, create_dt, dt AS lease_until,
           (SELECT floor(extract(epoch FROM greatest(o.dt, o.create_dt)) * 1000)::bigint
@@ -81,7 +81,15 @@ SET lock = CASE r.how WHEN 'archive' THEN '__done' ELSE '' END,
         ELSE now() + interval '1000 years'
     END,
     done_dt = CASE r.how WHEN 'archive' THEN now() ELSE j.done_dt END,
-    code = r.code, exitcode = r.exitcode, result = r.result
+    code = r.code, exitcode = r.exitcode, result = r.result,
+    runs = coalesce(j.runs, '[]'::jsonb) || {
+    RUN_ENTRY.format(
+        by=BY_OF.format(lock="j.lock"),
+        exitcode="r.exitcode",
+        code="r.code",
+        reason=REASON_OF.format(code="r.code"),
+    )
+}
 FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::int[], $6::text[],
             $7::float8[]) AS r(id, lock, how, code, exitcode, result, delay)
 WHERE j.id = r.id AND j.lock = r.lock

@@ -80,7 +80,7 @@ LIMIT 1
 # reports how long each job waited from then.
 CLAIM = f"""
 UPDATE jobs
-SET lock = $3, dt = now() + make_interval(secs => $4), attempts = attempts + 1
+SET lock = $3, dt = now() + make_interval(secs => $4), attempts = attempts + 1, run_dt = now()
 WHERE id = ANY(ARRAY({CLAIM_IDS}))
 RETURNING id, type, data, attempts, create_dt,
           (SELECT floor(extract(epoch FROM greatest(o.dt, o.create_dt)) * 1000)::bigint
@@ -111,6 +111,25 @@ UPDATE jobs SET dt = now() + make_interval(secs => $3)
 WHERE id = ANY($1::text[]) AND lock = $2
 """
 
+# One finished run as a JSON object (docs/workers.md, "runs"): ``by``, the
+# exitcode, code and reason expressions, and the run's start in ``j.run_dt``.
+RUN_ENTRY = """
+jsonb_build_array(jsonb_build_object(
+    'started', floor(extract(epoch FROM j.run_dt) * 1000)::bigint,
+    'ended', floor(extract(epoch FROM now()) * 1000)::bigint,
+    'by', {by}, 'exitcode', {exitcode}, 'code', {code}, 'reason', {reason}))
+"""
+# Who ran a job, from its lock: "sysid:<n>", or "worker:<name>" for a pull
+# worker's claim ('w:<32 hex token>:<name>').
+BY_OF = (
+    "CASE WHEN {lock} LIKE 'w:%' THEN 'worker:' || substr({lock}, 36) ELSE 'sysid:' || {lock} END"
+)
+LEASE_EXPIRED_EXIT = 500  # the exitcode of a job whose every run's lease ran out
+# The reason of a run that ended with ``code``.
+REASON_OF = (
+    "CASE {code} WHEN 'ok' THEN 'completed' WHEN 'failed' THEN 'failed' ELSE 'exception' END"
+)
+
 # A CTE named ``note``: one notification on qd_done naming the stored types of
 # the jobs of ``rows`` (id, type, lock) that are now done, when there are any
 # (``GET /job/{id}?wait=`` waits on it on every daemon). A statement selects
@@ -140,7 +159,17 @@ SET lock = CASE r.how WHEN 'archive' THEN '__done' ELSE '' END,
     code = CASE WHEN r.code IS NULL THEN j.code ELSE r.code END,
     exitcode = CASE WHEN r.code IS NULL THEN j.exitcode ELSE r.exitcode END,
     result = CASE WHEN r.code IS NULL THEN j.result ELSE r.result END,
-    attempts = CASE WHEN r.refund THEN greatest(j.attempts - 1, 0) ELSE j.attempts END
+    attempts = CASE WHEN r.refund THEN greatest(j.attempts - 1, 0) ELSE j.attempts END,
+    -- a run that did not count (put back, no handler) is not a run
+    runs = CASE WHEN r.refund OR r.code IS NULL THEN j.runs
+                ELSE coalesce(j.runs, '[]'::jsonb) || {
+    RUN_ENTRY.format(
+        by="'sysid:' || $8",
+        exitcode="r.exitcode",
+        code="r.code",
+        reason=REASON_OF.format(code="r.code"),
+    )
+} END
 FROM unnest($1::text[], $2::text[], $3::text[], $4::int[], $5::text[], $6::float8[],
             $7::bool[]) AS r(id, how, code, exitcode, result, delay, refund)
 WHERE j.id = r.id AND j.lock = $8
@@ -155,18 +184,45 @@ UNION ALL SELECT NULL FROM note
 # released (at once, whatever their dt). Reads only running jobs
 # (jobs_running_idx), never waiting or done ones. SKIP LOCKED: a row that its
 # owner is releasing right now is left to it, and two daemons expiring at once
-# neither wait on nor deadlock with each other.
-EXPIRE_LOCKS = """
-UPDATE jobs SET lock = '', dt = now()
-WHERE id = ANY(ARRAY(
-    SELECT j.id
-    FROM jobs j
-    LEFT JOIN sysids s ON s.sysid = j.lock
-    WHERE j.lock <> '' AND j.lock <> '__done'
-      AND (j.dt < now() OR s.expires < now() OR s.released_at IS NOT NULL)
-    FOR UPDATE OF j SKIP LOCKED
-))
-RETURNING id, type, attempts
+# neither wait on nor deadlock with each other. Each is a run that ended with
+# reason lease-expired; a job that has had its handler's maxAttempts runs
+# (default 5) is done (error, 500) rather than waiting again: a job that kills
+# or wedges whatever runs it is not run forever.
+EXPIRE_LOCKS = f"""
+WITH lapsed AS MATERIALIZED (
+    SELECT e.id,
+           e.attempts >= coalesce(
+               (SELECT (h.data->>'maxAttempts')::int FROM handlers h
+                WHERE h.type = e.type AND h.deleted_at IS NULL
+                ORDER BY h.dt DESC, h.id DESC LIMIT 1), 5) AS last
+    FROM jobs e
+    LEFT JOIN sysids s ON s.sysid = e.lock
+    WHERE e.lock <> '' AND e.lock <> '__done'
+      AND (e.dt < now() OR s.expires < now() OR s.released_at IS NOT NULL)
+    FOR UPDATE OF e SKIP LOCKED
+)
+UPDATE jobs j
+SET lock = CASE WHEN x.last THEN '__done' ELSE '' END,
+    dt = CASE WHEN x.last THEN now() + interval '1000 years' ELSE now() END,
+    done_dt = CASE WHEN x.last THEN now() ELSE j.done_dt END,
+    code = CASE WHEN x.last THEN 'error' ELSE j.code END,
+    exitcode = CASE WHEN x.last THEN {LEASE_EXPIRED_EXIT} ELSE j.exitcode END,
+    result = CASE WHEN x.last THEN
+        'the lease of each of its ' || j.attempts || ' runs ran out (what ran it died or stalled)'
+        ELSE j.result END,
+    runs = coalesce(j.runs, '[]'::jsonb) || {
+    RUN_ENTRY.format(
+        by=BY_OF.format(lock="j.lock"),
+        exitcode="NULL::int",
+        code="NULL::text",
+        reason="'lease-expired'",
+    )
+}
+FROM lapsed x
+-- the array first, so jobs is read by its primary key (a plain join estimated
+-- the lapsed rows from the whole running index and scanned the table)
+WHERE j.id = ANY(ARRAY(SELECT id FROM lapsed)) AND j.id = x.id
+RETURNING j.id, j.type, j.attempts, x.last
 """
 
 # $1 retention seconds, $2 chunk size: one bounded chunk per statement; the
