@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 
-from bench import abuse, adds, runs
+from bench import abuse, adds, pulled, runs
 from bench.http_load import Load, generator_name
 from bench.pg import Databases, PrivatePostgres
 from bench.procs import BenchError
@@ -63,6 +63,7 @@ SECTIONS = (
     "abuse",
     "run1",
     "run3",
+    "pull",
 )
 
 
@@ -267,6 +268,7 @@ SECTION_RUNNERS: dict[str, Callable[[Run], None]] = {
     "abuse": abuse.section_abuse,
     "run1": runs.section_run1,
     "run3": runs.section_run3,
+    "pull": pulled.section_pull,
 }
 
 
