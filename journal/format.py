@@ -4,6 +4,10 @@ A segment is a sequence of framed batches::
 
     #:Batch seq=<seq>,date=<ISO-8601 UTC ms>,lines=<k>,bytes=<N>,crc=<crc32 8 hex>\\n
     <body: exactly N bytes, k lines "<id>|<create_ms>|<dt_ms>|<type>|<payload>\\n">
+
+The dt field may carry the job's options after it: ``<dt_ms>;<options>``
+(``Entry.opts``, opaque here; written only when an add has options, so lines
+without them read as they always did).
     #:EndBatch\\n
 
 The body is byte-counted and checksummed, so a payload that looks like a frame
@@ -75,6 +79,7 @@ def encode_batch(
     *,
     create_ms: int,
     dt_ms: int,
+    opts: str = "",
     now: float | None = None,
 ) -> EncodedBatch:
     """Frame one batch; ValueError if the input cannot be represented."""
@@ -87,7 +92,9 @@ def encode_batch(
         raise ValueError("type must not contain '|' or a newline")
     if "|" in "".join(ids):
         raise ValueError("an id contains '|'")
-    mid = f"|{create_ms:d}|{dt_ms:d}|{type}|"
+    if opts and ("|" in opts or "\n" in opts):
+        raise ValueError("options must not contain '|' or a newline")
+    mid = f"|{create_ms:d}|{dt_ms:d}{';' if opts else ''}{opts}|{type}|"
     body = "".join([f"{i}{mid}{p}\n" for i, p in zip(ids, payloads, strict=True)])
     # One count catches a newline in any payload or id.
     if body.count("\n") != n:
@@ -114,7 +121,7 @@ def parse_body(body: str) -> list[Entry]:
         raise ValueError("body does not end with a newline")
     out: list[Entry] = []
     append = out.append
-    last_c = last_d = ""
+    last_c = last_d = opts = ""
     c_ms = d_ms = 0
     for line in lines:
         i, c, d, t, p = line.split("|", 4)
@@ -122,8 +129,10 @@ def parse_body(body: str) -> list[Entry]:
         if c != last_c:
             c_ms, last_c = int(c), c
         if d != last_d:
-            d_ms, last_d = int(d), d
-        append(Entry(i, c_ms, d_ms, t, p))
+            last_d = d
+            d, _, opts = d.partition(";")
+            d_ms = int(d)
+        append(Entry(i, c_ms, d_ms, t, p, opts))
     return out
 
 

@@ -155,6 +155,7 @@ class Journal(JournalReader):
         *,
         create_ms: int,
         dt_ms: int,
+        opts: str = "",
     ) -> None:
         """Append one batch; return once it is durable (fdatasync'ed).
 
@@ -165,7 +166,9 @@ class Journal(JournalReader):
             raise JournalUnavailable(f"journal {self.path} is closed")
         if self._broken is not None:
             raise JournalUnavailable(self._broken)
-        batch = encode_batch(self._seq + 1, type, ids, payloads, create_ms=create_ms, dt_ms=dt_ms)
+        batch = encode_batch(
+            self._seq + 1, type, ids, payloads, create_ms=create_ms, dt_ms=dt_ms, opts=opts
+        )
         self._seq += 1
         future: asyncio.Future[None] = self._loop.create_future()
         self._pending.append(_PendingWrite(batch, create_ms, future))

@@ -9,6 +9,7 @@ from typing import NamedTuple
 
 
 class JobState(enum.StrEnum):
+    BLOCKED = "blocked"  # waits for other jobs (dt 'infinity')
     WAITING = "waiting"
     RUNNING = "running"
     DONE = "done"
@@ -59,6 +60,7 @@ class JobPage:
 class TypeStats:
     waiting: int = 0
     scheduled: int = 0
+    blocked: int = 0  # waiting for other jobs
     running: int = 0
     done_ok: int = 0
     done_failed: int = 0
@@ -234,3 +236,22 @@ class DaemonSeen:
     expires: datetime | None
     released_at: datetime | None
     running: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OptedJobs:
+    """Jobs of one add that asked for dependencies or a deadline."""
+
+    jobs: list[NewJob]
+    after: list[str]  # ids of the jobs they wait for
+    resolve_any: bool = False  # all-resolved: any outcome of a dependency counts
+    deadline: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Resolution:
+    """What resolving done jobs' dependents changed: (id, stored type) of the
+    dependents now due, and of those failed (424) because a dependency failed."""
+
+    freed: list[tuple[str, str]]
+    failed: list[tuple[str, str]]

@@ -3,6 +3,7 @@ made of one part per concern of the ports (see ``store/ports.py``)."""
 
 from __future__ import annotations
 
+from store.pg_graph import GraphPart
 from store.pg_handlers import HandlersPart
 from store.pg_jobs import JobsPart
 from store.pg_pulled import PulledPart
@@ -12,7 +13,7 @@ from store.pg_tenants import TenantsPart
 __all__ = ["PgStore"]
 
 
-class PgStore(JobsPart, QueuePart, PulledPart, TenantsPart, HandlersPart):
+class PgStore(JobsPart, QueuePart, PulledPart, GraphPart, TenantsPart, HandlersPart):
     """The job store on PostgreSQL.
 
     Every call takes a connection from the pool and returns it; asyncpg errors

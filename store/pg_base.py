@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager, suppress
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 import asyncpg
@@ -21,6 +22,7 @@ from store.models import (
     HandlerRecord,
     Job,
     JobState,
+    Resolution,
 )
 from store.translate import is_unavailable, translate
 
@@ -37,9 +39,10 @@ logger = logging.getLogger(__name__)
 _CLOSE_TIMEOUT = 10.0
 
 
-def state_of(lock: str) -> JobState:
+def state_of(lock: str, dt: datetime | None = None) -> JobState:
     if lock == "":
-        return JobState.WAITING
+        # a blocked job's dt is 'infinity' (asyncpg reads it as datetime.max)
+        return JobState.BLOCKED if dt is not None and dt.year == 9999 else JobState.WAITING
     if lock == "__done":
         return JobState.DONE
     return JobState.RUNNING
@@ -49,7 +52,7 @@ def job_of(row: asyncpg.Record) -> Job:
     return Job(
         id=row["id"],
         type=row["type"],
-        state=state_of(row["lock"]),
+        state=state_of(row["lock"], row["dt"]),
         dt=row["dt"],
         create_dt=row["create_dt"],
         done_dt=row["done_dt"],
@@ -184,6 +187,10 @@ class PgBase:
                         with suppress(asyncpg.InterfaceError):  # already detached
                             conn.terminate()
                     raise
+
+    async def resolve(self, ids: Sequence[str], conn: Connection | None = None) -> Resolution:
+        """Resolve the dependents of done jobs ``ids`` (``store.pg_graph``)."""
+        raise NotImplementedError
 
     async def _fetch(self, query: str, *args: Any) -> list[asyncpg.Record]:
         async with self._conn() as conn:

@@ -188,6 +188,7 @@ class JobsPart(PgBase):
             row["type"]: TypeStats(
                 waiting=row["waiting"],
                 scheduled=row["scheduled"],
+                blocked=row["blocked"],
                 running=row["running"],
                 done_ok=row["done_ok"],
                 done_failed=row["done_failed"],
@@ -201,6 +202,8 @@ class JobsPart(PgBase):
             for _ in range(3):
                 row = await conn.fetchrow(queries.jobs.CANCEL_JOB, job_id, client)
                 if row is not None:
+                    if row["dependents"]:
+                        await self.resolve([job_id], conn)
                     return job_of(row)
                 row = await conn.fetchrow(queries.jobs.GET_JOB, job_id, client)
                 if row is None:

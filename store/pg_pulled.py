@@ -88,6 +88,7 @@ class PulledPart(PgBase):
                     [float(r.delay) for r in releases],
                 )
                 applied = {row[0] for row in done if row[0] is not None}
+                await self.resolve([row[0] for row in done if row[0] is not None and row[1]], conn)
             codes = [r.code for r in releases if r.id in applied]
             await conn.execute(
                 queries.pulled.COUNT_DONE,

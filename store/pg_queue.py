@@ -97,6 +97,7 @@ class QueuePart(PgBase):
                 queries.queue.EXPIRE_WAITING, type, float(older_than), result, PURGE_CHUNK
             )
             expired += [row["id"] for row in rows]
+            await self.resolve([row["id"] for row in rows if row["dependents"]])
             if len(rows) < PURGE_CHUNK:
                 return expired
 
@@ -124,10 +125,13 @@ class QueuePart(PgBase):
                 [r.refund_attempt for r in ordered],
                 sysid,
             )
-        return {row[0] for row in rows if row[0] is not None}  # NULL: the note's row
+        # a NULL id: the note's row
+        await self.resolve([row[0] for row in rows if row[0] is not None and row[1]])
+        return {row[0] for row in rows if row[0] is not None}
 
     async def expire_locks(self) -> list[ExpiredLock]:
         rows = await self._fetch(queries.queue.EXPIRE_LOCKS)
+        await self.resolve([row["id"] for row in rows if row["last"] and row["dependents"]])
         return [ExpiredLock(row["id"], row["type"], row["attempts"], row["last"]) for row in rows]
 
     async def purge(self, older_than: float) -> dict[str, int]:

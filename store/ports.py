@@ -35,6 +35,7 @@ from store.models import (
     JobPage,
     JobState,
     NewJob,
+    OptedJobs,
     PulledJob,
     QueueDepth,
     Release,
@@ -49,6 +50,11 @@ class JobIntake(Protocol):
     async def add_jobs(self, jobs: Sequence[NewJob], *, durable: bool = True) -> int:
         """Insert jobs, idempotent by id; return how many rows were new. Without
         ``durable`` it returns once they are seen, before they are flushed."""
+
+    async def add_opted(self, groups: Sequence[OptedJobs]) -> int:
+        """Insert jobs with dependencies or a deadline (blocked until their
+        dependencies are done, or failed at once when one already failed),
+        idempotent by id; return how many rows were new."""
 
     async def flush(self) -> str:
         """Return once every job added before the call is durable, with the epoch

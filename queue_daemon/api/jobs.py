@@ -15,6 +15,7 @@ from queue_daemon.api import errors
 from queue_daemon.api.auth import authorize
 from queue_daemon.api.errors import ApiError
 from queue_daemon.api.web import (
+    MAX_DELAY_S,
     SERVICES,
     Services,
     iso,
@@ -27,6 +28,7 @@ from queue_daemon.api.web import (
 from queue_daemon.engine.backoff import Backoff
 from queue_daemon.engine.ids import MAX_KEY, keyed_ids
 from queue_daemon.engine.limits import TenantLimits
+from queue_daemon.engine.options import ID_RE, MAX_AFTER, JobOptions
 from queue_daemon.engine.quotas import rate_cost
 from queue_daemon.names import JobType, valid_type
 from store.errors import BadCursor, Conflict, NotFound
@@ -69,19 +71,91 @@ async def add_jobs(request: web.Request) -> web.Response:
             services.waiting.RETRY_AFTER_S,
         )
     key = _idempotency_key(request)
+    given = None if key is None else keyed_ids(client, key, len(lines))
+    options = parse_options(request.query, now_ms, given or [])
+    if options.after:
+        await _dependencies_stored(services, client, options.after)
     try:
         ids = await services.intake.add(
             JobType(client, jobtype),
             lines,
             create_ms=now_ms,
             dt_ms=dt_ms,
-            ids=None if key is None else keyed_ids(client, key, len(lines)),
+            ids=given,
+            opts=options.encode(),
         )
     except JournalError as exc:
         logger.error("journal write failed: %s", exc, extra={"action": "journal_write_failed"})
         raise errors.unavailable("the journal cannot be written; nothing was accepted") from None
     services.metrics.add_took(time.perf_counter() - began)
     return json_response({"ids": ids})
+
+
+DEPENDENCY_WAIT_S = 2.0  # how long an add waits for its dependencies to reach the store
+REQUIRES = {"all-completed": False, "all-resolved": True}
+
+
+def parse_options(query: Any, now_ms: int, own_ids: list[str]) -> JobOptions:
+    """``after``, ``requires`` and ``deadline`` of an add (docs/api.md), or ApiError."""
+    after: tuple[str, ...] = ()
+    text = query.get("after")
+    if text is not None:
+        after = tuple(dict.fromkeys(i for i in text.split(",") if i))
+        if not after or not all(ID_RE.fullmatch(i) for i in after):
+            raise errors.bad_request("after must be job ids separated by commas")
+        if len(after) > MAX_AFTER:
+            raise errors.bad_request(f"a job may depend on at most {MAX_AFTER} jobs")
+        if set(after) & set(own_ids):
+            raise errors.bad_request("a job cannot depend on itself")
+    requires = query.get("requires", "all-completed")
+    if requires not in REQUIRES:
+        raise errors.bad_request("requires must be all-completed or all-resolved")
+    if "requires" in query and not after:
+        raise errors.bad_request("requires applies to jobs added with after")
+    deadline = query.get("deadline")
+    deadline_ms = None if deadline is None else _deadline_ms(deadline, now_ms)
+    return JobOptions(after, REQUIRES[requires], deadline_ms)
+
+
+def _deadline_ms(text: str, now_ms: int) -> int:
+    """Seconds from now (a number below 10^10), epoch milliseconds, or ISO-8601."""
+    try:
+        number = float(text)
+    except ValueError:
+        number = None
+    if number is not None:
+        if not math.isfinite(number) or number <= 0:
+            raise errors.bad_request("deadline must be in the future")
+        when = now_ms + int(number * 1000) if number < 1e10 else int(number)
+    else:
+        try:
+            when = parse_when({"dt": text}, now_ms)
+        except ApiError:
+            raise errors.bad_request(
+                "deadline must be seconds from now, epoch milliseconds or ISO-8601"
+            ) from None
+    if when <= now_ms:
+        raise errors.bad_request("deadline must be in the future")
+    if when > now_ms + MAX_DELAY_S * 1000:
+        raise errors.bad_request("deadline is more than 10 years ahead")
+    return when
+
+
+async def _dependencies_stored(services: Services, client: str, after: tuple[str, ...]) -> None:
+    """Return once every job of ``after`` is in the store (a job acknowledged a
+    moment ago, here or by another daemon, may still be on its way); 400 for those
+    that never come."""
+    deadline = time.monotonic() + DEPENDENCY_WAIT_S
+    pause = Backoff(NOT_YET_FIRST_S, NOT_YET_MAX_S)
+    missing = list(after)
+    while True:
+        missing = sorted(set(missing) - await services.store.existing_jobs(missing, client=client))
+        if not missing:
+            return
+        if time.monotonic() >= deadline:
+            shown = ", ".join(missing[:5]) + (" …" if len(missing) > 5 else "")
+            raise errors.bad_request(f"after names jobs this tenant does not have: {shown}")
+        await pause.sleep()
 
 
 def _idempotency_key(request: web.Request) -> str | None:
@@ -120,8 +194,8 @@ def job_body(job: Job) -> dict[str, Any]:
         "id": job.id,
         "type": job.type,
         "state": job.state.value,
-        # a done job's stored dt is far ahead (it keeps it out of every claim): no next run
-        "dt": None if job.state is JobState.DONE else iso(job.dt),
+        # a done or blocked job's stored dt keeps it out of every claim: no next run
+        "dt": None if job.state in (JobState.DONE, JobState.BLOCKED) else iso(job.dt),
         "create_dt": iso(job.create_dt),
         "done_dt": iso(job.done_dt),
         "attempts": job.attempts,
@@ -236,7 +310,7 @@ async def list_jobs(request: web.Request) -> web.Response:
         try:
             state = JobState(state_text)
         except ValueError:
-            raise errors.bad_request("state must be waiting, running or done") from None
+            raise errors.bad_request("state must be blocked, waiting, running or done") from None
     limit_text = query.get("limit", "100")
     if not limit_text.isdigit() or not 1 <= int(limit_text) <= 1000:
         raise errors.bad_request("limit must be an integer from 1 to 1000")
@@ -257,6 +331,7 @@ def _stats_body(stats: TypeStats) -> dict[str, int]:
     return {
         "waiting": stats.waiting,
         "scheduled": stats.scheduled,
+        "blocked": stats.blocked,
         "running": stats.running,
         "done_ok": stats.done_ok,
         "done_failed": stats.done_failed,

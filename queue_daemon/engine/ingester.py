@@ -23,8 +23,9 @@ from datetime import UTC, datetime, timedelta
 
 from journal import Entry, Journal, Reservation
 from queue_daemon.engine.backoff import Backoff
+from queue_daemon.engine.options import JobOptions
 from store.errors import StoreError, StoreUnavailable
-from store.models import NewJob
+from store.models import NewJob, OptedJobs
 from store.ports import JobIntake
 
 logger = logging.getLogger(__name__)
@@ -48,6 +49,33 @@ MAX_UNSETTLED = 8
 # wait for that batch's insert.
 HELP_AFTER = 0.01
 BIG_BATCH = 100
+
+
+def split_opted(entries: list[Entry]) -> tuple[list[Entry], list[OptedJobs]]:
+    """The entries without options, and those with options grouped by their add
+    (consecutive lines of one type and the same options)."""
+    if not any(e.opts for e in entries):  # nearly always: one pass, no copies
+        return entries, []
+    plain = [e for e in entries if not e.opts]
+    groups: list[OptedJobs] = []
+    key: tuple[str, str] | None = None
+    for e in entries:
+        if not e.opts:
+            continue
+        if (e.type, e.opts) != key:
+            key = (e.type, e.opts)
+            options = JobOptions.parse(e.opts)
+            deadline = options.deadline_ms
+            groups.append(
+                OptedJobs(
+                    jobs=[],
+                    after=list(options.after),
+                    resolve_any=options.resolve_any,
+                    deadline=None if deadline is None else EPOCH + timedelta(milliseconds=deadline),
+                )
+            )
+        groups[-1].jobs.extend(to_new_jobs([e]))
+    return plain, groups
 
 
 def to_new_jobs(entries: list[Entry]) -> list[NewJob]:
@@ -79,7 +107,7 @@ class Ingester:
         self._first_busy_lines = 0  # ... and its lines
         self.last_error: str | None = None
         # in the store, not known flushed: each batch with the epoch it was inserted on
-        self._unsettled: list[tuple[Reservation, list[NewJob], str]] = []
+        self._unsettled: list[tuple[Reservation, list[NewJob], list[OptedJobs], str]] = []
         self._room = asyncio.Semaphore(MAX_UNSETTLED)
         self._to_settle = asyncio.Event()
         self._pipelines_done = False
@@ -133,13 +161,14 @@ class Ingester:
                 self._first_busy_lines = reservation.lines
             try:
                 entries = await journal.read(reservation)
-                jobs = to_new_jobs(entries)
-                epoch = await self._insert(jobs, durable=False)
+                plain, opted = split_opted(entries)
+                jobs = to_new_jobs(plain)
+                epoch = await self._insert(jobs, opted, durable=False)
             finally:
                 if not helper:
                     self._first_busy_since = None
             await self._room.acquire()
-            self._unsettled.append((reservation, jobs, epoch))
+            self._unsettled.append((reservation, jobs, opted, epoch))
             self._to_settle.set()
             streaming = began - last_began < 2 * SMALL_BATCH_CYCLE
             last_began = began
@@ -167,7 +196,7 @@ class Ingester:
             else:
                 # a flush on a server that restarted since a batch went in does not
                 # cover that batch: the crash may have taken it
-                again = [batch for batch in batches if batch[2] != epoch]
+                again = [batch for batch in batches if batch[3] != epoch]
                 reason = "the store restarted since they were inserted"
             if again:
                 logger.warning(
@@ -176,9 +205,9 @@ class Ingester:
                     len(again),
                     extra={"action": "ingest_reinsert"},
                 )
-            for _, jobs, _ in again:
-                await self._insert(jobs, durable=True, count=False)
-            for reservation, _, _ in batches:
+            for _, jobs, opted, _ in again:
+                await self._insert(jobs, opted, durable=True, count=False)
+            for reservation, _, _, _ in batches:
                 await self._journal.rsync(reservation)
                 self._room.release()
 
@@ -188,7 +217,9 @@ class Ingester:
             return False
         return self._first_busy_lines >= BIG_BATCH or loop.time() - since >= HELP_AFTER
 
-    async def _insert(self, jobs: list[NewJob], *, durable: bool, count: bool = True) -> str:
+    async def _insert(
+        self, jobs: list[NewJob], opted: list[OptedJobs], *, durable: bool, count: bool = True
+    ) -> str:
         """Insert until it succeeds; ``count``: add the new rows to ``ingested`` (not
         when inserting again rows that may or may not have been lost). Return the
         store's epoch read before the insert that succeeded ("" when ``durable``):
@@ -197,7 +228,9 @@ class Ingester:
         while True:
             try:
                 epoch = "" if durable else await self._store.epoch()
-                added = await self._store.add_jobs(jobs, durable=durable)
+                added = await self._store.add_jobs(jobs, durable=durable) if jobs else 0
+                if opted:  # dependencies and deadlines: rare, one statement per add
+                    added += await self._store.add_opted(opted)
                 # not `self.ingested += await ...`: that reads the count before the
                 # await, and a concurrent pipeline's rows would be lost from it
                 if count:

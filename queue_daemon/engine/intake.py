@@ -30,13 +30,14 @@ class Intake:
         create_ms: int,
         dt_ms: int,
         ids: list[str] | None = None,
+        opts: str = "",
     ) -> list[str]:
         """The new jobs' ids (``ids`` when given: an idempotent add's), once their
         lines are durable. JournalError (nothing was accepted) or ValueError (a
         payload the journal cannot frame) otherwise."""
         ids = ids or self._ids.next_ids(len(payloads))
         stored = jobtype.stored
-        await self.journal.write(stored, ids, payloads, create_ms=create_ms, dt_ms=dt_ms)
+        await self.journal.write(stored, ids, payloads, create_ms=create_ms, dt_ms=dt_ms, opts=opts)
         self._queuelog.added(stored, ids, payloads, create_ms, dt_ms)
         self._metrics.added(jobtype.client, jobtype.name, len(ids))  # once per call
         return ids

@@ -10,6 +10,7 @@ instead, the same set, so that it can read the partial indexes and type_counts.
 
 from store.queries import (
     dashboard,
+    graph,
     handlers,
     intake,
     jobs,
@@ -22,6 +23,7 @@ from store.queries import (
 
 __all__ = [
     "dashboard",
+    "graph",
     "handlers",
     "intake",
     "jobs",

@@ -35,7 +35,8 @@ WITH RECURSIVE wtypes(type) AS (
            ) c) AS waiting,
            (SELECT count(*) FROM (
                 SELECT 1 FROM jobs j
-                WHERE j.type = t.type AND j.lock = '' AND j.dt > now() LIMIT {cap}
+                WHERE j.type = t.type AND j.lock = '' AND j.dt > now() AND j.dt <> 'infinity'
+                LIMIT {cap}
            ) c) AS scheduled
     FROM wtypes t
     WHERE t.type IS NOT NULL

@@ -19,7 +19,8 @@ _LIST_FILTERS = """
 WHERE split_part(type, '-', 1) = $1
   AND ($2::text IS NULL OR type = $1 || '-' || $2::text)
   AND ($3::text IS NULL OR $3::text = CASE lock
-        WHEN '' THEN 'waiting' WHEN '__done' THEN 'done' ELSE 'running' END)
+        WHEN '' THEN CASE WHEN dt = 'infinity' THEN 'blocked' ELSE 'waiting' END
+        WHEN '__done' THEN 'done' ELSE 'running' END)
 """
 
 # A page holds at most $4 rows (one more than asked tells whether a next page
@@ -80,7 +81,8 @@ WITH done AS (
 ), waiting AS (
     SELECT type,
            count(*) FILTER (WHERE dt <= now()) AS waiting,
-           count(*) FILTER (WHERE dt > now()) AS scheduled
+           count(*) FILTER (WHERE dt > now() AND dt <> 'infinity') AS scheduled,
+           count(*) FILTER (WHERE dt = 'infinity') AS blocked
     FROM jobs
     WHERE lock = '' AND type >= $1 || '-' AND type < $1 || '.'
     GROUP BY type
@@ -93,6 +95,7 @@ WITH done AS (
 SELECT substr(type, strpos(type, '-') + 1) AS type,
        coalesce(w.waiting, 0) AS waiting,
        coalesce(w.scheduled, 0) AS scheduled,
+       coalesce(w.blocked, 0) AS blocked,
        coalesce(r.running, 0) AS running,
        coalesce(d.done_ok, 0)::bigint AS done_ok,
        coalesce(d.done_failed, 0)::bigint AS done_failed,
@@ -117,5 +120,5 @@ SET lock = '__done',
         'started', NULL, 'ended', floor(extract(epoch FROM now()) * 1000)::bigint, 'by', NULL,
         'exitcode', 499, 'code', 'failed', 'reason', 'cancelled'))
 WHERE id = $1 AND split_part(type, '-', 1) = $2 AND lock = ''
-RETURNING {_JOB_COLUMNS}
+RETURNING {_JOB_COLUMNS}, dependents
 """

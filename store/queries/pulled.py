@@ -93,11 +93,11 @@ SET lock = CASE r.how WHEN 'archive' THEN '__done' ELSE '' END,
 FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::int[], $6::text[],
             $7::float8[]) AS r(id, lock, how, code, exitcode, result, delay)
 WHERE j.id = r.id AND j.lock = r.lock
-RETURNING j.id, j.type, j.lock
+RETURNING j.id, j.type, j.lock, j.dependents
 ),
 {NOTE_DONE.format(rows="released")}
-SELECT id FROM released
-UNION ALL SELECT NULL FROM note
+SELECT id, dependents AND lock = '__done' AS resolve FROM released
+UNION ALL SELECT NULL, NULL FROM note
 """
 
 # The worker's completes by code: $1 client, $2 worker, $3..$6 ok, failed, error, retry.
@@ -183,3 +183,6 @@ SELECT client, count(*)::int AS n FROM workers
 WHERE last_seen > now() - interval '1 day' AND last_seen + make_interval(secs => lease) > now()
 GROUP BY client
 """
+
+# $1 payload: stored types of jobs just done, space separated ('': any)
+NOTIFY_DONE = "SELECT pg_notify('qd_done', $1)"

@@ -102,7 +102,7 @@ WHERE id = ANY(ARRAY(
     LIMIT $4
     FOR UPDATE SKIP LOCKED
 ))
-RETURNING id
+RETURNING id, dependents
 """
 
 # $1 ids, $2 sysid, $3 lease seconds
@@ -173,11 +173,11 @@ SET lock = CASE r.how WHEN 'archive' THEN '__done' ELSE '' END,
 FROM unnest($1::text[], $2::text[], $3::text[], $4::int[], $5::text[], $6::float8[],
             $7::bool[]) AS r(id, how, code, exitcode, result, delay, refund)
 WHERE j.id = r.id AND j.lock = $8
-RETURNING j.id, j.type, j.lock
+RETURNING j.id, j.type, j.lock, j.dependents
 ),
 {NOTE_DONE.format(rows="released")}
-SELECT id FROM released
-UNION ALL SELECT NULL FROM note
+SELECT id, dependents AND lock = '__done' AS resolve FROM released
+UNION ALL SELECT NULL, NULL FROM note
 """
 
 # Running jobs whose lease passed, or whose owner's sysid lapsed or was
@@ -222,7 +222,7 @@ FROM lapsed x
 -- the array first, so jobs is read by its primary key (a plain join estimated
 -- the lapsed rows from the whole running index and scanned the table)
 WHERE j.id = ANY(ARRAY(SELECT id FROM lapsed)) AND j.id = x.id
-RETURNING j.id, j.type, j.attempts, x.last
+RETURNING j.id, j.type, j.attempts, x.last, j.dependents
 """
 
 # $1 retention seconds, $2 chunk size: one bounded chunk per statement; the

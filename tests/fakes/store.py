@@ -18,7 +18,15 @@ from datetime import UTC, datetime, timedelta
 
 from store.errors import NotFound, StoreUnavailable
 from store.listen import Delays
-from store.models import ClaimedJob, ExpiredLock, HandlerRecord, NewJob, Release, ReleaseHow
+from store.models import (
+    ClaimedJob,
+    ExpiredLock,
+    HandlerRecord,
+    NewJob,
+    OptedJobs,
+    Release,
+    ReleaseHow,
+)
 
 DONE = "__done"
 
@@ -55,6 +63,9 @@ class FakeStore:
             raise StoreUnavailable(f"{name}: injected")
 
     # JobIntake
+    async def add_opted(self, groups: Sequence[OptedJobs]) -> int:
+        return await self.add_jobs([job for group in groups for job in group.jobs])
+
     async def add_jobs(self, jobs: Sequence[NewJob], *, durable: bool = True) -> int:
         self._call("add_jobs")
         new = 0

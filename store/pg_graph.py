@@ -1,0 +1,95 @@
+"""Jobs that wait for other jobs: adding them, and resolving their dependencies
+when those are done (``store/queries/graph.py`` says how the two are ordered)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+from store import queries
+from store.models import NewJob, OptedJobs, Resolution
+from store.notes import MAX_PAYLOAD
+from store.pg_base import PgBase
+
+if TYPE_CHECKING:
+    from store.pg_base import Connection
+
+logger = logging.getLogger(__name__)
+
+PENDING_CHUNK = 1000
+
+
+def _counts(jobs: Sequence[tuple[str, str]]) -> str:
+    counts: dict[str, int] = {}
+    for _, jobtype in jobs:
+        counts[jobtype] = counts.get(jobtype, 0) + 1
+    payload = " ".join(f"{jobtype}={n}" for jobtype, n in counts.items())
+    return payload if len(payload) <= MAX_PAYLOAD else ""
+
+
+class GraphPart(PgBase):
+    # told of every resolution (the queue log and metrics); set by the daemon's wiring
+    on_resolved: Callable[[Resolution], None] | None = None
+
+    async def add_opted(self, groups: Sequence[OptedJobs]) -> int:
+        """Insert jobs with dependencies or deadlines, idempotent by id; the rows new."""
+        added = 0
+        async with self._conn() as conn:
+            for group in groups:
+                columns = list(zip(*group.jobs, strict=True))
+                rows = await conn.fetch(
+                    queries.graph.INSERT,
+                    *columns,
+                    group.after,
+                    group.resolve_any,
+                    group.deadline,
+                )
+                added += len(rows)
+                due = [(r["id"], r["type"]) for r in rows if r["state"] == "due"]
+                if due:
+                    await conn.execute(queries.queue.NOTIFY_JOBS, _counts(due))
+                failed = [(r["id"], r["type"]) for r in rows if r["state"] == "failed"]
+                if failed:
+                    self._told(Resolution([], failed))
+        return added
+
+    async def resolve(self, ids: Sequence[str], conn: Connection | None = None) -> Resolution:
+        """Resolve the dependents of ``ids`` (done jobs that had some)."""
+        if not ids:
+            return Resolution([], [])
+        if conn is None:
+            async with self._conn() as own:
+                return await self.resolve(ids, own)
+        rows = await conn.fetch(queries.graph.RESOLVE, list(ids))
+        freed = [(r["id"], r["type"]) for r in rows if r["what"] == "freed"]
+        failed = [(r["id"], r["type"]) for r in rows if r["what"] == "failed"]
+        if freed:
+            await conn.execute(queries.queue.NOTIFY_JOBS, _counts(freed))
+        if failed:
+            types = " ".join(sorted({jobtype for _, jobtype in failed}))
+            await conn.execute(queries.pulled.NOTIFY_DONE, types if len(types) < 7000 else "")
+        resolution = Resolution(freed, failed)
+        self._told(resolution)
+        return resolution
+
+    async def resolve_pending(self) -> int:
+        """Resolve what a crash left unresolved; how many done jobs were."""
+        total = 0
+        while True:
+            rows = await self._fetch(queries.graph.PENDING, PENDING_CHUNK)
+            ids = [row["id"] for row in rows]
+            await self.resolve(ids)
+            total += len(ids)
+            if len(ids) < PENDING_CHUNK:
+                return total
+
+    def _told(self, resolution: Resolution) -> None:
+        if self.on_resolved is not None and (resolution.freed or resolution.failed):
+            try:
+                self.on_resolved(resolution)
+            except Exception:
+                logger.exception("on_resolved failed", extra={"action": "resolved_callback"})
+
+
+__all__ = ["GraphPart", "NewJob"]
