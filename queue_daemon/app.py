@@ -1,9 +1,10 @@
 """The one place that wires journal, store, ingester, worker, runners and HTTP into a daemon.
 
 Start order: store (embedded PostgreSQL if no DSN) → migrations → sysid and
-journal → tenant cache → ingester, worker (claim loop, leases, expiry, purge)
-and runner pool → HTTP. Stop order (SIGTERM): stop accepting requests and
-finish the ones in flight → stop claiming; running jobs finish within the
+journal → tenant cache → ingester, worker (claim loop, leases, expiry, purge),
+the schedules' ticker and runner pool → HTTP. Stop order (SIGTERM): stop
+accepting requests and finish the ones in flight → stop adding schedule ticks →
+stop claiming; running jobs finish within the
 drain timeout or go back to the store at once → close the runner contexts →
 let the ingester catch up with what was acknowledged (bounded by the drain
 timeout) → write the rest of the queue logfile (fsync) → close the journal
@@ -40,6 +41,7 @@ from queue_daemon.engine.ingester import Ingester
 from queue_daemon.engine.intake import Intake
 from queue_daemon.engine.limits import Limits
 from queue_daemon.engine.quotas import Admission, RateLimiter, WaitingLimiter
+from queue_daemon.engine.schedules import Ticker
 from queue_daemon.engine.worker import Worker, WorkerSettings
 from queue_daemon.observe.metrics import Metrics, Sources
 from queue_daemon.observe.overview import Overview
@@ -170,6 +172,7 @@ class Daemon:
         self.ingester: Ingester | None = None
         self.pool: RunnerPool | None = None
         self.worker: Worker | None = None
+        self.ticker: asyncio.Task[Any] | None = None
         self.waiting: WaitingLimiter | None = None
         self.runner: AppRunner | None = None
         self.connections: ConnectionCaps | None = None
@@ -277,6 +280,16 @@ class Daemon:
         supervisor.start("queue-log", queuelog.run())
         throughput = Throughput()
         supervisor.start("throughput", throughput.run(store))
+        ticker = Ticker(
+            store=store,
+            intake=intake,
+            limits=limits,
+            admission=admission,
+            queuelog=queuelog,
+            metrics=metrics,
+            sysid=identity.sysid,
+        )
+        self.ticker = supervisor.start("schedules", ticker.run())
 
         services = Services(
             settings=settings,
@@ -298,6 +311,7 @@ class Daemon:
             bodies=BodyBudget(
                 settings.body_memory, max(settings.body_memory // 4, settings.body_limit)
             ),
+            ticker=ticker,
         )
         # aiohttp's keep-alive timer runs from the connection's start (and from each
         # reply) and closes a connection still waiting for a whole request; with the
@@ -332,6 +346,8 @@ class Daemon:
         settings = self.settings
         if self.runner is not None:
             await self.runner.cleanup()  # stop accepting; requests in flight finish
+        if self.ticker is not None:
+            self.ticker.cancel()  # no more ticks: a tick journaled but not recorded is re-added
         if self.worker is not None:
             await self.worker.drain(settings.drain_timeout)  # running jobs finish or go back
         if self.pool is not None:

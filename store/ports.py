@@ -13,6 +13,7 @@ decisions are unit-tested against, in memory.
 | HandlerStore  | the handler routes                                     |
 | SysidLeases   | the daemon's sysid                                     |
 | Dashboard     | the overview, metrics and throughput                   |
+| ScheduleStore | the schedule routes and the ticker (periodic jobs)     |
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from store.listen import Delays
 from store.models import (
     ClaimedJob,
     DaemonLease,
+    DueSchedule,
     ExpiredLock,
     FailedJob,
     HandlerRecord,
@@ -34,7 +36,9 @@ from store.models import (
     QueueDepth,
     Release,
     RunningJobs,
+    Schedule,
     Tenant,
+    TickAdded,
     TypeStats,
 )
 
@@ -243,6 +247,34 @@ class Dashboard(Protocol):
         ...
 
 
+class ScheduleStore(Protocol):
+    async def put_schedule(self, schedule: Schedule, max_schedules: int) -> Schedule:
+        """Add or replace ``schedule`` (a new version: a hold on it is dropped).
+        LimitReached if it is new and its tenant already has ``max_schedules``."""
+
+    async def list_schedules(self, client: str) -> list[Schedule]: ...
+
+    async def delete_schedule(self, client: str, name: str) -> None:
+        """NotFound if none."""
+
+    async def claim_schedules(self, *, sysid: str, limit: int, hold: float) -> list[DueSchedule]:
+        """Take up to ``limit`` due schedules no other daemon holds, for ``hold``
+        seconds (then any daemon may take them over)."""
+
+    async def next_schedule_due(self) -> float | None:
+        """Seconds until a schedule is due (<= 0: now), None when there are none."""
+
+    async def record_ticks(self, ticks: Sequence[TickAdded], *, sysid: str) -> None:
+        """Record added ticks and each schedule's next; only rows ``sysid`` still
+        holds in the version the tick was added for."""
+
+    async def defer_ticks(
+        self, schedules: Sequence[DueSchedule], *, sysid: str, delay: float
+    ) -> None:
+        """Give back schedules whose tick could not be added now; they are due again
+        (the same tick) in ``delay`` seconds."""
+
+
 class Store(
     JobIntake,
     JobQueue,
@@ -251,6 +283,7 @@ class Store(
     HandlerStore,
     SysidLeases,
     Dashboard,
+    ScheduleStore,
     Protocol,
 ):
     """Every port, and the connection's own life: what the daemon's wiring holds."""

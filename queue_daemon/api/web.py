@@ -30,6 +30,7 @@ from queue_daemon.engine.ingester import Ingester
 from queue_daemon.engine.intake import Intake
 from queue_daemon.engine.limits import Limits
 from queue_daemon.engine.quotas import RateLimiter, WaitingLimiter
+from queue_daemon.engine.schedules import Ticker
 from queue_daemon.engine.sysid import Identity
 from queue_daemon.names import valid_type
 from queue_daemon.observe.metrics import Metrics
@@ -65,6 +66,7 @@ class Services:
     metrics: Metrics
     bodies: BodyBudget  # bytes of request bodies being read
     reads: CoalescedReads[Any]  # the tenants' repeatable reads of the store
+    ticker: Ticker  # adds the schedules' ticks (periodic jobs)
 
 
 SERVICES = web.AppKey("services", Services)

@@ -15,8 +15,19 @@ from store.queries import (
     jobs,
     migrations,
     queue,
+    schedules,
     sysids,
     tenants,
 )
 
-__all__ = ["dashboard", "handlers", "intake", "jobs", "migrations", "queue", "sysids", "tenants"]
+__all__ = [
+    "dashboard",
+    "handlers",
+    "intake",
+    "jobs",
+    "migrations",
+    "queue",
+    "schedules",
+    "sysids",
+    "tenants",
+]
