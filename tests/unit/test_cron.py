@@ -4,6 +4,7 @@ included), and which tick a daemon adds after an outage."""
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from itertools import pairwise
 from zoneinfo import ZoneInfo
 
 import pytest
@@ -80,7 +81,7 @@ def test_hourly_ticks_across_both_transitions_are_an_hour_apart_in_real_time() -
     # 2026-03-08 02:00 EST -> 03:00 EDT; 2026-11-01 02:00 EDT -> 01:00 EST
     for start in (utc(2026, 3, 8, 4), utc(2026, 11, 1, 3)):
         ticks = cron.after(start, 6)
-        assert all(b - a == timedelta(hours=1) for a, b in zip(ticks, ticks[1:], strict=False))
+        assert all(b - a == timedelta(hours=1) for a, b in pairwise(ticks))
 
 
 def test_a_schedule_finer_than_an_hour_fires_through_the_repeated_hour_both_times() -> None:
