@@ -19,11 +19,11 @@ NEW_YORK = ZoneInfo("America/New_York")
 
 
 def utc(*args: int) -> datetime:
-    return datetime(*args, tzinfo=UTC)  # type: ignore[misc]
+    return datetime(*args, tzinfo=UTC)  # type: ignore[arg-type,misc]
 
 
 def local(zone: ZoneInfo, *args: int, fold: int = 0) -> datetime:
-    return datetime(*args, tzinfo=zone, fold=fold)  # type: ignore[misc]
+    return datetime(*args, tzinfo=zone, fold=fold)  # type: ignore[arg-type,misc]
 
 
 def test_next_ticks_are_strictly_after_and_in_utc() -> None:
