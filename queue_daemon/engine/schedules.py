@@ -100,6 +100,7 @@ class Ticker:
         metrics: Metrics,
         sysid: str,
         poll: float = POLL_S,
+        hold: float = HOLD_S,
     ) -> None:
         self._store = store
         self._intake = intake
@@ -109,6 +110,7 @@ class Ticker:
         self._metrics = metrics
         self._sysid = sysid
         self._poll = poll
+        self._hold = hold
         self._wake = asyncio.Event()
 
     def changed(self) -> None:
@@ -127,20 +129,24 @@ class Ticker:
                 wait = backoff.next()
             else:
                 backoff.reset()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), wait)
+            if wait > 0:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), wait)
 
     async def step(self) -> float:
-        """Add the ticks due now; return the seconds until the next is due."""
-        due = await self._store.claim_schedules(sysid=self._sysid, limit=BATCH, hold=HOLD_S)
-        if due:
-            await self._add(due)
-            if len(due) == BATCH:
-                return 0.0
+        """Add the ticks due now; return the seconds until the next is due (0: at once).
+
+        While nothing is due this costs one indexed read of the soonest due time."""
         seconds = await self._store.next_schedule_due()
         if seconds is None:
             return self._poll
-        return min(self._poll, max(seconds, MIN_WAIT_S))
+        if seconds > 0:
+            return min(self._poll, seconds)
+        due = await self._store.claim_schedules(sysid=self._sysid, limit=BATCH, hold=self._hold)
+        if not due:
+            return MIN_WAIT_S  # due, but being taken by another daemon at this moment
+        await self._add(due)
+        return 0.0
 
     async def _add(self, due: list[DueSchedule]) -> None:
         broken: list[DueSchedule] = []

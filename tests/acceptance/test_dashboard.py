@@ -6,7 +6,8 @@ a tenant adds jobs of a type without a handler (the waiting count shows),
 then adds the handler (the done count rises, the waiting count falls) and a
 failing type whose result is HTML (it shows as text). Then the tenant's own
 token: no other tenant's name anywhere, and its schedules with their next fire
-times. The browser console must stay free of errors. A screenshot is kept in pytest's tmp dir and in ``test-artifacts/``.
+times. The browser console must stay free of errors. A screenshot is kept in
+pytest's tmp dir and in ``test-artifacts/``.
 
 Without the browser the test is skipped, with the reason, except under
 ``CI=true`` (``.ci/run`` installs it), where that is a failure.

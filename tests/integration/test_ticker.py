@@ -1,0 +1,115 @@
+"""The ticker on a real store and real journals: a daemon that dies after
+journaling a tick, before recording it, leaves it to another daemon, which
+journals the same job id; ingesting both journals keeps one job."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import asyncpg
+import pytest
+
+from journal import Journal
+from queue_daemon.engine.ids import IdGenerator, tick_id
+from queue_daemon.engine.ingester import Ingester
+from queue_daemon.engine.intake import Intake
+from queue_daemon.engine.limits import Limits, TenantLimits
+from queue_daemon.engine.schedules import Ticker
+from queue_daemon.observe.metrics import Metrics
+from queue_daemon.observe.queuelog import QueueLog
+from store.errors import StoreUnavailable
+from store.models import Schedule, TickAdded
+from store.pg import PgStore
+
+YEARLY = "0 0 1 1 *"
+
+
+class DiesBeforeRecording:
+    """A daemon's view of the store that fails when the tick would be recorded."""
+
+    def __init__(self, store: PgStore) -> None:
+        self._store = store
+        self.claim_schedules = store.claim_schedules
+        self.next_schedule_due = store.next_schedule_due
+        self.defer_ticks = store.defer_ticks
+
+    async def record_ticks(self, ticks: Sequence[TickAdded], *, sysid: str) -> None:
+        raise StoreUnavailable("the daemon died here")
+
+
+async def _ticker(
+    store: PgStore | DiesBeforeRecording, tmp_path: Path, sysid: str
+) -> tuple[Ticker, Journal, QueueLog]:
+    journal = await Journal.open(tmp_path / f"journal-{sysid}")
+    queuelog = QueueLog(tmp_path / f"queue-{sysid}.log", sysid=sysid)
+    metrics = Metrics()
+    intake = Intake(journal=journal, ids=IdGenerator(sysid), queuelog=queuelog, metrics=metrics)
+    ticker = Ticker(
+        store=store,  # type: ignore[arg-type]  # the ScheduleStore calls only
+        intake=intake,
+        limits=Limits(TenantLimits()),
+        admission=None,
+        queuelog=queuelog,
+        metrics=metrics,
+        sysid=sysid,
+        hold=0.3,
+    )
+    return ticker, journal, queuelog
+
+
+async def _ingest(journal: Journal, store: PgStore) -> None:
+    ingester = Ingester(journal, store, batch=100, workers=1)
+    task = asyncio.create_task(ingester.run())
+    try:
+        assert await ingester.drain(10)
+    finally:
+        ingester.stop()
+        await asyncio.wait_for(task, 10)
+
+
+async def test_a_tick_journaled_by_a_daemon_that_died_is_added_once(
+    store: PgStore, conn: asyncpg.Connection, tmp_path: Path
+) -> None:
+    fire = datetime.now(UTC).replace(microsecond=0) - timedelta(seconds=2)
+    await store.put_schedule(
+        Schedule(
+            client="acme",
+            name="yearly",
+            type="report",
+            cron=YEARLY,
+            tz="UTC",
+            payload="p",
+            version="v1",
+            created_at=fire,
+            next_fire=fire,
+        ),
+        1000,
+    )
+    dying, journal1, log1 = await _ticker(DiesBeforeRecording(store), tmp_path, "1")
+    taking_over, journal2, log2 = await _ticker(store, tmp_path, "2")
+    try:
+        with pytest.raises(StoreUnavailable):
+            await dying.step()  # journaled, not recorded
+        assert journal1.lag.unread_lines == 1
+        assert await taking_over.step() > 0.05  # held by the first for its hold
+        deadline = time.monotonic() + 10
+        while journal2.lag.unread_lines == 0:
+            assert time.monotonic() < deadline, "the tick was not taken over"
+            await asyncio.sleep(await taking_over.step())
+        [listed] = await store.list_schedules("acme")
+        job = tick_id("acme", "yearly", "v1", int(fire.timestamp() * 1000))
+        assert (listed.last_tick, listed.last_job) == (fire, job)
+        assert listed.next_fire == datetime(datetime.now(UTC).year + 1, 1, 1, tzinfo=UTC)
+        await _ingest(journal1, store)
+        await _ingest(journal2, store)
+        rows = await conn.fetch("SELECT id, type, data FROM jobs")
+        assert [tuple(r) for r in rows] == [(job, "acme-report", "p")]
+        assert await taking_over.step() == 1.0  # nothing due for a year: the poll
+    finally:
+        for journal, log in ((journal1, log1), (journal2, log2)):
+            await journal.close()
+            await log.close()
