@@ -21,6 +21,7 @@ MAX_CRON = 200  # characters of an expression
 # IANA names: "UTC", "Europe/Berlin", "America/Argentina/Buenos_Aires", "Etc/GMT+5"
 _TZ_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_+\-]*(/[A-Za-z0-9_+\-]+){0,3}")
 _MAX_TZ = 64
+_CATCH_UP_STEPS = 100  # forward steps that check a tick found going back
 
 
 class CronError(ValueError):
@@ -75,8 +76,19 @@ class Cron:
         # cronsim going back starts at ``upto`` itself only when it has microseconds
         start = upto if upto.microsecond else upto + timedelta(microseconds=1)
         try:
-            return next(CronSim(self.expr, start.astimezone(self.zone), reverse=True)).astimezone(
-                UTC
-            )
+            tick = next(CronSim(self.expr, start.astimezone(self.zone), reverse=True))
         except StopIteration:
             return None
+        latest = tick.astimezone(UTC)
+        # Going back through an hour repeated by a DST change, cronsim can step
+        # over a tick of the first pass: the forward steps are the reference, and
+        # a few of them from there find any tick it missed.
+        for _ in range(_CATCH_UP_STEPS):
+            try:
+                [following] = self.after(latest)
+            except StopIteration:
+                break
+            if following > upto:
+                break
+            latest = following
+        return latest

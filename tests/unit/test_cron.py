@@ -161,3 +161,20 @@ def test_tick_ids_differ_by_tenant_schedule_version_and_tick() -> None:
     assert len(ids) == 5
     assert all(i.startswith("s") and i.isalnum() for i in ids)
     assert tick_id("a", "s", "v1", 1000) == tick_id("a", "s", "v1", 1000)
+
+
+@pytest.mark.parametrize("tz", ["Europe/Berlin", "America/New_York", "Australia/Lord_Howe"])
+@pytest.mark.parametrize("expr", ["30 2 * * *", "15 1-3 * * *", "*/30 * * * *", "0 * * * *"])
+def test_the_latest_tick_agrees_with_the_next_ticks_across_dst_changes(expr: str, tz: str) -> None:
+    # the tick a catch-up adds: at or before the moment, and no tick between them
+    # (going back through a repeated hour, cronsim alone skipped the first pass's)
+    cron = Cron.parse(expr, tz)
+    # the spring and autumn changes of the three zones' 2026
+    days = [(3, 7), (3, 28), (4, 4), (10, 3), (10, 24), (10, 31)]
+    for start in (utc(2026, month, day, 10) for month, day in days):
+        moment = start
+        while moment < start + timedelta(hours=24):
+            latest = cron.latest(moment)
+            assert latest is not None and latest <= moment
+            assert cron.after(latest)[0] > moment, (moment, latest)
+            moment += timedelta(minutes=7, seconds=13)
