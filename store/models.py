@@ -216,6 +216,7 @@ class DueSchedule:
     next_fire: datetime
     firing_at: datetime  # the database clock when a daemon first took it for this tick
     now: datetime  # the database clock when this daemon took it
+    revoked: bool = False  # its tenant is revoked
 
 
 class TickAdded(NamedTuple):

@@ -41,6 +41,7 @@ def _due_of(row: asyncpg.Record) -> DueSchedule:
         next_fire=row["next_fire"],
         firing_at=row["firing_at"],
         now=row["now"],
+        revoked=row["revoked"],
     )
 
 

@@ -54,7 +54,9 @@ MAX_SCHEDULES = 1000  # per tenant
 POLL_S = 1.0  # the longest the ticker sleeps: how soon it sees other daemons' changes
 HOLD_S = 10.0  # a daemon's hold on a due schedule; then another may take it over
 DEFER_S = 1.0  # a tick that could not be added now is tried again after this
-BROKEN_S = 60.0  # a stored expression that no longer parses is looked at again after this
+# a revoked tenant's schedule, or a stored expression that no longer parses, is
+# looked at again after this
+BROKEN_S = 60.0
 BATCH = 100  # schedules taken at once
 MIN_WAIT_S = 0.01  # a row due but locked by another daemon's claim: look again soon
 NEVER = timedelta(days=365 * 50)  # the next tick of an expression that fires no more
@@ -149,10 +151,13 @@ class Ticker:
         return 0.0
 
     async def _add(self, due: list[DueSchedule]) -> None:
-        broken: list[DueSchedule] = []
+        held_back: list[DueSchedule] = []  # revoked tenants', or unreadable
         deferred: list[DueSchedule] = []
         groups: dict[JobType, list[_Tick]] = {}
         for schedule in due:
+            if schedule.revoked:
+                held_back.append(schedule)  # looked at again later: the tenant may come back
+                continue
             try:
                 tick = plan_tick(schedule)
             except (CronError, CronSimError) as exc:
@@ -163,7 +168,7 @@ class Ticker:
                     exc,
                     extra={"action": "schedule_broken", "tenant": schedule.client},
                 )
-                broken.append(schedule)
+                held_back.append(schedule)
                 continue
             reason = await self._admit(schedule)
             if reason is not None:
@@ -202,7 +207,7 @@ class Ticker:
                 )
         await self._store.record_ticks(added, sysid=self._sysid)
         await self._store.defer_ticks(deferred, sysid=self._sysid, delay=DEFER_S)
-        await self._store.defer_ticks(broken, sysid=self._sysid, delay=BROKEN_S)
+        await self._store.defer_ticks(held_back, sysid=self._sysid, delay=BROKEN_S)
 
     async def _admit(self, schedule: DueSchedule) -> str | None:
         """None when the tick fits its tenant's add rate and waiting limit (and is

@@ -33,6 +33,7 @@ DELETE_SCHEDULE = "DELETE FROM schedules WHERE client = $1 AND name = $2 RETURNI
 # Take up to $1 due schedules for $2 (a sysid) for $3 seconds: rows another
 # daemon holds are skipped until their hold ends. firing_at is kept from an
 # earlier hold (it fixes the tick), else set to the database clock now.
+# ``revoked``: its tenant was revoked (its ticks are held back, not added).
 CLAIM_DUE = """
 WITH due AS (
     SELECT client, name FROM schedules
@@ -47,7 +48,9 @@ SET due_at = now() + make_interval(secs => $3), firing_by = $2,
 FROM due
 WHERE s.client = due.client AND s.name = due.name
 RETURNING s.client, s.name, s.type, s.cron, s.tz, s.payload, s.version, s.next_fire,
-          s.firing_at, now() AS now
+          s.firing_at, now() AS now,
+          EXISTS (SELECT 1 FROM tenants t
+                  WHERE t.client = s.client AND t.revoked_at IS NOT NULL) AS revoked
 """
 
 # Seconds from the database clock's now until the soonest due_at (NULL: none).

@@ -113,3 +113,37 @@ async def test_a_tick_journaled_by_a_daemon_that_died_is_added_once(
         for journal, log in ((journal1, log1), (journal2, log2)):
             await journal.close()
             await log.close()
+
+
+async def test_a_revoked_tenants_schedule_adds_nothing_until_it_is_back(
+    store: PgStore, tmp_path: Path
+) -> None:
+    fire = datetime.now(UTC).replace(microsecond=0) - timedelta(seconds=2)
+    await store.add_tenant("gone", b"h1")
+    await store.revoke_tenant("gone")
+    await store.put_schedule(
+        Schedule(
+            client="gone",
+            name="yearly",
+            type="report",
+            cron=YEARLY,
+            tz="UTC",
+            payload="p",
+            version="v1",
+            created_at=fire,
+            next_fire=fire,
+        ),
+        1000,
+    )
+    ticker, journal, log = await _ticker(store, tmp_path, "1")
+    try:
+        assert await ticker.step() == 0.0  # taken, and held back
+        assert await ticker.step() == 1.0  # not due again within the poll
+        seconds = await store.next_schedule_due()
+        assert seconds is not None and 50 < seconds <= 60
+        assert journal.lag.unread_lines == 0
+        [listed] = await store.list_schedules("gone")
+        assert (listed.next_fire, listed.last_tick) == (fire, None)
+    finally:
+        await journal.close()
+        await log.close()
