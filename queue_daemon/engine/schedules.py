@@ -63,7 +63,9 @@ NEVER = timedelta(days=365 * 50)  # the next tick of an expression that fires no
 
 
 @dataclass(frozen=True, slots=True)
-class _Tick:
+class PlannedTick:
+    """A tick to add: its job's id, and the schedule's next tick after it."""
+
     due: DueSchedule
     job: str
     tick: datetime
@@ -71,7 +73,7 @@ class _Tick:
     catchup: bool
 
 
-def plan_tick(due: DueSchedule) -> _Tick:
+def plan_tick(due: DueSchedule) -> PlannedTick:
     """The tick to add for a schedule taken: the latest at or before ``firing_at``
     (never before ``next_fire``), and the first after it and after now.
     CronError, or cronsim's, when the stored expression does not parse."""
@@ -83,7 +85,7 @@ def plan_tick(due: DueSchedule) -> _Tick:
     except StopIteration:
         next_fire = due.now + NEVER
     job = tick_id(due.client, due.name, due.version, _ms(tick))
-    return _Tick(due, job, tick, next_fire, catchup=tick > due.next_fire)
+    return PlannedTick(due, job, tick, next_fire, catchup=tick > due.next_fire)
 
 
 def _ms(when: datetime) -> int:
@@ -153,7 +155,7 @@ class Ticker:
     async def _add(self, due: list[DueSchedule]) -> None:
         held_back: list[DueSchedule] = []  # revoked tenants', or unreadable
         deferred: list[DueSchedule] = []
-        groups: dict[JobType, list[_Tick]] = {}
+        groups: dict[JobType, list[PlannedTick]] = {}
         for schedule in due:
             if schedule.revoked:
                 held_back.append(schedule)  # looked at again later: the tenant may come back
