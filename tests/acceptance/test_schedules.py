@@ -180,12 +180,12 @@ async def test_every_daemon_stopped_then_one_catchup_job(
     assert len(caught_up) == 1, f"{len(caught_up)} jobs for the ticks missed in the outage"
     # it is the latest missed tick, marked as a catch-up
     samples = await scrape(api.as_("*admin", admin_token(pg_dsn, tmp_path)))
-    assert value(samples, "queue_schedule_ticks_total", tenant="t", catchup="true") == 1
+    # (a later catch-up would need this daemon stalled for over a second)
+    assert value(samples, "queue_schedule_ticks_total", tenant="t", catchup="true") >= 1
     [job_id] = caught_up
     job = (await api.get_job(job_id)).json
     assert (job["type"], job["payload"]) == ("beat", "tock")
-    assert last + timedelta(seconds=OUTAGE_S) <= when(job["create_dt"])
-    assert stopped_at < restarted_at
+    assert stopped_at + timedelta(seconds=OUTAGE_S) <= when(job["create_dt"])
 
 
 def admin_token(dsn: str, cwd: Path) -> str:
