@@ -172,13 +172,15 @@ async def test_every_daemon_stopped_then_one_catchup_job(
     version = added["version"]
     ids = await stored_ids(pg_dsn, "t-beat")
     missed = {
-        tick_id("t", "beat", version, ms(last) + 1000 * i)
+        tick_id("t", "beat", version, ms(last) + 1000 * i): last + timedelta(seconds=i)
         for i in range(1, int((restarted_at - last).total_seconds()) + 1)
     }
     assert len(missed) >= OUTAGE_S
-    caught_up = ids & missed
+    caught_up = ids & missed.keys()
     assert len(caught_up) == 1, f"{len(caught_up)} jobs for the ticks missed in the outage"
-    # it is the latest missed tick, marked as a catch-up
+    # it is the latest missed tick (when a daemon was back), marked as a catch-up
+    [job_id] = caught_up
+    assert missed[job_id] >= stopped_at + timedelta(seconds=OUTAGE_S - 1)
     samples = await scrape(api.as_("*admin", admin_token(pg_dsn, tmp_path)))
     # (a later catch-up would need this daemon stalled for over a second)
     assert value(samples, "queue_schedule_ticks_total", tenant="t", catchup="true") >= 1
