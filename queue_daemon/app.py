@@ -1,9 +1,10 @@
 """The one place that wires journal, store, ingester, worker, runners and HTTP into a daemon.
 
 Start order: store (embedded PostgreSQL if no DSN) → migrations → sysid and
-journal → tenant cache → ingester, worker (claim loop, leases, expiry, purge)
-and runner pool → HTTP. Stop order (SIGTERM): stop accepting requests and
-finish the ones in flight → stop claiming; running jobs finish within the
+journal → tenant cache → ingester, worker (claim loop, leases, expiry, purge),
+the schedules' ticker and runner pool → HTTP. Stop order (SIGTERM): stop
+accepting requests and finish the ones in flight → stop adding schedule ticks →
+stop claiming; running jobs finish within the
 drain timeout or go back to the store at once → close the runner contexts →
 let the ingester catch up with what was acknowledged (bounded by the drain
 timeout) → write the rest of the queue logfile (fsync) → close the journal
@@ -41,6 +42,7 @@ from queue_daemon.engine.intake import Intake
 from queue_daemon.engine.limits import Limits
 from queue_daemon.engine.pulled import Pulls
 from queue_daemon.engine.quotas import Admission, RateLimiter, WaitingLimiter
+from queue_daemon.engine.schedules import Ticker
 from queue_daemon.engine.waits import DoneWaits
 from queue_daemon.engine.worker import Worker, WorkerSettings
 from queue_daemon.observe.metrics import Metrics, Sources
@@ -174,6 +176,7 @@ class Daemon:
         self.worker: Worker | None = None
         self.pulls: Pulls | None = None
         self.done_waits: DoneWaits | None = None
+        self.ticker: asyncio.Task[Any] | None = None
         self.waiting: WaitingLimiter | None = None
         self.runner: AppRunner | None = None
         self.connections: ConnectionCaps | None = None
@@ -295,6 +298,16 @@ class Daemon:
         supervisor.start("done-waits", done_waits.run())
         throughput = Throughput()
         supervisor.start("throughput", throughput.run(store))
+        ticker = Ticker(
+            store=store,
+            intake=intake,
+            limits=limits,
+            admission=admission,
+            queuelog=queuelog,
+            metrics=metrics,
+            sysid=identity.sysid,
+        )
+        self.ticker = supervisor.start("schedules", ticker.run())
 
         services = Services(
             settings=settings,
@@ -318,6 +331,7 @@ class Daemon:
             bodies=BodyBudget(
                 settings.body_memory, max(settings.body_memory // 4, settings.body_limit)
             ),
+            ticker=ticker,
         )
         # aiohttp's keep-alive timer runs from the connection's start (and from each
         # reply) and closes a connection still waiting for a whole request; with the
@@ -347,16 +361,21 @@ class Daemon:
             "listening on %s as sysid %s", self.url, identity.sysid, extra={"action": "ready"}
         )
 
-    async def stop(self) -> None:
-        """Graceful when start() completed; otherwise closes whatever was opened."""
-        settings = self.settings
-        # held claims and GETs answer now (with what there is), not at their timeout
+    def _end_waits(self) -> None:
+        """Held claims and GETs answer now (with what there is), not at their timeout."""
         if self.pulls is not None:
             self.pulls.waits.close()
         if self.done_waits is not None:
             self.done_waits.close()
+
+    async def stop(self) -> None:
+        """Graceful when start() completed; otherwise closes whatever was opened."""
+        settings = self.settings
+        self._end_waits()
         if self.runner is not None:
             await self.runner.cleanup()  # stop accepting; requests in flight finish
+        if self.ticker is not None:
+            self.ticker.cancel()  # no more ticks: a tick journaled but not recorded is re-added
         if self.worker is not None:
             await self.worker.drain(settings.drain_timeout)  # running jobs finish or go back
         if self.pool is not None:

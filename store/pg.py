@@ -8,12 +8,13 @@ from store.pg_handlers import HandlersPart
 from store.pg_jobs import JobsPart
 from store.pg_pulled import PulledPart
 from store.pg_queue import QueuePart
+from store.pg_schedules import SchedulesPart
 from store.pg_tenants import TenantsPart
 
 __all__ = ["PgStore"]
 
 
-class PgStore(JobsPart, QueuePart, PulledPart, GraphPart, TenantsPart, HandlersPart):
+class PgStore(JobsPart, QueuePart, PulledPart, GraphPart, TenantsPart, HandlersPart, SchedulesPart):
     """The job store on PostgreSQL.
 
     Every call takes a connection from the pool and returns it; asyncpg errors

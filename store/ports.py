@@ -14,6 +14,7 @@ decisions are unit-tested against, in memory.
 | SysidLeases   | the daemon's sysid                                     |
 | PulledJobs    | the pull-worker routes (claims by tenants' workers)   |
 | Dashboard     | the overview, metrics and throughput                   |
+| ScheduleStore | the schedule routes and the ticker (periodic jobs)     |
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from store.models import (
     ClaimedJob,
     DaemonLease,
     DaemonSeen,
+    DueSchedule,
     ExpiredLock,
     FailedJob,
     HandlerRecord,
@@ -40,7 +42,9 @@ from store.models import (
     QueueDepth,
     Release,
     RunningJobs,
+    Schedule,
     Tenant,
+    TickAdded,
     TypeStats,
     WorkerSeen,
 )
@@ -313,6 +317,34 @@ class PulledJobs(Protocol):
         """Daemons seen within a day, with the jobs each runs now."""
 
 
+class ScheduleStore(Protocol):
+    async def put_schedule(self, schedule: Schedule, max_schedules: int) -> Schedule:
+        """Add or replace ``schedule`` (a new version: a hold on it is dropped).
+        LimitReached if it is new and its tenant already has ``max_schedules``."""
+
+    async def list_schedules(self, client: str) -> list[Schedule]: ...
+
+    async def delete_schedule(self, client: str, name: str) -> None:
+        """NotFound if none."""
+
+    async def claim_schedules(self, *, sysid: str, limit: int, hold: float) -> list[DueSchedule]:
+        """Take up to ``limit`` due schedules no other daemon holds, for ``hold``
+        seconds (then any daemon may take them over)."""
+
+    async def next_schedule_due(self) -> float | None:
+        """Seconds until a schedule is due (<= 0: now), None when there are none."""
+
+    async def record_ticks(self, ticks: Sequence[TickAdded], *, sysid: str) -> None:
+        """Record added ticks and each schedule's next; only rows ``sysid`` still
+        holds in the version the tick was added for."""
+
+    async def defer_ticks(
+        self, schedules: Sequence[DueSchedule], *, sysid: str, delay: float
+    ) -> None:
+        """Give back schedules whose tick could not be added now; they are due again
+        (the same tick) in ``delay`` seconds."""
+
+
 class Store(
     JobIntake,
     JobQueue,
@@ -322,6 +354,7 @@ class Store(
     HandlerStore,
     SysidLeases,
     Dashboard,
+    ScheduleStore,
     Protocol,
 ):
     """Every port, and the connection's own life: what the daemon's wiring holds."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from queue_daemon.api import admin, handlers, health, jobs, openapi, overview, pull
+from queue_daemon.api import admin, handlers, health, jobs, openapi, overview, pull, schedules
 from queue_daemon.api.web import SERVICES, Services, error_middleware
 
 
@@ -35,6 +35,9 @@ def build_app(services: Services) -> web.Application:
     router.add_post("/{client}/handler/add/{type}", handlers.add_handler)
     router.add_post("/{client}/handler/del/{type}", handlers.delete_handler)
     router.add_get("/{client}/handler/get/{type}", handlers.get_handler)
+    router.add_post("/{client}/schedule/add/{name}", schedules.add_schedule)
+    router.add_post("/{client}/schedule/del/{name}", schedules.delete_schedule)
+    router.add_get("/{client}/schedules", schedules.list_schedules)
     router.add_get("/admin/tenants", admin.list_tenants)
     router.add_get("/admin/tenants/{client}/limits", admin.get_limits)
     router.add_post("/admin/tenants/{client}/limits", admin.set_limits)

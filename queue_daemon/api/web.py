@@ -31,6 +31,7 @@ from queue_daemon.engine.intake import Intake
 from queue_daemon.engine.limits import Limits
 from queue_daemon.engine.pulled import Pulls
 from queue_daemon.engine.quotas import RateLimiter, WaitingLimiter
+from queue_daemon.engine.schedules import Ticker
 from queue_daemon.engine.sysid import Identity
 from queue_daemon.engine.waits import DoneWaits
 from queue_daemon.names import valid_type
@@ -69,6 +70,7 @@ class Services:
     reads: CoalescedReads[Any]  # the tenants' repeatable reads of the store
     pulls: Pulls  # jobs of pulled types, claimed by the tenants' workers
     done_waits: DoneWaits  # GETs held until their job is done
+    ticker: Ticker  # adds the schedules' ticks (periodic jobs)
 
 
 SERVICES = web.AppKey("services", Services)

@@ -52,3 +52,12 @@ def keyed_ids(client: str, key: str, n: int) -> list[str]:
     (``<13 hex digits>-<sysid>``) is one of them."""
     digest = hashlib.sha256(f"{client}\0{key}".encode("utf-8", "surrogatepass")).hexdigest()
     return [f"i{digest[:24]}-{i}" for i in range(n)]
+
+
+def tick_id(client: str, schedule: str, version: str, tick_ms: int) -> str:
+    """The id of the job a schedule adds at a tick: derived from the tenant, the
+    schedule's name and version and the tick alone, so every daemon that adds
+    the tick journals the same id and ingestion, idempotent by id, keeps one job.
+    They start with ``s``, never a hex digit nor ``i``: no other id is one of them."""
+    text = f"{client}\0{schedule}\0{version}\0{tick_ms}"
+    return "s" + hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:26]

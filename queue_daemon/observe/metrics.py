@@ -163,6 +163,8 @@ class Metrics:
         self._follow_ons_dropped: dict[tuple[str, str], int] = {}
         self._pulled: dict[tuple[str, str], int] = {}
         self._live_workers: dict[str, int] = {}
+        self._ticks: dict[tuple[str, str], int] = {}
+        self._ticks_deferred: dict[tuple[str, str], int] = {}
         self._add_seconds = _Histogram(FAST_BUCKETS)
         self._claim_seconds = _Histogram(FAST_BUCKETS)
         self._run_seconds: dict[str, _Histogram] = {}
@@ -224,6 +226,16 @@ class Metrics:
             labels = (self.labels.tenant(client), event)
             self._pulled[labels] = self._pulled.get(labels, 0) + count
 
+    def ticks(self, client: str, count: int, *, catchup: bool) -> None:
+        """Schedule ticks added as jobs; ``catchup`` when they stand for missed ones."""
+        labels = (self.labels.tenant(client), "true" if catchup else "false")
+        self._ticks[labels] = self._ticks.get(labels, 0) + count
+
+    def ticks_deferred(self, client: str, reason: str, count: int) -> None:
+        """Schedule ticks not added yet (rate, waiting, journal): tried again shortly."""
+        labels = (self.labels.tenant(client), reason)
+        self._ticks_deferred[labels] = self._ticks_deferred.get(labels, 0) + count
+
     def event_families(self) -> Iterable[Metric]:
         for name, documentation, labels, values in (
             (
@@ -265,6 +277,20 @@ class Metrics:
                 " completed, stale (the claim no longer held the job), handed_back",
                 ["tenant", "event"],
                 self._pulled,
+            ),
+            (
+                "queue_schedule_ticks",
+                "Schedule ticks added as jobs by this daemon, by tenant; catchup=true for one"
+                " that stands for ticks missed while no daemon ran (or the store was down)",
+                ["tenant", "catchup"],
+                self._ticks,
+            ),
+            (
+                "queue_schedule_ticks_deferred",
+                "Schedule ticks put off for a moment, by tenant and reason: rate or waiting"
+                " (over the tenant's limits), journal (it could not be written)",
+                ["tenant", "reason"],
+                self._ticks_deferred,
             ),
         ):
             family = CounterMetricFamily(name, documentation, labels=labels)

@@ -232,6 +232,16 @@ class QueueLog:
             f'{record_head(Ev.CANCELLED, now_ms(), jobtype)},"id":"{job_id}"{self._sys}}}\n'
         )
 
+    def tick(
+        self, jobtype: str, job_id: str, schedule: str, tick_ms: int, *, catchup: bool
+    ) -> None:
+        """A schedule's tick added as job ``job_id`` (its ``added`` line is apart);
+        ``catchup`` when later ticks were missed and this one stands for them."""
+        self._append(
+            f'{record_head(Ev.TICK, now_ms(), jobtype)},"id":"{job_id}","schedule":"{schedule}"'
+            f',"tick":{tick_ms},"catchup":{"true" if catchup else "false"}{self._sys}}}\n'
+        )
+
     def purged(self, counts: Mapping[str, int]) -> None:
         """Archived jobs deleted after the retention time, counted per jobtype."""
         at_ms = now_ms()

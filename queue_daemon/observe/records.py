@@ -30,6 +30,7 @@ class Ev(enum.StrEnum):
     CANCELLED = "cancelled"  # a waiting job cancelled by its tenant
     PURGED = "purged"  # archived jobs deleted after the retention time, counted
     LOG = "log"  # what a run printed that was neither a follow-on job nor a status
+    TICK = "tick"  # a schedule's tick added as a job
 
 
 HEAD = ("ev", "t", "tenant", "type")
@@ -43,6 +44,7 @@ FIELDS: dict[Ev, tuple[str, ...]] = {
     Ev.CANCELLED: ("id", "sysid"),
     Ev.PURGED: ("n", "sysid"),
     Ev.LOG: ("id", "lines"),  # no sysid: the daemon that ran it is in the started line
+    Ev.TICK: ("id", "schedule", "tick", "catchup", "sysid"),
 }
 
 

@@ -17,6 +17,7 @@ from store.queries import (
     migrations,
     pulled,
     queue,
+    schedules,
     sysids,
     tenants,
 )
@@ -30,6 +31,7 @@ __all__ = [
     "migrations",
     "pulled",
     "queue",
+    "schedules",
     "sysids",
     "tenants",
 ]

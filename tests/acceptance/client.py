@@ -27,7 +27,15 @@ JOB_FIELDS = {
     "exitcode",
     "result",
 }
-STAT_FIELDS = {"waiting", "scheduled", "running", "done_ok", "done_failed", "done_error"}
+STAT_FIELDS = {
+    "waiting",
+    "scheduled",
+    "blocked",
+    "running",
+    "done_ok",
+    "done_failed",
+    "done_error",
+}
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,8 +5,9 @@ A real daemon; the page is opened with the operator token and watched while
 a tenant adds jobs of a type without a handler (the waiting count shows),
 then adds the handler (the done count rises, the waiting count falls) and a
 failing type whose result is HTML (it shows as text). Then the tenant's own
-token: no other tenant's name anywhere. The browser console must stay free
-of errors. A screenshot is kept in pytest's tmp dir and in ``test-artifacts/``.
+token: no other tenant's name anywhere, and its schedules with their next fire
+times. The browser console must stay free of errors. A screenshot is kept in
+pytest's tmp dir and in ``test-artifacts/``.
 
 Without the browser the test is skipped, with the reason, except under
 ``CI=true`` (``.ci/run`` installs it), where that is a failure.
@@ -210,9 +211,27 @@ async def test_dashboard_in_chromium(
     assert severe(console) == [], console
 
     # a tenant's own token: its queues only; no other tenant's name anywhere
+    assert not driver.find_element(By.ID, "schedules-section").is_displayed()  # operator view
+    reply = await acme.request(
+        "POST",
+        "/acme/schedule/add/nightly",
+        data='{"type": "report", "cron": "0 3 * * *", "tz": "Europe/Berlin", "payload": "p"}',
+        headers={"Content-Type": "application/json"},
+    )
+    assert reply.status == 200, reply
     open_as(driver, url, "acme", deployment.tokens["acme"])
     wait_for("the tenant view", lambda: "tenant acme" in driver.find_element(By.ID, "status").text)
     wait_for("acme's queue", lambda: cell(driver, "acme/resize", "done_ok") == "3")
+    # its schedules, each with its next three fire times
+    next_times = wait_for(
+        "the schedule's next fire times",
+        lambda: driver.execute_script(
+            "const td = document.querySelector("
+            '  \'#schedules tr[data-schedule="nightly"] td[data-col="next"]\');'
+            "return td ? td.textContent : null;"
+        ),
+    )
+    assert len(next_times.split(" · ")) == 3, next_times
     page = driver.find_element(By.TAG_NAME, "body").text + driver.page_source
     assert "globex" not in page
     assert severe(driver.get_log("browser")) == []

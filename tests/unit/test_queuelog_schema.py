@@ -35,6 +35,7 @@ async def test_every_kind_written_has_exactly_its_declared_fields(tmp_path: Path
     log.cancelled("acme-t", "j1")
     log.purged({"acme-t": 3})
     log.log("acme-t", "j1", ["hello"])
+    log.tick("acme-t", "j1", "nightly", 1000, catchup=True)
     await log.close()
     seen = set()
     for raw in (tmp_path / "queue.log").read_bytes().splitlines():

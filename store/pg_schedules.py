@@ -1,0 +1,111 @@
+"""Periodic jobs (``ScheduleStore``): the tenants' schedules, and the due ticks
+that daemons take, add and record; see migration 0009 for the columns."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import asyncpg
+
+from store import queries
+from store.errors import LimitReached, NotFound
+from store.models import DueSchedule, Schedule, TickAdded
+from store.pg_base import PgBase
+
+
+def schedule_of(row: asyncpg.Record) -> Schedule:
+    return Schedule(
+        client=row["client"],
+        name=row["name"],
+        type=row["type"],
+        cron=row["cron"],
+        tz=row["tz"],
+        payload=row["payload"],
+        version=row["version"],
+        created_at=row["created_at"],
+        next_fire=row["next_fire"],
+        last_tick=row["last_tick"],
+        last_job=row["last_job"],
+    )
+
+
+def _due_of(row: asyncpg.Record) -> DueSchedule:
+    return DueSchedule(
+        client=row["client"],
+        name=row["name"],
+        type=row["type"],
+        cron=row["cron"],
+        tz=row["tz"],
+        payload=row["payload"],
+        version=row["version"],
+        next_fire=row["next_fire"],
+        firing_at=row["firing_at"],
+        now=row["now"],
+        revoked=row["revoked"],
+    )
+
+
+class SchedulesPart(PgBase):
+    """Periodic jobs (``ScheduleStore``)."""
+
+    async def put_schedule(self, schedule: Schedule, max_schedules: int) -> Schedule:
+        """Add or replace; ``LimitReached`` when new and the tenant has ``max_schedules``."""
+        q = queries.schedules
+        s = schedule
+        async with self._conn() as conn, conn.transaction():
+            await conn.execute(q.LOCK_CLIENT_SCHEDULES, s.client)
+            if not await conn.fetchval(q.SCHEDULE_EXISTS, s.client, s.name):
+                count = await conn.fetchval(q.COUNT_SCHEDULES, s.client)
+                if count >= max_schedules:
+                    raise LimitReached(f"{s.client} has {count} schedules, its limit")
+            row = await conn.fetchrow(
+                q.PUT_SCHEDULE,
+                s.client,
+                s.name,
+                s.type,
+                s.cron,
+                s.tz,
+                s.payload,
+                s.version,
+                s.next_fire,
+            )
+        assert row is not None  # INSERT ... RETURNING
+        return schedule_of(row)
+
+    async def list_schedules(self, client: str) -> list[Schedule]:
+        return [schedule_of(r) for r in await self._fetch(queries.schedules.LIST_SCHEDULES, client)]
+
+    async def delete_schedule(self, client: str, name: str) -> None:
+        if not await self._fetch(queries.schedules.DELETE_SCHEDULE, client, name):
+            raise NotFound(f"no schedule {name!r}")
+
+    async def claim_schedules(self, *, sysid: str, limit: int, hold: float) -> list[DueSchedule]:
+        rows = await self._fetch(queries.schedules.CLAIM_DUE, limit, sysid, hold)
+        return [_due_of(r) for r in rows]
+
+    async def next_schedule_due(self) -> float | None:
+        async with self._conn() as conn:
+            seconds: float | None = await conn.fetchval(queries.schedules.NEXT_DUE)
+        return seconds
+
+    async def record_ticks(self, ticks: Sequence[TickAdded], *, sysid: str) -> None:
+        if not ticks:
+            return
+        async with self._conn() as conn:
+            columns = map(list, zip(*ticks, strict=True))
+            await conn.execute(queries.schedules.RECORD_TICKS, *columns, sysid)
+
+    async def defer_ticks(
+        self, schedules: Sequence[DueSchedule], *, sysid: str, delay: float
+    ) -> None:
+        if not schedules:
+            return
+        async with self._conn() as conn:
+            await conn.execute(
+                queries.schedules.DEFER_TICKS,
+                [s.client for s in schedules],
+                [s.name for s in schedules],
+                [s.version for s in schedules],
+                sysid,
+                delay,
+            )
