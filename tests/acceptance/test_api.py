@@ -212,6 +212,7 @@ async def test_stats_count_each_state_per_type(api: Api) -> None:
     assert types["counted"] == {
         "waiting": 3,
         "scheduled": 1,
+        "blocked": 0,
         "running": 0,
         "done_ok": 0,
         "done_failed": 2,
