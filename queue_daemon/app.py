@@ -35,6 +35,7 @@ from queue_daemon.api.web import Services
 from queue_daemon.engine import sysid as sysids
 from queue_daemon.engine.adoption import Adopter
 from queue_daemon.engine.backoff import Backoff
+from queue_daemon.engine.graph import Resolved
 from queue_daemon.engine.handlers import HandlerCache
 from queue_daemon.engine.ids import IdGenerator
 from queue_daemon.engine.ingester import Ingester
@@ -261,6 +262,7 @@ class Daemon:
             job_ttl=settings.job_ttl,
         )
         self.done_waits = done_waits = DoneWaits(store.done_among)
+        store.on_resolved = Resolved(queuelog, metrics)
         self.worker = worker = Worker(
             store=store,
             intake=intake,

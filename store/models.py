@@ -91,6 +91,7 @@ class ClaimedJob:
     due_ms: int | None = None
     # the type's live handler version when it was claimed (None: it had none)
     handler: str | None = None
+    deadline: datetime | None = None  # it ends (408) if not done by then
 
 
 class ExpiredLock(NamedTuple):

@@ -73,6 +73,17 @@ class GraphPart(PgBase):
         self._told(resolution)
         return resolution
 
+    async def expire_deadlines(self) -> list[tuple[str, str, bool]]:
+        """End (failed, 408) jobs whose deadline passed; (id, type, was running)."""
+        ended: list[tuple[str, str, bool]] = []
+        while True:
+            rows = await self._fetch(queries.graph.EXPIRE_DEADLINES, PENDING_CHUNK)
+            rows = [row for row in rows if row["id"] is not None]  # NULL: the note's row
+            await self.resolve([row["id"] for row in rows if row["dependents"]])
+            ended += [(row["id"], row["type"], row["running"]) for row in rows]
+            if len(rows) < PENDING_CHUNK:
+                return ended
+
     async def resolve_pending(self) -> int:
         """Resolve what a crash left unresolved; how many done jobs were."""
         total = 0

@@ -80,6 +80,7 @@ class QueuePart(PgBase):
                 create_dt=row["create_dt"],
                 due_ms=row["due_ms"],
                 handler=row["handler"],
+                deadline=row["deadline"],
             )
             for row in rows
         ]

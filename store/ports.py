@@ -106,6 +106,13 @@ class JobQueue(Protocol):
     async def forget_workers(self) -> int:
         """Delete pull workers not seen for a day; how many."""
 
+    async def expire_deadlines(self) -> list[tuple[str, str, bool]]:
+        """End (failed, 408) the jobs whose deadline passed, running ones too (their
+        holder's outcome is then refused); (id, stored type, was running) of each."""
+
+    async def resolve_pending(self) -> int:
+        """Resolve the dependents of done jobs that a crash left unresolved."""
+
     async def listen(
         self,
         on_jobs: Callable[[dict[str, int] | None], None],

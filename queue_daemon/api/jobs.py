@@ -87,6 +87,8 @@ async def add_jobs(request: web.Request) -> web.Response:
     except JournalError as exc:
         logger.error("journal write failed: %s", exc, extra={"action": "journal_write_failed"})
         raise errors.unavailable("the journal cannot be written; nothing was accepted") from None
+    if options.after:
+        services.queuelog.blocked(JobType(client, jobtype).stored, ids, len(options.after))
     services.metrics.add_took(time.perf_counter() - began)
     return json_response({"ids": ids})
 

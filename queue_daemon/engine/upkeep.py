@@ -63,6 +63,21 @@ class Upkeep:
             self._metrics.finished(jobtype, releases)
         return bool(again)
 
+    async def deadlines(self) -> None:
+        """End the jobs whose deadline passed (408), and resolve what a crash left."""
+        ended = await self._store.expire_deadlines()
+        if ended:
+            self._queuelog.deadline(ended)
+            by_type: dict[str, list[Release]] = {}
+            for job_id, jobtype, _ in ended:
+                by_type.setdefault(jobtype, []).append(
+                    Release(id=job_id, how=ReleaseHow.ARCHIVE, code="failed", exitcode=408)
+                )
+            for jobtype, releases in by_type.items():
+                self._queuelog.finished(jobtype, releases)
+                self._metrics.finished(jobtype, releases)
+        await self._store.resolve_pending()
+
     async def purge(self) -> None:
         purged = await self._store.purge(self._retention)
         if purged:

@@ -20,6 +20,7 @@ import os
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
 from queue_daemon.engine.backoff import Backoff
 from queue_daemon.engine.batches import BatchRunner, Runners
@@ -55,6 +56,12 @@ CLAIM_LOOPS = 2
 # How often the tenants running more contexts than their share of the cores are
 # found and their handlers put behind the others' on the CPU (runners.sandbox.cpushare).
 BUSY_CHECK_S = 0.25
+# How often jobs whose deadline passed are ended (408), and dependencies that a
+# crash left unresolved are resolved.
+DEADLINE_CHECK_S = 1.0
+# a batch is stopped this long after its soonest deadline: after the store's check
+# has ended that job (with its run), so its outcome is refused, not put back
+DEADLINE_GRACE_S = DEADLINE_CHECK_S + 0.5
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -187,6 +194,7 @@ class Worker:
             group.create_task(self._every(settings.lease / 3, self._renew))
             group.create_task(self._every(min(5.0, settings.lease / 4), self._expire))
             group.create_task(self._every(settings.purge_interval, self._upkeep.purge))
+            group.create_task(self._every(DEADLINE_CHECK_S, self._upkeep.deadlines))
             group.create_task(self._every(BUSY_CHECK_S, self._mark_busy))
 
     async def drain(self, within: float) -> None:
@@ -312,7 +320,12 @@ class Worker:
         releases: list[Release] = []
         run_ms: dict[str, float] = {}
         try:
-            releases = await self._runner.releases(jobtype, jobs, run_ms)
+            # stopped when a job's deadline passes: the store ends that job (408)
+            # and the batch's other jobs run again, their attempt not counted
+            async with asyncio.timeout(_seconds_left(jobs)):
+                releases = await self._runner.releases(jobtype, jobs, run_ms)
+        except TimeoutError:
+            releases = [put_back(job) for job in jobs]
         except asyncio.CancelledError:
             releases = [put_back(job) for job in jobs]  # shutdown: another daemon runs them
             raise
@@ -361,3 +374,12 @@ class Worker:
             self._queuelog.lost_lease(jobtype, lost, attempts=attempts, run_ms=run_ms)
             self._metrics.lost_lease(jobtype, len(lost))
         self._wake.set()
+
+
+def _seconds_left(jobs: list[ClaimedJob]) -> float | None:
+    """Seconds until the soonest deadline of ``jobs`` (a moment after, so the
+    store's check ends the job first), None when none has one."""
+    deadlines = [job.deadline for job in jobs if job.deadline is not None]
+    if not deadlines:
+        return None
+    return max(0.0, (min(deadlines) - datetime.now(UTC)).total_seconds()) + DEADLINE_GRACE_S

@@ -242,6 +242,32 @@ class QueueLog:
             f',"tick":{tick_ms},"catchup":{"true" if catchup else "false"}{self._sys}}}\n'
         )
 
+    def blocked(self, jobtype: str, ids: Sequence[str], after: int) -> None:
+        """Jobs added to wait for ``after`` other jobs (their ``added`` lines are apart)."""
+        head = record_head(Ev.BLOCKED, now_ms(), jobtype)
+        self._append("".join(f'{head},"id":"{i}","after":{after}{self._sys}}}\n' for i in ids))
+
+    def unblocked(self, jobs: Iterable[tuple[str, str]]) -> None:
+        """``(id, jobtype)`` of jobs whose dependencies are all done: they are due."""
+        at_ms = now_ms()
+        self._append(
+            "".join(
+                f'{record_head(Ev.UNBLOCKED, at_ms, jobtype)},"id":"{job_id}"{self._sys}}}\n'
+                for job_id, jobtype in jobs
+            )
+        )
+
+    def deadline(self, jobs: Iterable[tuple[str, str, bool]]) -> None:
+        """``(id, jobtype, running)`` of jobs whose deadline passed: failed, 408."""
+        at_ms = now_ms()
+        self._append(
+            "".join(
+                f'{record_head(Ev.DEADLINE, at_ms, jobtype)},"id":"{job_id}"'
+                f',"running":{"true" if running else "false"}{self._sys}}}\n'
+                for job_id, jobtype, running in jobs
+            )
+        )
+
     def purged(self, counts: Mapping[str, int]) -> None:
         """Archived jobs deleted after the retention time, counted per jobtype."""
         at_ms = now_ms()

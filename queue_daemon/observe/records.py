@@ -31,6 +31,9 @@ class Ev(enum.StrEnum):
     PURGED = "purged"  # archived jobs deleted after the retention time, counted
     LOG = "log"  # what a run printed that was neither a follow-on job nor a status
     TICK = "tick"  # a schedule's tick added as a job
+    BLOCKED = "blocked"  # a job added to wait for other jobs
+    UNBLOCKED = "unblocked"  # its dependencies are done: it is due
+    DEADLINE = "deadline"  # its deadline passed before it was done: failed, 408
 
 
 HEAD = ("ev", "t", "tenant", "type")
@@ -45,6 +48,9 @@ FIELDS: dict[Ev, tuple[str, ...]] = {
     Ev.PURGED: ("n", "sysid"),
     Ev.LOG: ("id", "lines"),  # no sysid: the daemon that ran it is in the started line
     Ev.TICK: ("id", "schedule", "tick", "catchup", "sysid"),
+    Ev.BLOCKED: ("id", "after", "sysid"),
+    Ev.UNBLOCKED: ("id", "sysid"),
+    Ev.DEADLINE: ("id", "running", "sysid"),
 }
 
 

@@ -13,6 +13,8 @@ set on a done job: ``PENDING`` finds it and the resolution is run then.
 
 from __future__ import annotations
 
+from store.queries.queue import BY_OF, NOTE_DONE, RUN_ENTRY
+
 # $1..$5 the new jobs' columns as arrays (as intake.INSERT_FEW), $6 the ids of
 # their dependencies, $7 resolve_any (all-resolved), $8 deadline or NULL.
 # A dependency that is no longer in the store (purged) counts as completed.
@@ -121,4 +123,34 @@ SELECT 'failed', id, type FROM failed
 # Done jobs whose dependents a crash left unresolved.
 PENDING = """
 SELECT id FROM jobs WHERE dependents AND lock = '__done' LIMIT $1
+"""
+
+# Jobs whose deadline passed, waiting, blocked or running, at most $1: failed,
+# 408. A running one's holder loses it (its release or complete no longer
+# applies: the late result is discarded); its run ends with reason deadline.
+EXPIRE_DEADLINES = f"""
+WITH due AS MATERIALIZED (
+    SELECT id, lock FROM jobs
+    WHERE deadline IS NOT NULL AND lock <> '__done' AND deadline <= now()
+    ORDER BY deadline
+    LIMIT $1
+    FOR UPDATE SKIP LOCKED
+), ended AS (
+    UPDATE jobs j
+    SET lock = '__done', dt = now() + interval '1000 years', done_dt = now(),
+        code = 'failed', exitcode = 408,
+        result = 'the deadline passed before the job was done', deps = NULL,
+        runs = CASE WHEN d.lock = '' THEN j.runs
+                    ELSE coalesce(j.runs, '[]'::jsonb) || {
+    RUN_ENTRY.format(
+        by=BY_OF.format(lock="d.lock"), exitcode="NULL::int", code="NULL::text", reason="'deadline'"
+    )
+} END
+    FROM due d
+    WHERE j.id = ANY(ARRAY(SELECT id FROM due)) AND j.id = d.id
+    RETURNING j.id, j.type, j.lock, j.dependents, d.lock <> '' AS running
+),
+{NOTE_DONE.format(rows="ended")}
+SELECT id, type, dependents, running FROM ended
+UNION ALL SELECT NULL, NULL, NULL, NULL FROM note
 """

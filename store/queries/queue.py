@@ -54,7 +54,7 @@ WHERE types.type IS NOT NULL AND eligible.n > 0
 # jobs_waiting_idx, oldest dt first.
 CLAIM_IDS = """
 SELECT id FROM jobs
-WHERE type = $1 AND lock = '' AND dt <= now()
+WHERE type = $1 AND lock = '' AND dt <= now() AND (deadline IS NULL OR deadline > now())
 ORDER BY dt
 LIMIT $2
 FOR UPDATE SKIP LOCKED
@@ -82,7 +82,7 @@ CLAIM = f"""
 UPDATE jobs
 SET lock = $3, dt = now() + make_interval(secs => $4), attempts = attempts + 1, run_dt = now()
 WHERE id = ANY(ARRAY({CLAIM_IDS}))
-RETURNING id, type, data, attempts, create_dt,
+RETURNING id, type, data, attempts, create_dt, deadline,
           (SELECT floor(extract(epoch FROM greatest(o.dt, o.create_dt)) * 1000)::bigint
            FROM jobs o WHERE o.id = jobs.id) AS due_ms,
           ({LIVE_HANDLER_ID}) AS handler

@@ -190,6 +190,12 @@ class FakeStore:
     async def forget_workers(self) -> int:
         return 0
 
+    async def expire_deadlines(self) -> list[tuple[str, str, bool]]:
+        return []
+
+    async def resolve_pending(self) -> int:
+        return 0
+
     async def listen(
         self,
         on_jobs: Callable[[dict[str, int] | None], None],

@@ -36,6 +36,9 @@ async def test_every_kind_written_has_exactly_its_declared_fields(tmp_path: Path
     log.purged({"acme-t": 3})
     log.log("acme-t", "j1", ["hello"])
     log.tick("acme-t", "j1", "nightly", 1000, catchup=True)
+    log.blocked("acme-t", ["j1"], 2)
+    log.unblocked([("j1", "acme-t")])
+    log.deadline([("j1", "acme-t", True)])
     await log.close()
     seen = set()
     for raw in (tmp_path / "queue.log").read_bytes().splitlines():

@@ -1,0 +1,82 @@
+"""Deadlines (docs/api.md): a job not done by its deadline ends failed, 408,
+whatever attempts it had left: waiting, blocked, or running (stopped, its late
+result discarded)."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import aiohttp
+
+from tests.acceptance.client import Api, Handlers, until, wait_done
+from tests.acceptance.daemon import DaemonFactory, add_tenant, shared_dir
+
+SLEEPER = """
+import os, time
+def handler(payload, ctx):
+    with open(os.path.join(payload, "pid"), "w") as f:
+        f.write(str(os.getpid()))
+    time.sleep(120)
+    return "too late"
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+async def test_waiting_blocked_and_running_jobs_end_408_on_time(
+    daemons: DaemonFactory, pg_dsn: str, open_tmp: Path, session: aiohttp.ClientSession
+) -> None:
+    token = add_tenant("t", store=pg_dsn, data_dir=open_tmp, cwd=open_tmp)
+    api = Api(session, daemons.start(open_tmp, pg_dsn).url, "t", token)
+    marks = shared_dir(open_tmp, "marks")
+    await Handlers(api).add("sleep", "python", SLEEPER, timeout=300)
+    began = time.monotonic()
+    [waiting] = await api.add("nohandler", ["x"], params={"deadline": "2"})
+    [parent] = await api.add("nohandler", ["x"], params={"delay": "3600"})
+    [blocked] = await api.add("nohandler", ["x"], params={"after": parent, "deadline": "2"})
+    [running] = await api.add("sleep", [str(marks)], params={"deadline": "3"})
+    for job_id in (waiting, blocked, running):
+        job = await wait_done(api, job_id, within=30)
+        assert job["code"] == "failed" and job["exitcode"] == 408, job
+    assert time.monotonic() - began < 15  # on time: checked every second
+    pid = int((marks / "pid").read_text())
+    await until(lambda: _none_if(_alive(pid)), 30, "the run past its deadline to be stopped")
+    job = (await api.get_job(running)).json
+    assert [r["reason"] for r in job["runs"]] == ["deadline"], job["runs"]
+    assert job["result"] != "too late"
+
+
+async def _none_if(value: bool) -> bool | None:
+    return None if value else True
+
+
+async def test_a_pulled_job_past_its_deadline_is_no_longer_held(
+    daemons: DaemonFactory, pg_dsn: str, tmp_path: Path, session: aiohttp.ClientSession
+) -> None:
+    token = add_tenant("t", store=pg_dsn, data_dir=tmp_path, cwd=tmp_path)
+    api = Api(session, daemons.start(tmp_path, pg_dsn).url, "t", token)
+    reply = await Handlers(api).add_raw("p", {"lang": "worker", "timeout": 600})
+    assert reply.status == 200, reply
+    [job_id] = await api.add("p", ["x"], params={"deadline": "2"})
+    headers = {"Content-Type": "application/json"}
+    body = json.dumps({"worker": "w", "wait": 10})
+    claimed = await api.request("POST", "/t/job/p/claim", data=body, headers=headers)
+    [job] = claimed.json["jobs"]
+    assert job["id"] == job_id
+    done = await wait_done(api, job_id, within=30)
+    assert done["exitcode"] == 408, done
+    renew = json.dumps({"worker": "w", "claim": job["claim"]})
+    reply = await api.request("POST", f"/t/job/{job_id}/renew", data=renew, headers=headers)
+    assert reply.status == 409, reply
+    reply = await api.request("POST", f"/t/job/{job_id}/complete", data=renew, headers=headers)
+    assert reply.status == 409, reply
+    assert (await api.get_job(job_id)).json["exitcode"] == 408
