@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 
-from bench import abuse, adds, pulled, runs
+from bench import abuse, adds, graph, pulled, runs
 from bench.http_load import Load, generator_name
 from bench.pg import Databases, PrivatePostgres
 from bench.procs import BenchError
@@ -64,6 +64,7 @@ SECTIONS = (
     "run1",
     "run3",
     "pull",
+    "graph",
 )
 
 
@@ -269,6 +270,7 @@ SECTION_RUNNERS: dict[str, Callable[[Run], None]] = {
     "run1": runs.section_run1,
     "run3": runs.section_run3,
     "pull": pulled.section_pull,
+    "graph": graph.section_graph,
 }
 
 

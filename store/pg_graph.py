@@ -71,6 +71,10 @@ class GraphPart(PgBase):
             await conn.execute(queries.pulled.NOTIFY_DONE, types if len(types) < 7000 else "")
         resolution = Resolution(freed, failed)
         self._told(resolution)
+        again = [r["id"] for r in rows if r["what"] == "failed" and r["dependents"]]
+        if again:  # edges that this statement could not see (added while it ran)
+            more = await self.resolve(again, conn)
+            resolution = Resolution(freed + more.freed, failed + more.failed)
         return resolution
 
     async def expire_deadlines(self) -> list[tuple[str, str, bool]]:

@@ -148,7 +148,8 @@ async def _dependencies_stored(services: Services, client: str, after: tuple[str
     moment ago, here or by another daemon, may still be on its way); 400 for those
     that never come."""
     deadline = time.monotonic() + DEPENDENCY_WAIT_S
-    pause = Backoff(NOT_YET_FIRST_S, NOT_YET_MAX_S)
+    # a chained add's dependency is usually a few milliseconds from the store
+    pause = Backoff(0.002, NOT_YET_MAX_S)
     missing = list(after)
     while True:
         missing = sorted(set(missing) - await services.store.existing_jobs(missing, client=client))

@@ -66,7 +66,8 @@ FROM added
 # $1 ids of jobs just done that had dependents. Their edges are resolved:
 # all-completed dependents of a job not done ok fail (424), transitively, in
 # this statement; every other dependent counts one dependency less and is due
-# (at the dt it asked for) when none is left. Returns the jobs freed and failed.
+# (at the dt it asked for) when none is left. Returns the jobs freed and failed,
+# and whether a failed one has dependents (to resolve at once in turn).
 RESOLVE = """
 WITH RECURSIVE done AS (
     UPDATE jobs SET dependents = false
@@ -91,10 +92,12 @@ failed AS (
     SET lock = '__done', dt = now() + interval '1000 years', done_dt = now(),
         code = 'failed', exitcode = 424,
         result = 'dependency ' || x.root || ' did not complete',
-        deps = 0, dependents = false
+        deps = 0
     FROM (SELECT DISTINCT ON (job) job, root FROM doomed ORDER BY job, root) x
     WHERE j.id = x.job AND j.lock = ''
-    RETURNING j.id, j.type
+    -- dependents stays set: an edge added to one of these while this statement
+    -- ran is not in its snapshot; the caller resolves them again at once
+    RETURNING j.id, j.type, j.dependents
 ),
 gone AS (
     DELETE FROM job_deps e
@@ -115,9 +118,9 @@ freed AS (
     WHERE j.id = c.job AND j.lock = '' AND j.deps > 0
     RETURNING j.id, j.type, j.deps <= 0 AS due
 )
-SELECT 'freed' AS what, id, type FROM freed WHERE due
+SELECT 'freed' AS what, id, type, false AS dependents FROM freed WHERE due
 UNION ALL
-SELECT 'failed', id, type FROM failed
+SELECT 'failed', id, type, dependents FROM failed
 """
 
 # Done jobs whose dependents a crash left unresolved.
