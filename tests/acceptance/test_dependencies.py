@@ -5,6 +5,8 @@ dependencies are refused."""
 
 from __future__ import annotations
 
+import asyncio
+import random
 from pathlib import Path
 from typing import Any
 
@@ -144,3 +146,36 @@ async def test_bad_dependencies_are_refused(
     [own] = reply.json["ids"]
     again = await a.add_raw("step", "x", params={"after": own}, headers={"Idempotency-Key": "k"})
     assert_error(again, 400, "bad_request")
+
+
+SLOW_TOP = """
+import random, time
+def handler(payload, ctx):
+    if payload == "A":
+        time.sleep(random.random() * 0.3)
+    return "did " + payload
+"""
+
+
+async def test_a_kill_of_the_daemon_archiving_a_dependency_loses_no_dependent(
+    daemons: DaemonFactory, pg_dsn: str, open_tmp: Path, session: aiohttp.ClientSession
+) -> None:
+    token = add_tenant("t", store=pg_dsn, data_dir=open_tmp, cwd=open_tmp)
+    rng = random.Random(7)
+    for round_ in range(4):
+        daemon = daemons.start(open_tmp, pg_dsn, "--lease", "3")
+        api = Api(session, daemon.url, "t", token)
+        await Handlers(api).add("step", "python", SLOW_TOP)
+        [top] = await api.add("step", ["A"])
+        left = await add_after(api, "B", [top])
+        right = await add_after(api, "C", [top])
+        bottom = await add_after(api, "D", [left, right])
+        await asyncio.sleep(rng.random() * 0.6)  # a random moment around A's end
+        daemon.kill()
+        daemon = daemons.start(open_tmp, pg_dsn, "--lease", "3")
+        api = api.at(daemon.url)
+        job = await wait_done(api, bottom, within=60)
+        assert job["code"] == "ok" and job["result"] == "did D", (round_, job)
+        runs = (await api.get_job(bottom)).json["runs"]
+        assert [r["reason"] for r in runs] == ["completed"], (round_, runs)
+        daemon.close()
