@@ -172,7 +172,11 @@ async def claim(request: web.Request) -> web.Response:
     wait = _number(fields, "wait", 0, 0, MAX_WAIT_S)
     try:
         token, jobs = await services.pulls.claim(
-            jobtype, worker=worker, limit=int(limit), wait=wait
+            jobtype,
+            worker=worker,
+            limit=int(limit),
+            wait=wait,
+            gone=lambda: request.transport is None or request.transport.is_closing(),
         )
     except NotPulled as exc:
         raise errors.conflict(str(exc)) from None

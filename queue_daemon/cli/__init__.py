@@ -21,6 +21,7 @@ from queue_daemon import app
 from queue_daemon.cli.commands import admin_command, journal_check, stats_command, tenant_command
 from queue_daemon.cli.config import CliError, settings_from
 from queue_daemon.cli.parser import build_parser
+from queue_daemon.cli.tenant_client import tenant_client_command
 from queue_daemon.engine.sysid import SysidError
 from store.errors import StoreError
 
@@ -75,6 +76,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return asyncio.run(admin_command(args))
         if args.command == "stats":
             return stats_command(args)
+        if args.command in ("job", "worker"):
+            return tenant_client_command(args)
         return journal_check(args)
     except CliError as exc:
         print(f"queue-daemon: error: {exc}", file=sys.stderr)

@@ -9,6 +9,7 @@ import argparse
 import os
 from typing import Any
 
+from queue_daemon.cli.tenant_client import add_parsers
 from queue_daemon.settings import MIB
 
 ENV = "QUEUE_DAEMON_"
@@ -297,4 +298,5 @@ def build_parser() -> argparse.ArgumentParser:
     stats.add_argument("--json", action="store_true", help="print the report as JSON")
     stats.add_argument("--html", metavar="FILE", help="also write a report with charts to FILE")
     stats.add_argument("--log-level", default=_env("log_level", "WARNING"))
+    add_parsers(sub)
     return parser

@@ -16,7 +16,7 @@ from __future__ import annotations
 import secrets
 import time
 from collections import defaultdict
-from collections.abc import Container, Sequence
+from collections.abc import Callable, Container, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -103,10 +103,17 @@ class Pulls:
         return spec
 
     async def claim(
-        self, jobtype: JobType, *, worker: str, limit: int, wait: float
+        self,
+        jobtype: JobType,
+        *,
+        worker: str,
+        limit: int,
+        wait: float,
+        gone: Callable[[], bool] = lambda: False,
     ) -> tuple[str, list[PulledJob]]:
         """The claim token and up to ``limit`` due jobs, held for ``wait`` seconds
-        until at least one is due."""
+        until at least one is due. ``gone``: whether the worker hung up (then
+        nothing more is claimed, and what was is handed back at once)."""
         spec = await self.spec(jobtype)
         claim = secrets.token_hex(16)
         deadline = time.monotonic() + wait
@@ -123,9 +130,12 @@ class Pulls:
             )
             self._metrics.claimed(stored, len(jobs), time.perf_counter() - began)
             left = deadline - time.monotonic()
-            if jobs or left <= 0 or self.waits.closed:
+            if jobs or left <= 0 or self.waits.closed or gone():
                 break
             await self.waits.wait(stored, min(left, RECHECK_S))
+        if jobs and gone():
+            await self.hand_back(jobtype.client, worker, [(job.id, claim) for job in jobs])
+            return claim, []
         if jobs:
             self._metrics.pulled(jobtype.client, "claimed", len(jobs))
             self._queuelog.started(stored, [_claimed(job) for job in jobs], worker=worker)

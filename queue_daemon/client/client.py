@@ -1,0 +1,303 @@
+"""``Client``: a tenant's async view of a daemon over HTTP (docs/client.md).
+
+Only aiohttp and orjson: importing it loads none of the daemon (no store,
+journal or runners), so it runs on any machine that can reach a daemon.
+
+Retries: reads, claims, renewals, completes and hand-backs are retried on a
+lost connection, 503 and 429 (with a growing, jittered delay, up to
+``retry_for`` seconds): sending one twice changes nothing (a claim's token
+guards the others). An add is retried only with an ``idempotency_key``;
+without one, a lost reply cannot tell whether the jobs were added, and the
+error is raised.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+import random
+import time
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+import aiohttp
+import orjson
+
+from queue_daemon.client.errors import (
+    NotFound,
+    QueueError,
+    RateLimited,
+    Unavailable,
+    error_of,
+)
+
+MAX_WAIT_S = 60.0  # the longest a daemon holds a claim or a GET
+JSONish = Any
+
+
+def backoff(attempt: int, first: float = 0.1, cap: float = 5.0) -> float:
+    """The delay before try ``attempt`` (0-based): doubling from ``first`` up to
+    ``cap``, drawn from half to one and a half times that."""
+    grown: float = first * 2.0 ** min(attempt, 30)
+    return min(cap, grown) * (0.5 + random.random())
+
+
+class Client:
+    """``async with Client(url, client, token) as q: ids = await q.add("resize", ["a"])``"""
+
+    def __init__(
+        self,
+        url: str,
+        client: str,
+        token: str | None,
+        *,
+        session: aiohttp.ClientSession | None = None,
+        retry_for: float = 30.0,
+    ) -> None:
+        self.url = url.rstrip("/")
+        self.client = client
+        self._headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._session = session
+        self._own_session = session is None
+        self.retry_for = retry_for
+
+    async def __aenter__(self) -> Client:
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        if self._own_session and self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    def _http(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=MAX_WAIT_S + 30)
+            self._session = aiohttp.ClientSession(timeout=timeout)
+        return self._session
+
+    # --- the one request path -------------------------------------------------
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        json: JSONish = None,
+        data: bytes | None = None,
+        params: dict[str, str] | None = None,
+        headers: dict[str, str] | None = None,
+        retry: bool = True,
+    ) -> Any:
+        """``method`` on ``/{client}{path}`` (``path`` from the root when it starts
+        with ``//``); the JSON reply, or a ``QueueError``."""
+        url = self.url + (path[1:] if path.startswith("//") else f"/{self.client}{path}")
+        sent = {**self._headers, **(headers or {})}
+        if json is not None:
+            data = orjson.dumps(json)
+            sent.setdefault("Content-Type", "application/json")
+        deadline = time.monotonic() + self.retry_for
+        attempt = 0
+        while True:
+            try:
+                return await self._once(method, url, data, params, sent)
+            except (Unavailable, RateLimited) as exc:
+                if not retry or time.monotonic() >= deadline:
+                    raise
+                delay = exc.retry_after if isinstance(exc, RateLimited) else backoff(attempt)
+            attempt += 1
+            await asyncio.sleep(min(delay, max(0.0, deadline - time.monotonic())))
+
+    async def _once(
+        self,
+        method: str,
+        url: str,
+        data: bytes | None,
+        params: dict[str, str] | None,
+        headers: dict[str, str],
+    ) -> Any:
+        try:
+            async with self._http().request(
+                method, url, data=data, params=params, headers=headers
+            ) as reply:
+                raw = await reply.read()
+                status = reply.status
+                retry_after = reply.headers.get("Retry-After")
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            raise Unavailable(0, "unreachable", f"{url}: {type(exc).__name__}: {exc}") from None
+        try:
+            body = orjson.loads(raw) if raw else None
+        except orjson.JSONDecodeError:
+            body = None
+        if status != 200:
+            raise error_of(status, body, retry_after)
+        return body
+
+    # --- jobs -------------------------------------------------------------------
+
+    async def add(
+        self,
+        type: str,
+        payloads: JSONish,
+        *,
+        delay: float | None = None,
+        dt: str | int | None = None,
+        idempotency_key: str | None = None,
+        after: Sequence[str] = (),
+        requires: str | None = None,
+        deadline: float | str | None = None,
+        json: bool | None = None,
+    ) -> list[str]:
+        """Add one job (a string, or any JSON value) or many (a list: one request,
+        all or nothing); their ids, in order. Strings go as text lines unless
+        ``json`` is True; any other value as JSON (stored as compact JSON)."""
+        items = payloads if isinstance(payloads, list) else [payloads]
+        as_json = json if json is not None else not all(isinstance(i, str) for i in items)
+        params: dict[str, str] = {}
+        if delay is not None:
+            params["delay"] = f"{delay:g}"
+        if dt is not None:
+            params["dt"] = str(dt)
+        if after:
+            params["after"] = ",".join(after)
+        if requires is not None:
+            params["requires"] = requires
+        if deadline is not None:
+            params["deadline"] = str(deadline)
+        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
+        if as_json:
+            body = orjson.dumps(items)
+            headers["Content-Type"] = "application/json"
+        else:
+            body = "\n".join(items).encode()
+            headers["Content-Type"] = "text/plain"
+        reply = await self.request(
+            "POST",
+            f"/job/{type}/add",
+            data=body,
+            params=params,
+            headers=headers,
+            retry=idempotency_key is not None,
+        )
+        ids: list[str] = reply["ids"]
+        return ids
+
+    async def get(self, job_id: str, *, wait: float | None = None) -> dict[str, Any]:
+        """The job; with ``wait`` (at most 60 s) held until it is done or ``wait`` passes."""
+        params = None if wait is None else {"wait": f"{min(wait, MAX_WAIT_S):g}"}
+        job: dict[str, Any] = await self.request("GET", f"/job/{job_id}", params=params)
+        return job
+
+    async def wait(self, job_id: str, timeout: float | None = None) -> dict[str, Any]:  # noqa: ASYNC109
+        """The job once it is done (held GETs; a job not yet in the store is looked
+        for again). TimeoutError after ``timeout`` seconds."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        attempt = 0
+        while True:
+            left = MAX_WAIT_S if deadline is None else deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"job {job_id} not done within {timeout:g} s")
+            try:
+                job = await self.get(job_id, wait=min(left, MAX_WAIT_S))
+            except NotFound:  # acknowledged, perhaps, and not yet in the store
+                await asyncio.sleep(min(backoff(attempt, 0.05, 1.0), max(left, 0.0)))
+                attempt += 1
+                continue
+            if job["state"] == "done":
+                return job
+
+    async def list(
+        self,
+        *,
+        type: str | None = None,
+        state: str | None = None,
+        limit: int = 100,
+        after: str | None = None,
+    ) -> dict[str, Any]:
+        """One page of jobs, newest first: ``{"jobs": [...], "next": cursor or None}``."""
+        params = {"limit": str(limit)}
+        for key, value in (("type", type), ("state", state), ("after", after)):
+            if value is not None:
+                params[key] = value
+        page: dict[str, Any] = await self.request("GET", "/jobs", params=params)
+        return page
+
+    async def jobs(
+        self, *, type: str | None = None, state: str | None = None
+    ) -> AsyncIterator[dict[str, Any]]:
+        """Every job, page after page."""
+        after = None
+        while True:
+            page = await self.list(type=type, state=state, limit=1000, after=after)
+            for job in page["jobs"]:
+                yield job
+            after = page["next"]
+            if after is None:
+                return
+
+    async def cancel(self, job_id: str) -> dict[str, Any]:
+        job: dict[str, Any] = await self.request("POST", f"/job/{job_id}/cancel", retry=False)
+        return job
+
+    async def stats(self) -> dict[str, Any]:
+        stats: dict[str, Any] = await self.request("GET", "/stats")
+        return stats
+
+    # --- handlers ---------------------------------------------------------------
+
+    async def add_handler(
+        self, type: str, lang: str, body: str = "", **fields: Any
+    ) -> dict[str, Any]:
+        """Add or replace the handler of ``type`` (``lang="worker"``: a pulled type)."""
+        sent: dict[str, Any] = {"lang": lang, **fields}
+        if body:
+            sent["body"] = body
+        handler: dict[str, Any] = await self.request("POST", f"/handler/add/{type}", json=sent)
+        return handler
+
+    async def get_handler(self, type: str) -> dict[str, Any]:
+        handler: dict[str, Any] = await self.request("GET", f"/handler/get/{type}")
+        return handler
+
+    async def delete_handler(self, type: str) -> None:
+        await self.request("POST", f"/handler/del/{type}", retry=False)
+
+    # --- pull workers (the Worker uses these) -----------------------------------
+
+    async def claim(
+        self, type: str, worker: str, *, limit: int = 1, wait: float = 0
+    ) -> builtins.list[dict[str, Any]]:
+        body = {"worker": worker, "limit": limit, "wait": min(wait, MAX_WAIT_S)}
+        reply = await self.request("POST", f"/job/{type}/claim", json=body)
+        jobs: builtins.list[dict[str, Any]] = reply["jobs"]
+        return jobs
+
+    async def renew_many(
+        self, worker: str, claims: builtins.list[dict[str, str]]
+    ) -> builtins.list[dict[str, Any]]:
+        reply = await self.request("POST", "/jobs/renew", json={"worker": worker, "claims": claims})
+        results: builtins.list[dict[str, Any]] = reply["results"]
+        return results
+
+    async def complete_many(
+        self, worker: str, results: builtins.list[dict[str, Any]]
+    ) -> builtins.list[dict[str, Any]]:
+        reply = await self.request(
+            "POST", "/jobs/complete", json={"worker": worker, "results": results}
+        )
+        answers: builtins.list[dict[str, Any]] = reply["results"]
+        return answers
+
+    async def release_many(
+        self, worker: str, claims: builtins.list[dict[str, str]]
+    ) -> builtins.list[dict[str, Any]]:
+        reply = await self.request(
+            "POST", "/jobs/release", json={"worker": worker, "claims": claims}
+        )
+        answers: builtins.list[dict[str, Any]] = reply["results"]
+        return answers
+
+
+__all__ = ["Client", "QueueError", "backoff"]

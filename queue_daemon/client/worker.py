@@ -1,0 +1,295 @@
+"""``Worker``: runs a function on the jobs of a pulled type, from any machine
+that can reach a daemon (docs/client.md).
+
+It claims in batches with a held claim (one request waits for jobs), runs
+the function on each job with at most ``concurrency`` at once (an async
+function on the event loop, a plain one in a thread), renews the claims of
+the jobs running at a third of their lease, and completes them in batches.
+On SIGTERM or SIGINT (or ``stop()``) it claims no more, lets the running jobs
+finish within ``grace`` seconds, hands back the ones that did not (they wait
+again at once, their attempt not counted), sends the last completes and
+returns. A daemon that cannot be reached is tried again with a growing delay.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import logging
+import os
+import signal
+import socket
+import threading
+import time
+from collections.abc import Awaitable, Callable
+from datetime import datetime
+from typing import Any
+
+import orjson
+
+from queue_daemon.client.client import Client, backoff
+from queue_daemon.client.errors import QueueError
+
+logger = logging.getLogger(__name__)
+
+MAX_ITEMS = 1000  # jobs per claim, complete, renew or hand-back request
+Function = Callable[["Job"], Any]
+
+
+class Job:
+    """A claimed job, as the worker's function gets it."""
+
+    __slots__ = ("_emits", "attempts", "claim", "id", "lease_until", "payload", "type")
+
+    def __init__(self, item: dict[str, Any]) -> None:
+        self.id: str = item["id"]
+        self.type: str = item["type"]
+        self.payload: str = item["payload"]
+        self.attempts: int = item["attempts"]
+        self.lease_until: str = item["lease_until"]
+        self.claim: str = item["claim"]
+        self._emits: list[dict[str, Any]] = []
+
+    def json(self) -> Any:
+        """The payload parsed as JSON."""
+        return orjson.loads(self.payload)
+
+    def emit(self, type: str, payload: Any) -> None:
+        """Add a follow-on job of this tenant when this one completes (a string,
+        or any JSON value)."""
+        self._emits.append({"type": type, "payload": payload})
+
+    def __repr__(self) -> str:
+        return f"<Job {self.id} {self.type} attempt {self.attempts}>"
+
+
+def outcome(value: Any) -> tuple[int, Any]:
+    """(exitcode, result) of what the function returned: None is 200; an int is
+    the exitcode; a string the result (200); a pair ``(exitcode, result)``; any
+    other value a JSON result (200)."""
+    if value is None:
+        return 200, None
+    if isinstance(value, bool):
+        return 200, value
+    if isinstance(value, int):
+        return value, None
+    if isinstance(value, str):
+        return 200, value
+    if (
+        isinstance(value, tuple | list)
+        and len(value) == 2
+        and isinstance(value[0], int)
+        and not isinstance(value[0], bool)
+    ):
+        return value[0], value[1]
+    return 200, value
+
+
+def _failure(exc: BaseException) -> tuple[int, str]:
+    return 500, f"{type(exc).__name__}: {exc}"
+
+
+def _lease_seconds(job: Job) -> float:
+    try:
+        until = datetime.fromisoformat(job.lease_until.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return 60.0
+    return max(1.0, until - time.time())
+
+
+class Worker:
+    def __init__(
+        self,
+        client: Client,
+        type: str,
+        function: Function,
+        *,
+        name: str | None = None,
+        concurrency: int = 16,
+        batch: int = 100,
+        wait: float = 20.0,
+        grace: float = 30.0,
+        flush_after: float = 0.005,
+    ) -> None:
+        if not 1 <= batch <= MAX_ITEMS or concurrency < 1:
+            raise ValueError(f"batch must be 1 to {MAX_ITEMS} and concurrency at least 1")
+        self.client = client
+        self.type = type
+        self.function = function
+        self.name = name or f"{socket.gethostname()}-{os.getpid()}"[:100]
+        self.concurrency = concurrency
+        self.batch = batch
+        self.wait = wait
+        self.grace = grace
+        self.flush_after = flush_after
+        self._is_async = inspect.iscoroutinefunction(function)
+        self._running: dict[str, tuple[Job, asyncio.Task[None]]] = {}
+        self._room = asyncio.Event()
+        self._done: list[dict[str, Any]] = []
+        self._to_flush = asyncio.Event()
+        self._stopping = asyncio.Event()
+        self._lease = 60.0
+        self.completed = 0  # jobs whose completes the daemon took
+        self.lost = 0  # jobs whose claim no longer held them when renewed or completed
+
+    def stop(self) -> None:
+        """Stop claiming; ``run`` returns once the running jobs are finished or handed back."""
+        self._stopping.set()
+
+    async def run(self, *, handle_signals: bool = True) -> None:
+        """Claim and run jobs until ``stop()`` (or SIGTERM / SIGINT)."""
+        loop = asyncio.get_running_loop()
+        signals = handle_signals and threading.current_thread() is threading.main_thread()
+        if signals:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, self.stop)
+        flusher = asyncio.create_task(self._flush_loop())
+        renewer = asyncio.create_task(self._renew_loop())
+        try:
+            await self._claim_loop()
+            await self._finish()
+        finally:
+            flusher.cancel()
+            renewer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.gather(flusher, renewer)
+            if signals:
+                for sig in (signal.SIGTERM, signal.SIGINT):
+                    loop.remove_signal_handler(sig)
+            await self._flush_all()
+
+    # --- claiming -------------------------------------------------------------
+
+    async def _claim_loop(self) -> None:
+        attempt = 0
+        while not self._stopping.is_set():
+            free = self.concurrency - len(self._running)
+            if free <= 0:
+                self._room.clear()
+                await self._first(self._room.wait())
+                continue
+            claim = asyncio.ensure_future(
+                self.client.claim(self.type, self.name, limit=min(self.batch, free), wait=self.wait)
+            )
+            if not await self._first(claim):
+                # the held claim is abandoned: the daemon hands back what it takes
+                # for a client that went away
+                with contextlib.suppress(asyncio.CancelledError, QueueError):
+                    await claim
+                return
+            try:
+                items = claim.result()
+            except QueueError as exc:
+                delay = backoff(attempt)
+                attempt += 1
+                logger.warning("claim failed (%s); again in %.1f s", exc, delay)
+                await self._first(asyncio.sleep(delay))
+                continue
+            attempt = 0
+            for item in items:
+                self._start(Job(item))
+
+    async def _first(self, awaitable: Awaitable[Any]) -> bool:
+        """Await ``awaitable`` unless a stop comes first (then it is cancelled);
+        False when the stop came first."""
+        task = asyncio.ensure_future(awaitable)
+        stopping = asyncio.ensure_future(self._stopping.wait())
+        try:
+            await asyncio.wait({task, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopping.cancel()
+        if task.done():
+            return True
+        task.cancel()
+        return False
+
+    def _start(self, job: Job) -> None:
+        self._lease = _lease_seconds(job)
+        task = asyncio.create_task(self._run_one(job))
+        self._running[job.id] = (job, task)
+
+    async def _run_one(self, job: Job) -> None:
+        try:
+            if self._is_async:
+                value = await self.function(job)
+            else:
+                value = await asyncio.to_thread(self.function, job)
+            exitcode, result = outcome(value)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            exitcode, result = _failure(exc)
+        if self._running.pop(job.id, None) is None:
+            return  # handed back meanwhile: its outcome is not ours to give
+        item: dict[str, Any] = {"id": job.id, "claim": job.claim, "exitcode": exitcode}
+        if result is not None:
+            item["result"] = result
+        if job._emits:
+            item["jobs"] = job._emits
+        self._done.append(item)
+        self._to_flush.set()
+        self._room.set()
+
+    # --- completing and renewing ---------------------------------------------
+
+    async def _flush_loop(self) -> None:
+        while True:
+            await self._to_flush.wait()
+            await asyncio.sleep(self.flush_after)  # a few more join the batch
+            self._to_flush.clear()
+            await self._flush_all()
+
+    async def _flush_all(self) -> None:
+        attempt = 0
+        while self._done:
+            items, self._done = self._done[:MAX_ITEMS], self._done[MAX_ITEMS:]
+            try:
+                answers = await self.client.complete_many(self.name, items)
+            except QueueError as exc:
+                self._done[:0] = items  # kept: sent again (a claim makes it safe)
+                delay = backoff(attempt)
+                attempt += 1
+                logger.warning("complete failed (%s); again in %.1f s", exc, delay)
+                await asyncio.sleep(delay)
+                continue
+            for answer in answers:
+                if answer["status"] == 200:
+                    self.completed += 1
+                else:
+                    self.lost += 1
+                    logger.warning("job %s: %s", answer["id"], answer.get("message"))
+
+    async def _renew_loop(self) -> None:
+        while True:
+            await asyncio.sleep(max(0.2, self._lease / 3))
+            claims = [{"id": j.id, "claim": j.claim} for j, _ in self._running.values()]
+            for start in range(0, len(claims), MAX_ITEMS):
+                try:
+                    answers = await self.client.renew_many(
+                        self.name, claims[start : start + MAX_ITEMS]
+                    )
+                except QueueError as exc:
+                    logger.warning("renew failed: %s", exc)
+                    continue
+                for answer in answers:
+                    if answer["status"] != 200:
+                        logger.warning(
+                            "job %s is no longer held: %s", answer["id"], answer.get("message")
+                        )
+
+    async def _finish(self) -> None:
+        """After a stop: let the running jobs finish within ``grace``, hand back the rest."""
+        tasks = [task for _, task in self._running.values()]
+        if tasks:
+            await asyncio.wait(tasks, timeout=self.grace)
+        left = list(self._running.values())
+        self._running.clear()
+        for _, task in left:
+            task.cancel()  # an async function stops; a thread's result is dropped
+        claims = [{"id": job.id, "claim": job.claim} for job, _ in left]
+        for start in range(0, len(claims), MAX_ITEMS):
+            try:
+                await self.client.release_many(self.name, claims[start : start + MAX_ITEMS])
+            except QueueError as exc:
+                logger.warning("hand-back failed (%s): the jobs wait for their lease", exc)

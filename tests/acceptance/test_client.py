@@ -1,0 +1,241 @@
+"""The client library and the tenant command line (docs/client.md) against live
+daemons: ``Client`` for jobs and handlers, ``Worker`` running the README's
+example, worker processes competing for one type, and SIGTERM during a job."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from queue_daemon.client import BadRequest, Client, Conflict, Job, NotFound, Worker
+from tests.acceptance.client import until
+from tests.acceptance.daemon import DaemonFactory, add_tenant
+
+WORKERS = """
+import os, time
+
+def resize(job):
+    return f"resized {job.payload}"
+
+def slow(job):
+    open(os.path.join(os.environ["MARKS"], job.id), "w").close()
+    time.sleep(2)
+    return "finished"
+"""
+
+
+@pytest.fixture
+def deployment(
+    daemons: DaemonFactory, pg_dsn: str, tmp_path: Path
+) -> Iterator[tuple[str, str, Path]]:
+    token = add_tenant("t", store=pg_dsn, data_dir=tmp_path / "data", cwd=tmp_path)
+    daemon = daemons.start(tmp_path / "data", pg_dsn)
+    (tmp_path / "jobs_mod.py").write_text(WORKERS)
+    yield daemon.url, token, tmp_path
+
+
+def test_the_client_imports_nothing_of_the_daemon() -> None:
+    code = (
+        "import sys, queue_daemon.client\n"
+        "print([m for m in ('asyncpg', 'store', 'journal', 'runners', 'scheduler')"
+        " if m in sys.modules])"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"
+
+
+async def test_client_jobs_handlers_and_errors(deployment: tuple[str, str, Path]) -> None:
+    url, token, _ = deployment
+    async with Client(url, "t", token) as q:
+        await q.add_handler("echo", "python", "def handler(p, ctx):\n    return 'echo ' + p\n")
+        assert (await q.get_handler("echo"))["lang"] == "python"
+        [one] = await q.add("echo", "a")
+        many = await q.add("echo", ["b", "c"])
+        [obj] = await q.add("echo", {"k": 1})
+        keyed = await q.add("echo", ["d"], idempotency_key="k1")
+        assert await q.add("echo", ["d"], idempotency_key="k1") == keyed
+        done = await q.wait(obj, timeout=30)
+        assert done["result"] == 'echo {"k":1}', done
+        assert (await q.wait(one, timeout=30))["result"] == "echo a"
+        for job_id in many:
+            await q.wait(job_id, timeout=30)
+        [later] = await q.add("echo", "later", delay=600)
+        await q.wait(one)
+        with pytest.raises(TimeoutError):
+            await q.wait(later, timeout=0.5)
+        assert (await q.cancel(later))["exitcode"] == 499
+        with pytest.raises(Conflict):
+            await q.cancel(later)
+        seen = [job["id"] async for job in q.jobs(type="echo")]
+        assert set(seen) >= {one, obj, later, *many}
+        page = await q.list(type="echo", limit=2)
+        assert len(page["jobs"]) == 2 and page["next"]
+        assert (await q.stats())["types"]["echo"]["done_ok"] >= 4
+        with pytest.raises(NotFound):
+            await q.get("nosuchjob-1")
+        with pytest.raises(BadRequest):
+            await q.add("bad type", "x")
+        await q.delete_handler("echo")
+        with pytest.raises(NotFound):
+            await q.get_handler("echo")
+
+
+async def test_the_readme_worker_runs_jobs_and_their_follow_ons(
+    deployment: tuple[str, str, Path],
+) -> None:
+    url, token, _ = deployment
+
+    async def resize(job: Job) -> str:
+        if job.payload == "boom":
+            raise ValueError("cannot resize boom")
+        job.emit("thumbnail", {"of": job.payload})
+        return f"resized {job.payload}"
+
+    async with Client(url, "t", token) as q:
+        await q.add_handler("resize", "worker", timeout=30, maxAttempts=1)
+        await q.add_handler("thumbnail", "python", "def handler(p, ctx):\n    return p\n")
+        ids = await q.add("resize", ["cat.jpg", "dog.jpg", "boom"])
+        worker = Worker(q, "resize", resize, name="box-1", concurrency=4, batch=10, wait=1)
+        running = asyncio.create_task(worker.run(handle_signals=False))
+        jobs = [await q.wait(job_id, timeout=30) for job_id in ids]
+        worker.stop()
+        await asyncio.wait_for(running, 30)
+        assert [j["result"] for j in jobs[:2]] == ["resized cat.jpg", "resized dog.jpg"]
+        assert jobs[2]["exitcode"] == 500 and "cannot resize boom" in jobs[2]["result"]
+        thumbs = [j async for j in q.jobs(type="thumbnail")]
+        assert sorted(j["payload"] for j in thumbs) == ['{"of":"cat.jpg"}', '{"of":"dog.jpg"}']
+        assert worker.completed == 3
+
+
+def _cli(
+    tmp_path: Path, url: str, token: str, *args: str, stdin: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "QUEUE_URL": url, "QUEUE_CLIENT": "t", "QUEUE_TOKEN": token}
+    return subprocess.run(
+        [sys.executable, "-m", "queue_daemon", *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+        timeout=120,
+        check=False,
+    )
+
+
+def _worker_process(tmp_path: Path, url: str, token: str, *args: str) -> subprocess.Popen[str]:
+    env = {
+        **os.environ,
+        "QUEUE_URL": url,
+        "QUEUE_CLIENT": "t",
+        "QUEUE_TOKEN": token,
+        "MARKS": str(tmp_path / "marks"),
+    }
+    return subprocess.Popen(
+        [sys.executable, "-m", "queue_daemon", "worker", "run", *args, "--wait", "1"],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+@pytest.fixture
+def processes() -> Iterator[list[subprocess.Popen[str]]]:
+    started: list[subprocess.Popen[str]] = []
+    try:
+        yield started
+    finally:
+        for proc in started:
+            if proc.poll() is None:
+                proc.kill()
+            proc.communicate(timeout=30)
+
+
+async def test_the_job_command_line(deployment: tuple[str, str, Path]) -> None:
+    url, token, tmp_path = deployment
+    async with Client(url, "t", token) as q:
+        await q.add_handler("echo", "python", "def handler(p, ctx):\n    return p\n")
+    added = _cli(tmp_path, url, token, "job", "add", "echo", "-", stdin="one\ntwo\n")
+    assert added.returncode == 0, added.stderr
+    ids = json.loads(added.stdout)["ids"]
+    waited = _cli(tmp_path, url, token, "job", "wait", ids[1], "--timeout", "30")
+    assert json.loads(waited.stdout)["result"] == "two", waited
+    got = _cli(tmp_path, url, token, "job", "get", ids[0], "--wait", "10")
+    assert json.loads(got.stdout)["state"] == "done"
+    listed = _cli(tmp_path, url, token, "job", "list", "--type", "echo")
+    assert {j["id"] for j in json.loads(listed.stdout)["jobs"]} == set(ids)
+    later = _cli(tmp_path, url, token, "job", "add", "echo", "{}", "--json", "--delay", "600")
+    [later_id] = json.loads(later.stdout)["ids"]
+    assert (
+        json.loads(_cli(tmp_path, url, token, "job", "cancel", later_id).stdout)["code"] == "failed"
+    )
+    missing = _cli(tmp_path, url, token, "job", "get", "nosuchjob-1")
+    assert missing.returncode == 1 and missing.stderr.count("\n") == 1, missing
+    assert "404" in missing.stderr and "Traceback" not in missing.stderr
+    nowhere = _cli_without_a_url()
+    assert nowhere.returncode == 2 and "--url" in nowhere.stderr
+
+
+def _cli_without_a_url() -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "queue_daemon", "job", "get", "x"],
+        capture_output=True,
+        text=True,
+        env={k: v for k, v in os.environ.items() if not k.startswith("QUEUE_")},
+        check=False,
+    )
+
+
+async def test_two_worker_processes_share_the_jobs_each_done_once(
+    deployment: tuple[str, str, Path], processes: list[subprocess.Popen[str]]
+) -> None:
+    url, token, tmp_path = deployment
+    async with Client(url, "t", token) as q:
+        await q.add_handler("resize", "worker", timeout=30)
+        ids = await q.add("resize", [f"img{n}" for n in range(300)])
+        for name in ("a", "b"):
+            processes.append(
+                _worker_process(
+                    tmp_path, url, token, "jobs_mod:resize", "--type", "resize", "--name", name
+                )
+            )
+        jobs = [await q.wait(job_id, timeout=60) for job_id in ids]
+        assert all(j["result"] == f"resized {j['payload']}" for j in jobs)
+        for job_id in ids[::10]:
+            runs = (await q.get(job_id))["runs"]
+            assert len(runs) == 1 and runs[0]["by"] in ("worker:a", "worker:b"), runs
+    for proc in processes:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+
+
+async def test_sigterm_during_a_job_finishes_it(
+    deployment: tuple[str, str, Path], processes: list[subprocess.Popen[str]]
+) -> None:
+    url, token, tmp_path = deployment
+    (tmp_path / "marks").mkdir()
+    async with Client(url, "t", token) as q:
+        await q.add_handler("slow", "worker", timeout=30)
+        [job_id] = await q.add("slow", "x")
+        proc = _worker_process(tmp_path, url, token, "jobs_mod:slow", "--type", "slow")
+        processes.append(proc)
+
+        async def started() -> bool | None:
+            return (tmp_path / "marks" / job_id).exists() or None
+
+        await until(started, 30, "the job to start")
+        proc.send_signal(signal.SIGTERM)  # mid-job: it finishes, then the worker exits
+        assert proc.wait(timeout=30) == 0, proc.stderr.read() if proc.stderr else ""
+        job: dict[str, Any] = await q.get(job_id)
+        assert job["state"] == "done" and job["result"] == "finished", job
