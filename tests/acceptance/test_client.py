@@ -239,3 +239,22 @@ async def test_sigterm_during_a_job_finishes_it(
         assert proc.wait(timeout=30) == 0, proc.stderr.read() if proc.stderr else ""
         job: dict[str, Any] = await q.get(job_id)
         assert job["state"] == "done" and job["result"] == "finished", job
+
+
+def _readme_example() -> str:
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    section = readme.split("## A client in Python", 1)[1]
+    return section.split("```python\n", 1)[1].split("```", 1)[0]
+
+
+def test_the_readme_example_runs_as_written(deployment: tuple[str, str, Path]) -> None:
+    url, token, _ = deployment
+    code = _readme_example()
+    assert "Worker(q, " in code
+    code = code.replace("http://queue:8080", url).replace("qd_…", token)
+    code = code.replace('"acme"', '"t"')
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert "'result': 'resized a.jpg'" in done.stdout, done.stdout
