@@ -6,6 +6,7 @@ import asyncio
 import logging
 from collections import Counter
 from collections.abc import Awaitable, Sequence
+from datetime import datetime
 from typing import cast
 
 import asyncpg
@@ -213,3 +214,11 @@ class JobsPart(PgBase):
                     break
                 # waiting now: ingested (or put back) between the two statements
             raise Conflict(f"job {job_id!r} is {state_of(lock).value}")
+
+    async def delete_done(
+        self, client: str, *, type: str | None, before: datetime, limit: int
+    ) -> dict[str, int]:
+        """Delete up to ``limit`` of ``client``'s jobs done before ``before`` (of
+        stored ``type``, or any); how many per stored type."""
+        rows = await self._fetch(queries.jobs.DELETE_DONE, client, type, before, limit)
+        return {row["type"]: row["n"] for row in rows}

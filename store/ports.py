@@ -147,6 +147,12 @@ class JobQueries(Protocol):
     async def cancel_job(self, client: str, job_id: str) -> Job:
         """Waiting -> done/failed/499. NotFound, or Conflict when running or done."""
 
+    async def delete_done(
+        self, client: str, *, type: str | None, before: datetime, limit: int
+    ) -> dict[str, int]:
+        """Delete up to ``limit`` of ``client``'s done jobs done before ``before``
+        (of stored ``type``, or any); how many per stored type."""
+
 
 class TenantStore(Protocol):
     async def add_tenant(self, client: str, token_hash: bytes) -> None:

@@ -347,3 +347,41 @@ async def stats(request: web.Request) -> web.Response:
     client = await authorize(request, services)
     by_type = await services.reads.get(("stats", client), lambda: services.store.stats(client))
     return json_response({"types": {name: _stats_body(s) for name, s in sorted(by_type.items())}})
+
+
+DELETE_CHUNK = 1000  # rows a statement
+DELETE_MAX = 10_000  # rows a call
+DELETE_TIME_S = 1.0  # a call stops after about this long; the reply says there is more
+
+
+async def delete_jobs(request: web.Request) -> web.Response:
+    """Delete a tenant's done jobs early: ``state=done`` (required), ``type``,
+    ``before`` (ISO-8601 or epoch ms, default now). Bounded per call: ``more``
+    says to call again."""
+    services = request.app[SERVICES]
+    client = await authorize(request, services)
+    query = request.query
+    if query.get("state") != "done":
+        raise errors.bad_request(
+            "state=done is required: only done jobs can be deleted (cancel a waiting one first)"
+        )
+    jobtype = query.get("type") or None
+    if jobtype is not None and not valid_type(jobtype):
+        raise errors.bad_name("type must match [A-Za-z0-9_.:-]{1,100}")
+    now_ms = time.time_ns() // 1_000_000
+    before_ms = now_ms if "before" not in query else parse_when({"dt": query["before"]}, now_ms)
+    before = datetime.fromtimestamp(min(before_ms, now_ms) / 1000, UTC)
+    stored = None if jobtype is None else JobType(client, jobtype).stored
+    deleted = 0
+    more = True
+    ends = time.monotonic() + DELETE_TIME_S
+    while more and deleted < DELETE_MAX and time.monotonic() < ends:
+        counts = await services.store.delete_done(
+            client, type=stored, before=before, limit=DELETE_CHUNK
+        )
+        if counts:
+            services.queuelog.purged(counts)
+        chunk = sum(counts.values())
+        deleted += chunk
+        more = chunk == DELETE_CHUNK
+    return json_response({"deleted": deleted, "more": more})

@@ -22,6 +22,7 @@ def build_app(services: Services) -> web.Application:
     router.add_get("/{client}/job/{id}", jobs.get_job)
     router.add_post("/{client}/job/{id}/cancel", jobs.cancel_job)
     router.add_get("/{client}/jobs", jobs.list_jobs)
+    router.add_post("/{client}/jobs/delete", jobs.delete_jobs)
     router.add_get("/{client}/stats", jobs.stats)
     router.add_post("/{client}/job/{type}/claim", pull.claim)
     router.add_post("/{client}/job/{id}/renew", pull.renew_one)

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta, timezone
+from pathlib import Path
 
 import aiohttp
 import pytest
 
-from tests.acceptance.client import JOB_FIELDS, STAT_FIELDS, Api, assert_error
-from tests.acceptance.daemon import DaemonFactory, Deployment, deploy
+from tests.acceptance.client import JOB_FIELDS, STAT_FIELDS, Api, Handlers, assert_error, wait_done
+from tests.acceptance.daemon import DaemonFactory, Deployment, add_tenant, deploy
 from tests.acceptance.storecheck import payloads
 
 SLACK = timedelta(seconds=60)  # between the test's clock and the daemon's, plus run time
@@ -267,3 +268,39 @@ def test_the_daemon_logged_no_error(deployment: Deployment) -> None:
     log = deployment.daemon.stderr_text()
     assert "Traceback" not in log, log[-3000:]
     assert " ERROR " not in log, log[-3000:]
+
+
+async def test_done_jobs_are_deleted_early_bounded_and_only_the_tenants(
+    daemons: DaemonFactory, pg_dsn: str, open_tmp: Path, session: aiohttp.ClientSession
+) -> None:
+    tokens = {c: add_tenant(c, store=pg_dsn, data_dir=open_tmp, cwd=open_tmp) for c in ("d", "e")}
+    url = daemons.start(open_tmp, pg_dsn).url
+    mine, theirs = Api(session, url, "d", tokens["d"]), Api(session, url, "e", tokens["e"])
+    for api in (mine, theirs):
+        await Handlers(api).add("gone", "shell", "true")
+        await Handlers(api).add("kept", "shell", "true")
+    done = await mine.add("gone", [str(n) for n in range(30)])
+    kept = await mine.add("kept", ["k"])
+    [waiting] = await mine.add("gone", ["later"], params={"delay": "600"})
+    others = await theirs.add("gone", ["o1", "o2"])
+    for api, ids in ((mine, done + kept), (theirs, others)):
+        for job_id in ids:
+            await wait_done(api, job_id, within=60)
+    path = "/d/jobs/delete"
+    for bad in (
+        {},
+        {"state": "waiting"},
+        {"state": "done", "type": "bad type"},
+        {"state": "done", "before": "soon"},
+    ):
+        assert_error(await mine.request("POST", path, params=bad), 400)
+    earlier = await mine.request("POST", path, params={"state": "done", "before": "2001-01-01"})
+    assert earlier.json == {"deleted": 0, "more": False}, earlier
+    reply = await mine.request("POST", path, params={"state": "done", "type": "gone"})
+    assert reply.status == 200 and reply.json == {"deleted": 30, "more": False}, reply
+    assert (await mine.get_job(done[0])).status == 404
+    assert (await mine.get_job(kept[0])).json["state"] == "done"
+    assert (await mine.get_job(waiting)).json["state"] == "waiting"
+    assert [(await theirs.get_job(i)).status for i in others] == [200, 200]
+    stats = (await mine.stats()).json["types"]
+    assert stats["gone"]["done_ok"] == 0 and stats["gone"]["scheduled"] == 1, stats
