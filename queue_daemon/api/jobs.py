@@ -89,6 +89,7 @@ async def add_jobs(request: web.Request) -> web.Response:
         raise errors.unavailable("the journal cannot be written; nothing was accepted") from None
     if options.after:
         services.queuelog.blocked(JobType(client, jobtype).stored, ids, len(options.after))
+        services.metrics.graph(client, "blocked", len(ids))
     services.metrics.add_took(time.perf_counter() - began)
     return json_response({"ids": ids})
 

@@ -3,6 +3,7 @@ jobs now due (``unblocked``) and jobs failed because a dependency failed (424)."
 
 from __future__ import annotations
 
+from queue_daemon.names import JobType
 from queue_daemon.observe.metrics import Metrics
 from queue_daemon.observe.queuelog import QueueLog
 from store.models import Release, ReleaseHow, Resolution
@@ -20,6 +21,11 @@ class Resolved:
     def __call__(self, resolution: Resolution) -> None:
         if resolution.freed:
             self._queuelog.unblocked(resolution.freed)
+            for jobtype in {t for _, t in resolution.freed}:
+                client = JobType.parse(jobtype).client
+                self._metrics.graph(
+                    client, "unblocked", sum(1 for _, t in resolution.freed if t == jobtype)
+                )
         by_type: dict[str, list[Release]] = {}
         for job_id, jobtype in resolution.failed:
             by_type.setdefault(jobtype, []).append(
@@ -30,3 +36,4 @@ class Resolved:
         for jobtype, releases in by_type.items():
             self._queuelog.finished(jobtype, releases)
             self._metrics.finished(jobtype, releases)
+            self._metrics.graph(JobType.parse(jobtype).client, "dependency_failed", len(releases))

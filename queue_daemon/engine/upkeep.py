@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from queue_daemon.names import JobType
 from queue_daemon.observe.metrics import Metrics
 from queue_daemon.observe.queuelog import QueueLog
 from store.models import Release, ReleaseHow
@@ -76,6 +77,7 @@ class Upkeep:
             for jobtype, releases in by_type.items():
                 self._queuelog.finished(jobtype, releases)
                 self._metrics.finished(jobtype, releases)
+                self._metrics.graph(JobType.parse(jobtype).client, "deadline", len(releases))
         await self._store.resolve_pending()
 
     async def purge(self) -> None:

@@ -162,6 +162,7 @@ class Metrics:
         self._lost_lease: dict[tuple[str, str], int] = {}
         self._follow_ons_dropped: dict[tuple[str, str], int] = {}
         self._pulled: dict[tuple[str, str], int] = {}
+        self._graph: dict[tuple[str, str], int] = {}
         self._live_workers: dict[str, int] = {}
         self._ticks: dict[tuple[str, str], int] = {}
         self._ticks_deferred: dict[tuple[str, str], int] = {}
@@ -236,6 +237,13 @@ class Metrics:
         labels = (self.labels.tenant(client), reason)
         self._ticks_deferred[labels] = self._ticks_deferred.get(labels, 0) + count
 
+    def graph(self, client: str, event: str, count: int) -> None:
+        """Jobs of graphs and deadlines: blocked (added to wait), unblocked,
+        dependency_failed (424), deadline (408)."""
+        if count:
+            labels = (self.labels.tenant(client), event)
+            self._graph[labels] = self._graph.get(labels, 0) + count
+
     def event_families(self) -> Iterable[Metric]:
         for name, documentation, labels, values in (
             (
@@ -277,6 +285,14 @@ class Metrics:
                 " completed, stale (the claim no longer held the job), handed_back",
                 ["tenant", "event"],
                 self._pulled,
+            ),
+            (
+                "queue_graph_jobs",
+                "Jobs of job graphs and deadlines, by tenant and event: blocked (added to"
+                " wait for others, through this daemon), unblocked, dependency_failed (424),"
+                " deadline (408); the last three as this daemon resolved or ended them",
+                ["tenant", "event"],
+                self._graph,
             ),
             (
                 "queue_schedule_ticks",
