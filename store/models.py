@@ -140,6 +140,7 @@ class QueueDepth:
     type: str  # stored jobtype, "client-type"
     waiting: int = 0
     scheduled: int = 0
+    blocked: int = 0
     capped: bool = False  # waiting or scheduled reached the cap: there are more
     running: int = 0
     done_ok: int = 0

@@ -97,6 +97,7 @@ class Overview:
             "type": jobtype,
             "waiting": depth.waiting,
             "scheduled": depth.scheduled,
+            "blocked": depth.blocked,
             "capped": depth.capped,
             "running": depth.running,
             "done_ok": depth.done_ok,

@@ -37,7 +37,11 @@ WITH RECURSIVE wtypes(type) AS (
                 SELECT 1 FROM jobs j
                 WHERE j.type = t.type AND j.lock = '' AND j.dt > now() AND j.dt <> 'infinity'
                 LIMIT {cap}
-           ) c) AS scheduled
+           ) c) AS scheduled,
+           (SELECT count(*) FROM (
+                SELECT 1 FROM jobs j
+                WHERE j.type = t.type AND j.lock = '' AND j.dt = 'infinity' LIMIT {cap}
+           ) c) AS blocked
     FROM wtypes t
     WHERE t.type IS NOT NULL
 ), done AS (
@@ -57,7 +61,9 @@ WITH RECURSIVE wtypes(type) AS (
 SELECT type,
        coalesce(w.waiting, 0) AS waiting,
        coalesce(w.scheduled, 0) AS scheduled,
-       coalesce(w.waiting >= {cap} OR w.scheduled >= {cap}, false) AS capped,
+       coalesce(w.blocked, 0) AS blocked,
+       coalesce(w.waiting >= {cap} OR w.scheduled >= {cap} OR w.blocked >= {cap}, false)
+           AS capped,
        coalesce(r.running, 0) AS running,
        coalesce(d.done_ok, 0)::bigint AS done_ok,
        coalesce(d.done_failed, 0)::bigint AS done_failed,

@@ -184,6 +184,22 @@ async def test_dashboard_in_chromium(
     assert "pwned" not in driver.title and driver.title.startswith("queue-daemon")
     assert driver.find_element(By.ID, "error").text == ""
 
+    # a failure clicked shows the job's runs
+    row = next(
+        r
+        for r in driver.find_elements(By.CSS_SELECTOR, "#failures tr[data-job]")
+        if "onerror" in r.text
+    )
+    row.click()
+
+    def runs() -> list[str] | None:
+        shown = [c.text for c in driver.find_elements(By.CSS_SELECTOR, "#job-runs td")]
+        return shown or None
+
+    shown = wait_for("the job's runs", runs)
+    assert "failed" in shown and "400" in shown, shown
+    assert "acme-bad" not in driver.find_element(By.ID, "job-title").text
+
     # the sampled throughput follows (a sample before and one after the jobs ended)
     def rate() -> float | None:
         text = cell(driver, "acme/resize", "per_s") or ""
