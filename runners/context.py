@@ -60,8 +60,9 @@ class Context:
         memory: str = "as",
         spend: Spend = no_limit,
     ) -> None:
-        self.spec = spec
+        self.spec = spec  # the first handler it loaded
         self.key = spec.context_key
+        self.loaded: dict[str, str] = {}  # type -> handler version (several: an eid's)
         self.jobs_run = 0
         self.last_used = time.monotonic()
         self.broken = False  # died, timed out or asked to be recycled: never reused
@@ -112,7 +113,7 @@ class Context:
         """Spawn the child and load the handler; ContextFailed (already cleaned up) if it cannot."""
         try:
             await self._spawn()
-            await self._init()
+            await self._load(self.spec)
         except BaseException:
             self.broken = True
             await self.close()
@@ -153,8 +154,16 @@ class Context:
             )
         ]
 
-    async def _init(self) -> None:
-        spec = self.spec
+    async def load(self, spec: HandlerSpec) -> None:
+        """Load another handler of the context's eid; ContextFailed (and the context
+        broken) if it does not load."""
+        try:
+            await self._load(spec)
+        except BaseException:
+            self.broken = True
+            raise
+
+    async def _load(self, spec: HandlerSpec) -> None:
         assert self._writer is not None and self._reader is not None
         self._writer.write(
             framing.encode(
@@ -189,18 +198,24 @@ class Context:
             raise ContextFailed(str(message.get("message") or "the handler failed to load"))
         if op != "ready":
             raise ContextFailed(f"the context sent {op!r} instead of ready")
+        self.loaded[spec.type] = spec.version
 
     # ------------------------------------------------------------------ batches
 
     async def run_batch(
-        self, jobs: Sequence[JobInput], timeout_per_job: float, sink: ResultSink | None = None
+        self,
+        jobs: Sequence[JobInput],
+        timeout_per_job: float,
+        sink: ResultSink | None = None,
+        type: str | None = None,
     ) -> list[JobResult]:
         """Every job's result, in order. Never raises for what the child does: a crash,
         a timeout or a protocol error ends the running job as 500/504 and the jobs
         not yet started as ``ran=False``, and marks the context ``broken``.
         """
         results: list[JobResult] = []
-        for frame, chunk in self._chunks(jobs, None if sink is None else sink.emit_limit):
+        limit = None if sink is None else sink.emit_limit
+        for frame, chunk in self._chunks(jobs, limit, type or self.spec.type):
             if self.broken:
                 results += [not_run(job, "the context stopped on an earlier job") for job in chunk]
                 continue
@@ -210,11 +225,13 @@ class Context:
         return results
 
     def _chunks(
-        self, jobs: Sequence[JobInput], emit_limit: int | None
+        self, jobs: Sequence[JobInput], emit_limit: int | None, type: str
     ) -> list[tuple[bytes, Sequence[JobInput]]]:
-        """Batch frames of at most 64 MiB (a batch of big payloads is split)."""
+        """Batch frames of at most 64 MiB (a batch of big payloads is split), for the
+        handler of ``type``."""
         message: dict[str, object] = {
             "op": "batch",
+            "type": type,
             "jobs": [{"id": j.id, "payload": j.payload, "attempt": j.attempt} for j in jobs],
         }
         if emit_limit is not None:
@@ -225,7 +242,9 @@ class Context:
             if len(jobs) == 1:
                 raise
         half = len(jobs) // 2
-        return self._chunks(jobs[:half], emit_limit) + self._chunks(jobs[half:], emit_limit)
+        return self._chunks(jobs[:half], emit_limit, type) + self._chunks(
+            jobs[half:], emit_limit, type
+        )
 
     async def _run_chunk(
         self,

@@ -27,8 +27,16 @@ class HandlerSpec:
 
     @property
     def context_key(self) -> tuple[str, str, str]:
-        """Jobs with equal keys may run in the same context."""
-        return (self.client, self.eid or self.type, self.version)
+        """Jobs with equal keys may run in the same context: one handler version's,
+        or all the handlers of one eid of one tenant (in one language)."""
+        if self.eid:
+            return (self.client, f"eid:{self.eid}", self.lang)
+        return (self.client, self.type, self.version)
+
+    @property
+    def failure_key(self) -> tuple[str, str, str]:
+        """A handler version that failed to load (its jobs fail for a while)."""
+        return (self.client, self.type, self.version)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -1,6 +1,8 @@
 """The runner pool: warm contexts for python and node handlers, shell and http runners.
 
-A context serves one handler version (``HandlerSpec.context_key``). A batch
+A context serves one handler version, or the handlers of one eid of one tenant,
+each loaded the first time a batch of its type comes (``HandlerSpec.context_key``;
+a context that loaded another version of the batch's handler is not used). A batch
 checks out an idle context of its key or starts one (at most ``max_contexts``
 alive; the least recently used idle context makes room), runs, and checks it
 back in. A context is closed instead of checked in when it crashed, timed out,
@@ -136,12 +138,18 @@ class RunnerPool:
             return await self._shell.run_batch(spec, jobs, sink)
         if spec.lang == "http":
             return await self._http.run_batch(spec, jobs)
-        key = spec.context_key
+        key = spec.failure_key
         failure = self._failures.get(key)
         if failure is not None and failure.until > time.monotonic():
             return [failed(job, ERROR, failure.message) for job in jobs]
         try:
             context = await self._checkout(spec)
+            if spec.type not in context.loaded:  # a context of its eid, warmed by another
+                try:
+                    await context.load(spec)
+                except BaseException:
+                    self._checkin(context)
+                    raise
         except ContextFailed as exc:
             message = str(exc)
             self._failures[key] = _Failure(
@@ -157,7 +165,7 @@ class RunnerPool:
             )
             return [failed(job, ERROR, message) for job in jobs]
         try:
-            return await context.run_batch(jobs, spec.timeout, sink)
+            return await context.run_batch(jobs, spec.timeout, sink, spec.type)
         except BaseException:
             context.broken = True  # cancelled or failed mid-batch: never reuse it
             raise
@@ -173,7 +181,9 @@ class RunnerPool:
                 context = idle.pop()
                 if not idle:
                     del self._idle[key]
-                if context.alive:
+                # a context of an eid that runs another version of this handler
+                stale = context.loaded.get(spec.type, spec.version) != spec.version
+                if context.alive and not stale:
                     self._busy.add(context)
                     return context
                 self._close_later(context)
@@ -329,7 +339,10 @@ class RunnerPool:
     def warm(self) -> set[str]:
         """Stored jobtypes (``client-type``) that have an idle context right now."""
         return {
-            f"{c.spec.client}-{c.spec.type}" for contexts in self._idle.values() for c in contexts
+            f"{c.spec.client}-{type}"
+            for contexts in self._idle.values()
+            for c in contexts
+            for type in c.loaded
         }
 
     @property
@@ -349,11 +362,11 @@ class RunnerPool:
         after their batch."""
         for contexts in list(self._idle.values()):
             for context in list(contexts):
-                if context.spec.client == client and context.spec.type == type:
+                if context.spec.client == client and type in context.loaded:
                     self._forget_idle(context)
                     self._close_later(context)
         for context in self._busy:
-            if context.spec.client == client and context.spec.type == type:
+            if context.spec.client == client and type in context.loaded:
                 context.retired = True
         for key, failure in list(self._failures.items()):
             if failure.client == client and failure.type == type:

@@ -195,8 +195,15 @@ function compile(source, filename) {
 function compileHook(source, name) {
   if (!source || !source.trim()) return null;
   const fn = compile('return (async () => {' + source + '\n})();', name + '.js');
-  return () => fn.call(moduleRef.exports, moduleRef.exports, requireRef, moduleRef, FILENAME, process.cwd());
+  const mod = moduleRef;
+  const req = requireRef;
+  return () => fn.call(mod.exports, mod.exports, req, mod, FILENAME, process.cwd());
 }
+
+// A context of an eid loads one handler per type of it (another `init`); each
+// has its own module, and they share the process (globalThis, required modules).
+const loaded = new Map(); // type -> {handler, hooks}
+let first = null;
 
 async function init(msg) {
   handlerType = String(msg.type || '');
@@ -229,7 +236,18 @@ async function init(msg) {
       return fatal('before: ' + describe(err));
     }
   }
+  const record = { handler, hooks, type: handlerType };
+  loaded.set(handlerType, record);
+  if (first === null) first = record;
   send(READY);
+}
+
+// the handler a batch names (its type), or the context's first
+function select(type) {
+  const record = loaded.get(String(type || '')) || first;
+  handler = record.handler;
+  hooks = record.hooks;
+  handlerType = record.type;
 }
 
 // ---------------------------------------------------------------- jobs
@@ -398,7 +416,8 @@ async function handle(msg) {
     case 'init':
       return init(msg);
     case 'batch':
-      if (handler === null) return fatal('batch before init');
+      if (first === null) return fatal('batch before init');
+      select(msg.type);
       return batch(msg);
     case 'exit':
       return process.exit(0);

@@ -238,11 +238,20 @@ class Context:
         return f"<ctx id={self.id!r} attempt={self.attempt!r} type={self.type!r}>"
 
 
+# What the handlers of one eid share in their context (each has its own globals):
+# the name ``shared`` in each handler's globals is this one dict.
+SHARED: dict[str, Any] = {}
+
+
 class Handler:
     def __init__(self, init: Message) -> None:
         self.type = init.get("type", "")
         self.client = init.get("client", "")
-        self.namespace: dict[str, Any] = {"__name__": "handler", "__builtins__": builtins}
+        self.namespace: dict[str, Any] = {
+            "__name__": "handler",
+            "__builtins__": builtins,
+            "shared": SHARED,
+        }
         self.before_each: CodeType | None = None
         self.after_each: CodeType | None = None
         self.function: Any = None
@@ -374,22 +383,36 @@ def main() -> None:
     init = reader.frame()
     if init is None or init.get("op") != "init":
         return
-    handler = Handler(init)
-    problem = handler.load(init)
-    if problem is not None:
-        write(frame({"op": "fatal", "message": problem}))
-        return
-    write(frame({"op": "ready"}))
+    # a context of an eid loads one handler per type of it (another ``init``)
+    handlers: dict[str, Handler] = {}
+    while init is not None:
+        handler = Handler(init)
+        problem = handler.load(init)
+        if problem is not None:
+            write(frame({"op": "fatal", "message": problem}))
+            return
+        handlers[handler.type] = handler
+        write(frame({"op": "ready"}))
+        init = serve(reader, handlers)
+
+
+def serve(reader: Reader, handlers: dict[str, Handler]) -> Message | None:
+    """Run batches until the input ends or asks to exit (None), or another
+    handler is to be loaded (its ``init`` message)."""
+    first = next(iter(handlers.values()))
     while True:
         message = reader.frame()
         if message is None:
-            return
+            return None
         op = message.get("op")
         if op == "batch":
             limit = message.get("emit")
+            handler = handlers.get(str(message.get("type", "")), first)
             handler.run_batch(message.get("jobs") or [], limit if isinstance(limit, int) else None)
+        elif op == "init":
+            return message
         elif op == "exit":
-            return
+            return None
         else:
             sys.stderr.write(f"python_boot: unknown op {op!r} ignored\n")
 
