@@ -23,6 +23,20 @@ ROOMS = {
     ],
     "queue_daemon/tools": ["queue_daemon.api", "queue_daemon.engine", "queue_daemon.cli"],
     "queue_daemon/api": ["queue_daemon.tools", "queue_daemon.cli", "queue_daemon.app"],
+    # the client runs on machines without the daemon: it imports none of it
+    "queue_daemon/client": [
+        "queue_daemon.api",
+        "queue_daemon.engine",
+        "queue_daemon.observe",
+        "queue_daemon.tools",
+        "queue_daemon.cli",
+        "queue_daemon.app",
+        "store",
+        "journal",
+        "runners",
+        "scheduler",
+        "asyncpg",
+    ],
 }
 
 
