@@ -173,7 +173,7 @@ def section_graph(run_: Run) -> None:
     from bench.runs import daemons
 
     quick = run_.opts.quick
-    size, length = (1000, 200) if quick else (10_000, 2_000)
+    size, length = (1000, 200) if quick else (10_000, 10_000)
     with daemons(run_, "graph", 1) as (_, urls, token):
         got = run(urls[0], token, daemon.TENANT, size=size, chain_length=length, samples=200)
     gaps = got["release_ms"]
