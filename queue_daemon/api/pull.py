@@ -6,6 +6,7 @@ workers and every daemon)."""
 from __future__ import annotations
 
 import math
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import orjson
@@ -208,22 +209,31 @@ async def _renew(
     ]
 
 
-async def renew_one(request: web.Request) -> web.Response:
+Act = Callable[
+    [web.Request, str, dict[str, Any], list[tuple[str, str]]], Awaitable[list[dict[str, Any]]]
+]
+
+
+async def _on_claims(request: web.Request, act: Act, *, one: bool) -> list[dict[str, Any]]:
+    """``act`` on the claim of the path's job (``one``), or on the body's ``claims``."""
     services = request.app[SERVICES]
     client = await authorize(request, services)
-    job_id = job_id_of(request)
-    fields = await _body(request, client, SMALL_BODY)
-    result = (await _renew(request, client, fields, [(job_id, _claim_of(fields))]))[0]
+    if one:
+        job_id = job_id_of(request)
+        fields = await _body(request, client, SMALL_BODY)
+        return await act(request, client, fields, [(job_id, _claim_of(fields))])
+    fields = await _body(request, client, services.settings.body_limit)
+    return await act(request, client, fields, _pairs(_items(fields, "claims")))
+
+
+async def renew_one(request: web.Request) -> web.Response:
+    [result] = await _on_claims(request, _renew, one=True)
     _one(result)
     return json_response({"lease_until": result["lease_until"]})
 
 
 async def renew_many(request: web.Request) -> web.Response:
-    services = request.app[SERVICES]
-    client = await authorize(request, services)
-    fields = await _body(request, client, services.settings.body_limit)
-    pairs = _pairs(_items(fields, "claims"))
-    return json_response({"results": await _renew(request, client, fields, pairs)})
+    return json_response({"results": await _on_claims(request, _renew, one=False)})
 
 
 async def _complete(
@@ -271,20 +281,13 @@ async def _hand_back(
 
 
 async def release_one(request: web.Request) -> web.Response:
-    services = request.app[SERVICES]
-    client = await authorize(request, services)
-    job_id = job_id_of(request)
-    fields = await _body(request, client, SMALL_BODY)
-    _one((await _hand_back(request, client, fields, [(job_id, _claim_of(fields))]))[0])
-    return json_response({"id": job_id, "status": 200})
+    [result] = await _on_claims(request, _hand_back, one=True)
+    _one(result)
+    return json_response({"id": result["id"], "status": 200})
 
 
 async def release_many(request: web.Request) -> web.Response:
-    services = request.app[SERVICES]
-    client = await authorize(request, services)
-    fields = await _body(request, client, services.settings.body_limit)
-    pairs = _pairs(_items(fields, "claims"))
-    return json_response({"results": await _hand_back(request, client, fields, pairs)})
+    return json_response({"results": await _on_claims(request, _hand_back, one=False)})
 
 
 def _worker_body(seen: WorkerSeen, *, tenant: bool = False) -> dict[str, Any]:

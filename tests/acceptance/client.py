@@ -339,3 +339,43 @@ async def wait_all_done(
         raise AssertionError(
             f"{exc}: {len(missing)} of {len(wanted)} not done, e.g. {states}"
         ) from None
+
+
+# --- pull workers (docs/workers.md) -------------------------------------------------
+
+
+async def post_json(api: Api, path: str, body: Any) -> Reply:
+    """``POST /{client}{path}`` with a JSON body."""
+    return await api.request(
+        "POST",
+        f"/{api.client}{path}",
+        data=json.dumps(body),
+        headers={"Content-Type": "application/json"},
+    )
+
+
+async def pulled_type(api: Api, jobtype: str, **fields: Any) -> dict[str, Any]:
+    """Make ``jobtype`` pulled (a handler of lang worker); assert 200."""
+    reply = await Handlers(api).add_raw(jobtype, {"lang": "worker", **fields})
+    assert reply.status == 200, reply
+    stored: dict[str, Any] = reply.json
+    return stored
+
+
+async def claim_jobs(api: Api, jobtype: str, worker: str, **fields: Any) -> list[dict[str, Any]]:
+    """Claim jobs of ``jobtype`` as ``worker``; assert 200."""
+    reply = await post_json(api, f"/job/{jobtype}/claim", {"worker": worker, **fields})
+    assert reply.status == 200, reply
+    jobs: list[dict[str, Any]] = reply.json["jobs"]
+    return jobs
+
+
+async def claimed(
+    api: Api, jobtype: str, worker: str, within: float = 30.0, **fields: Any
+) -> list[dict[str, Any]]:
+    """Claim until a claim returns jobs (within ``within`` seconds)."""
+
+    async def probe() -> list[dict[str, Any]] | None:
+        return await claim_jobs(api, jobtype, worker, **fields) or None
+
+    return await until(probe, within, f"jobs of {jobtype} to claim")

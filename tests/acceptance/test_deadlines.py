@@ -4,14 +4,21 @@ result discarded)."""
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from pathlib import Path
 
 import aiohttp
 
-from tests.acceptance.client import Api, Handlers, until, wait_done
+from tests.acceptance.client import (
+    Api,
+    Handlers,
+    claimed,
+    post_json,
+    pulled_type,
+    until,
+    wait_done,
+)
 from tests.acceptance.daemon import DaemonFactory, add_tenant, shared_dir
 
 SLEEPER = """
@@ -64,19 +71,13 @@ async def test_a_pulled_job_past_its_deadline_is_no_longer_held(
 ) -> None:
     token = add_tenant("t", store=pg_dsn, data_dir=tmp_path, cwd=tmp_path)
     api = Api(session, daemons.start(tmp_path, pg_dsn).url, "t", token)
-    reply = await Handlers(api).add_raw("p", {"lang": "worker", "timeout": 600})
-    assert reply.status == 200, reply
+    await pulled_type(api, "p", timeout=600)
     [job_id] = await api.add("p", ["x"], params={"deadline": "2"})
-    headers = {"Content-Type": "application/json"}
-    body = json.dumps({"worker": "w", "wait": 10})
-    claimed = await api.request("POST", "/t/job/p/claim", data=body, headers=headers)
-    [job] = claimed.json["jobs"]
+    [job] = await claimed(api, "p", "w", wait=10)
     assert job["id"] == job_id
     done = await wait_done(api, job_id, within=30)
     assert done["exitcode"] == 408, done
-    renew = json.dumps({"worker": "w", "claim": job["claim"]})
-    reply = await api.request("POST", f"/t/job/{job_id}/renew", data=renew, headers=headers)
-    assert reply.status == 409, reply
-    reply = await api.request("POST", f"/t/job/{job_id}/complete", data=renew, headers=headers)
-    assert reply.status == 409, reply
+    held = {"worker": "w", "claim": job["claim"]}
+    assert (await post_json(api, f"/job/{job_id}/renew", held)).status == 409
+    assert (await post_json(api, f"/job/{job_id}/complete", held)).status == 409
     assert (await api.get_job(job_id)).json["exitcode"] == 408

@@ -5,7 +5,6 @@ and the result of the worker that took the job over stands."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -17,7 +16,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from tests.acceptance.client import Api, Handlers, until, wait_done
+from tests.acceptance.client import Api, claimed, post_json, pulled_type, wait_done
 from tests.acceptance.daemon import DaemonFactory, add_tenant
 
 # A worker that claims one job, prints it, renews it every 0.2 s until the file
@@ -92,30 +91,15 @@ async def _setup(
     token = add_tenant("t", store=pg_dsn, data_dir=tmp_path, cwd=tmp_path)
     # --lease 4: leases that ran out are looked for every second
     api = Api(session, daemons.start(tmp_path, pg_dsn, "--lease", "4").url, "t", token)
-    reply = await Handlers(api).add_raw("slow", {"lang": "worker", "timeout": 2})
-    assert reply.status == 200, reply
+    await pulled_type(api, "slow", timeout=2)
     [job_id] = await api.add("slow", ["x"])
     return api, token, job_id
 
 
 async def _claim_and_complete(api: Api, name: str) -> dict[str, Any]:
-    async def claimed() -> list[Any] | None:
-        reply = await api.request(
-            "POST",
-            "/t/job/slow/claim",
-            data=json.dumps({"worker": name, "wait": 1}),
-            headers={"Content-Type": "application/json"},
-        )
-        jobs: list[Any] = reply.json["jobs"]
-        return jobs or None
-
-    [job] = await until(claimed, 30, "the job to come back")
-    reply = await api.request(
-        "POST",
-        f"/t/job/{job['id']}/complete",
-        data=json.dumps({"worker": name, "claim": job["claim"], "result": f"from {name}"}),
-        headers={"Content-Type": "application/json"},
-    )
+    [job] = await claimed(api, "slow", name, wait=1)
+    body = {"worker": name, "claim": job["claim"], "result": f"from {name}"}
+    reply = await post_json(api, f"/job/{job['id']}/complete", body)
     assert reply.status == 200, reply
     result: dict[str, Any] = job
     return result

@@ -5,46 +5,29 @@ one store."""
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 
-from tests.acceptance.client import Api, Handlers, assert_error, until
+from tests.acceptance.client import (
+    Api,
+    Handlers,
+    assert_error,
+    claim_jobs,
+    claimed,
+    post_json,
+    pulled_type,
+)
 from tests.acceptance.daemon import DaemonFactory, add_tenant, run_cli, store_args
 
 FORGED = "0" * 32
 
 
-async def post(api: Api, path: str, body: Any) -> Any:
-    reply = await api.request(
-        "POST",
-        f"/{api.client}{path}",
-        data=json.dumps(body),
-        headers={"Content-Type": "application/json"},
-    )
-    return reply
-
-
-async def claim(api: Api, jobtype: str, worker: str, **fields: Any) -> list[dict[str, Any]]:
-    reply = await post(api, f"/job/{jobtype}/claim", {"worker": worker, **fields})
-    assert reply.status == 200, reply
-    jobs: list[dict[str, Any]] = reply.json["jobs"]
-    return jobs
-
-
 async def complete(api: Api, job: dict[str, Any], worker: str, **fields: Any) -> Any:
     body = {"claim": job["claim"], "worker": worker, **fields}
-    return await post(api, f"/job/{job['id']}/complete", body)
-
-
-async def pulled(api: Api, jobtype: str, **fields: Any) -> dict[str, Any]:
-    reply = await Handlers(api).add_raw(jobtype, {"lang": "worker", **fields})
-    assert reply.status == 200, reply
-    stored: dict[str, Any] = reply.json
-    return stored
+    return await post_json(api, f"/job/{job['id']}/complete", body)
 
 
 async def test_claim_renew_complete_with_follow_ons_then_and_the_registry(
@@ -52,17 +35,17 @@ async def test_claim_renew_complete_with_follow_ons_then_and_the_registry(
 ) -> None:
     token = add_tenant("t", store=pg_dsn, data_dir=tmp_path, cwd=tmp_path)
     api = Api(session, daemons.start(tmp_path, pg_dsn).url, "t", token)
-    stored = await pulled(api, "gpu", then="after")
+    stored = await pulled_type(api, "gpu", then="after")
     assert stored["lang"] == "worker" and stored["timeout"] == 60
-    await pulled(api, "after")
-    await pulled(api, "next")
+    await pulled_type(api, "after")
+    await pulled_type(api, "next")
     ids = await api.add("gpu", ["a", "b", "c"])
-    jobs = await until(lambda: _some(claim(api, "gpu", "box-1", limit=10)), 20, "the jobs")
-    jobs += await claim(api, "gpu", "box-1", limit=10)
+    jobs = await claimed(api, "gpu", "box-1", limit=10)
+    jobs += await claim_jobs(api, "gpu", "box-1", limit=10)
     assert sorted(j["id"] for j in jobs) == sorted(ids)
     assert {j["payload"] for j in jobs} == {"a", "b", "c"}
     assert all(j["attempts"] == 1 and j["type"] == "gpu" for j in jobs)
-    renewed = await post(
+    renewed = await post_json(
         api, f"/job/{jobs[0]['id']}/renew", {"claim": jobs[0]["claim"], "worker": "box-1"}
     )
     assert renewed.status == 200 and renewed.json["lease_until"] >= jobs[0]["lease_until"], renewed
@@ -78,7 +61,7 @@ async def test_claim_renew_complete_with_follow_ons_then_and_the_registry(
     assert (
         done.json["state"] == "done" and done.json["code"] == "ok" and done.json["result"] == "r0"
     )
-    batch = await post(
+    batch = await post_json(
         api,
         "/jobs/complete",
         {
@@ -94,9 +77,9 @@ async def test_claim_renew_complete_with_follow_ons_then_and_the_registry(
     failed = await api.get_job(jobs[1]["id"])
     assert failed.json["code"] == "failed" and failed.json["exitcode"] == 404
     # the follow-on job and the then job arrive, each of the tenant's own type
-    nexts = await until(lambda: _some(claim(api, "next", "box-2")), 20, "the follow-on job")
+    nexts = await claimed(api, "next", "box-2")
     assert nexts[0]["payload"] == '{"n":1}'
-    afters = await until(lambda: _some(claim(api, "after", "box-2")), 20, "the then job")
+    afters = await claimed(api, "after", "box-2")
     assert afters[0]["payload"] == "r0"
     workers = await api.request("GET", "/t/workers")
     seen = {w["name"]: w for w in workers.json["workers"]}
@@ -105,23 +88,18 @@ async def test_claim_renew_complete_with_follow_ons_then_and_the_registry(
     assert seen["box-2"]["holding"] == 2, seen
 
 
-async def _some(jobs: Any) -> list[dict[str, Any]] | None:
-    got: list[dict[str, Any]] = await jobs
-    return got or None
-
-
 async def test_a_stalled_worker_cannot_overwrite_the_result_of_the_one_that_took_over(
     daemons: DaemonFactory, pg_dsn: str, tmp_path: Path, session: aiohttp.ClientSession
 ) -> None:
     token = add_tenant("t", store=pg_dsn, data_dir=tmp_path, cwd=tmp_path)
     api = Api(session, daemons.start(tmp_path, pg_dsn, "--lease", "4").url, "t", token)
-    await pulled(api, "slow", timeout=1)
+    await pulled_type(api, "slow", timeout=1)
     [job_id] = await api.add("slow", ["x"])
-    [first] = await until(lambda: _some(claim(api, "slow", "a")), 20, "the job")
+    [first] = await claimed(api, "slow", "a")
     # a's lease (1 s) runs out; the daemon's expiry makes the job claimable again
-    [second] = await until(lambda: _some(claim(api, "slow", "b", wait=2)), 20, "the job again")
+    [second] = await claimed(api, "slow", "b", wait=2)
     assert second["id"] == job_id and second["attempts"] == 2 and second["claim"] != first["claim"]
-    stale = await post(api, f"/job/{job_id}/renew", {"claim": first["claim"], "worker": "a"})
+    stale = await post_json(api, f"/job/{job_id}/renew", {"claim": first["claim"], "worker": "a"})
     assert_error(stale, 409, "conflict")
     assert_error(await complete(api, first, "a", exitcode=200, result="late"), 409, "conflict")
     assert (await complete(api, second, "b", exitcode=200, result="fresh")).status == 200
@@ -135,19 +113,19 @@ async def test_retries_hand_backs_and_attempts(
 ) -> None:
     token = add_tenant("t", store=pg_dsn, data_dir=tmp_path, cwd=tmp_path)
     api = Api(session, daemons.start(tmp_path, pg_dsn).url, "t", token)
-    await pulled(api, "flaky", maxAttempts=2)
+    await pulled_type(api, "flaky", maxAttempts=2)
     [job_id] = await api.add("flaky", ["x"])
-    [job] = await until(lambda: _some(claim(api, "flaky", "w")), 20, "the job")
-    back = await post(
+    [job] = await claimed(api, "flaky", "w")
+    back = await post_json(
         api, "/jobs/release", {"worker": "w", "claims": [{"id": job_id, "claim": job["claim"]}]}
     )
     assert [r["status"] for r in back.json["results"]] == [200], back
-    [job] = await claim(api, "flaky", "w")
+    [job] = await claim_jobs(api, "flaky", "w")
     assert job["attempts"] == 1  # the hand-back did not count
     retried = await complete(api, job, "w", exitcode=503, result="busy")
     assert retried.status == 200 and retried.json["state"] == "waiting", retried
     assert retried.json["code"] == "error"
-    [job] = await until(lambda: _some(claim(api, "flaky", "w", wait=5)), 20, "the retry")
+    [job] = await claimed(api, "flaky", "w", wait=5)
     assert job["attempts"] == 2
     last = await complete(api, job, "w", exitcode=503, result="still busy")
     assert last.json["state"] == "done" and last.json["exitcode"] == 503, last  # maxAttempts
@@ -159,11 +137,11 @@ async def test_bad_requests_and_other_tenants(
     tokens = {c: add_tenant(c, store=pg_dsn, data_dir=tmp_path, cwd=tmp_path) for c in ("t", "u")}
     url = daemons.start(tmp_path, pg_dsn).url
     api, other = Api(session, url, "t", tokens["t"]), Api(session, url, "u", tokens["u"])
-    await pulled(api, "p")
-    await pulled(other, "p")
+    await pulled_type(api, "p")
+    await pulled_type(other, "p")
     await Handlers(api).add("run", "shell", "true")
-    assert_error(await post(api, "/job/run/claim", {"worker": "w"}), 409, "conflict")
-    assert_error(await post(api, "/job/none/claim", {"worker": "w"}), 409, "conflict")
+    assert_error(await post_json(api, "/job/run/claim", {"worker": "w"}), 409, "conflict")
+    assert_error(await post_json(api, "/job/none/claim", {"worker": "w"}), 409, "conflict")
     bad: Any
     for bad in (
         {},
@@ -176,17 +154,19 @@ async def test_bad_requests_and_other_tenants(
         {"worker": "w", "wait": "soon"},
         [],
     ):
-        assert_error(await post(api, "/job/p/claim", bad), 400, "bad_request")
+        assert_error(await post_json(api, "/job/p/claim", bad), 400, "bad_request")
     not_json = await api.request(
         "POST", "/t/job/p/claim", data="{", headers={"Content-Type": "application/json"}
     )
     assert_error(not_json, 400, "bad_request")
     [job_id] = await other.add("p", ["theirs"])
-    [theirs] = await until(lambda: _some(claim(other, "p", "w")), 20, "their job")
+    [theirs] = await claimed(other, "p", "w")
     # their job id with their own claim token, sent by this tenant: no such job here
-    stolen = await post(api, f"/job/{job_id}/complete", {"claim": theirs["claim"], "worker": "w"})
+    stolen = await post_json(
+        api, f"/job/{job_id}/complete", {"claim": theirs["claim"], "worker": "w"}
+    )
     assert_error(stolen, 404, "not_found")
-    stolen = await post(api, f"/job/{job_id}/renew", {"claim": theirs["claim"], "worker": "w"})
+    stolen = await post_json(api, f"/job/{job_id}/renew", {"claim": theirs["claim"], "worker": "w"})
     assert_error(stolen, 404, "not_found")
     # a forged token, or the right token under another worker's name: not held
     assert_error(await complete(other, {**theirs, "claim": FORGED}, "w"), 409, "conflict")
@@ -201,11 +181,13 @@ async def test_bad_requests_and_other_tenants(
         {"result": "nul\u0000"},
     ):
         assert_error(await complete(other, theirs, "w", **bad_fields), 400, "bad_request")
-    assert_error(await post(other, f"/job/{job_id}/complete", {"worker": "w"}), 400, "bad_request")
-    twice = {"worker": "w", "claims": [{"id": job_id, "claim": FORGED}] * 2}
-    assert_error(await post(other, "/jobs/renew", twice), 400, "bad_request")
     assert_error(
-        await post(other, "/jobs/renew", {"worker": "w", "claims": []}), 400, "bad_request"
+        await post_json(other, f"/job/{job_id}/complete", {"worker": "w"}), 400, "bad_request"
+    )
+    twice = {"worker": "w", "claims": [{"id": job_id, "claim": FORGED}] * 2}
+    assert_error(await post_json(other, "/jobs/renew", twice), 400, "bad_request")
+    assert_error(
+        await post_json(other, "/jobs/renew", {"worker": "w", "claims": []}), 400, "bad_request"
     )
     assert (await complete(other, theirs, "w")).status == 200  # untouched by all of that
 
@@ -217,12 +199,12 @@ async def test_a_held_claim_wakes_when_another_daemon_adds(
     first = daemons.start(tmp_path / "a", pg_dsn)
     second = daemons.start(tmp_path / "b", pg_dsn)
     a, b = Api(session, first.url, "t", token), Api(session, second.url, "t", token)
-    await pulled(a, "q")
-    assert await claim(a, "q", "w") == []
+    await pulled_type(a, "q")
+    assert await claim_jobs(a, "q", "w") == []
     began = time.monotonic()
-    assert await claim(a, "q", "w", wait=0.3) == []  # nothing comes: empty when wait runs out
+    assert await claim_jobs(a, "q", "w", wait=0.3) == []  # nothing comes: empty when wait runs out
     assert time.monotonic() - began >= 0.3
-    held = asyncio.ensure_future(claim(a, "q", "w", wait=30))
+    held = asyncio.ensure_future(claim_jobs(a, "q", "w", wait=30))
     await asyncio.sleep(0.3)  # the claim is held (nothing to synchronise with from outside)
     added = time.monotonic()
     [job_id] = await b.add("q", ["x"])
@@ -239,13 +221,13 @@ async def test_a_held_get_returns_when_the_job_is_done(
     first = daemons.start(tmp_path / "a", pg_dsn)
     second = daemons.start(tmp_path / "b", pg_dsn)
     a, b = Api(session, first.url, "t", token), Api(session, second.url, "t", token)
-    await pulled(a, "q")
+    await pulled_type(a, "q")
     [job_id] = await a.add("q", ["x"])
     await b.wait_job(job_id)  # in the store (b cannot know of it before)
     waiting = await b.request("GET", f"/t/job/{job_id}", params={"wait": "0.2"})
     assert waiting.status == 200 and waiting.json["state"] == "waiting", waiting
     held = asyncio.ensure_future(b.request("GET", f"/t/job/{job_id}", params={"wait": "30"}))
-    [job] = await until(lambda: _some(claim(a, "q", "w")), 20, "the job")
+    [job] = await claimed(a, "q", "w")
     assert (await complete(a, job, "w", result="r")).status == 200
     finished = time.monotonic()
     reply = await asyncio.wait_for(held, 30)
@@ -263,8 +245,8 @@ async def test_the_operator_sees_every_tenants_workers_and_every_daemon(
     done = run_cli("admin", "token", *store_args(pg_dsn, tmp_path), cwd=tmp_path)
     admin = Api(session, daemon.url, "t", done.stdout.strip().splitlines()[-1])
     api = Api(session, daemon.url, "t", token)
-    await pulled(api, "q")
-    await claim(api, "q", "box")
+    await pulled_type(api, "q")
+    await claim_jobs(api, "q", "box")
     assert_error(await api.request("GET", "/admin/workers"), 403)
     seen = (await admin.request("GET", "/admin/workers")).json
     assert [(w["tenant"], w["name"]) for w in seen["workers"]] == [("t", "box")]

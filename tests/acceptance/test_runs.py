@@ -5,13 +5,12 @@ instead of being put back forever."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 
-from tests.acceptance.client import Api, Handlers, until, wait_done
+from tests.acceptance.client import Api, Handlers, claimed, pulled_type, until, wait_done
 from tests.acceptance.daemon import DaemonFactory, add_tenant, shared_dir
 
 RETRIED_TWICE_THEN_HANGS_ONCE = """
@@ -66,22 +65,10 @@ async def test_a_job_whose_every_lease_runs_out_ends_after_max_attempts(
 ) -> None:
     token = add_tenant("t", store=pg_dsn, data_dir=tmp_path, cwd=tmp_path)
     api = Api(session, daemons.start(tmp_path, pg_dsn, "--lease", "4").url, "t", token)
-    reply = await Handlers(api).add_raw("p", {"lang": "worker", "timeout": 1, "maxAttempts": 2})
-    assert reply.status == 200, reply
+    await pulled_type(api, "p", timeout=1, maxAttempts=2)
     [job_id] = await api.add("p", ["poison"])
-
-    async def claimed() -> list[Any] | None:
-        reply = await api.request(
-            "POST",
-            "/t/job/p/claim",
-            data=json.dumps({"worker": "dies", "wait": 1}),
-            headers={"Content-Type": "application/json"},
-        )
-        jobs: list[Any] = reply.json["jobs"]
-        return jobs or None
-
     for _ in range(2):  # claimed, never renewed nor completed: as a worker killed each time
-        await until(claimed, 30, "the job to be claimable")
+        await claimed(api, "p", "dies", wait=1)
     job = await wait_done(api, job_id, within=30)
     assert job["code"] == "error" and job["exitcode"] == 500 and job["attempts"] == 2, job
     job = (await api.get_job(job_id)).json
