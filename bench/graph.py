@@ -208,9 +208,10 @@ def section_graph(run_: Run) -> None:
     rows.append(
         Row(
             f"(graph) failing chain of {length:,} (424 cascade)",
-            got["cascade_s"],
-            "s",
-            notes="gate fails → every link ended 424 by one resolution",
+            got["cascade_s"] * 1000,
+            "ms",
+            notes="gate fails → every link ended 424 (the gate's complete returns once the"
+            " store resolved them all: one statement)",
         )
     )
     rows.append(
@@ -218,7 +219,7 @@ def section_graph(run_: Run) -> None:
             "(graph) dependency release, p50",
             Latency.pct(gaps, 0.5),
             "ms",
-            notes="a link's run ended → the next link's run started",
+            notes="a link's run ended → the next link's run started (runs are kept in ms)",
         )
     )
     rows.append(
