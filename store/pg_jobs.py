@@ -201,10 +201,12 @@ class JobsPart(PgBase):
     async def cancel_job(self, client: str, job_id: str) -> Job:
         async with self._conn() as conn:
             for _ in range(3):
-                row = await conn.fetchrow(queries.jobs.CANCEL_JOB, job_id, client)
-                if row is not None:
-                    if row["dependents"]:
+                # a cancel and the resolution of the job's dependents commit together
+                async with conn.transaction():
+                    row = await conn.fetchrow(queries.jobs.CANCEL_JOB, job_id, client)
+                    if row is not None and row["dependents"]:
                         await self.resolve([job_id], conn)
+                if row is not None:
                     return job_of(row)
                 row = await conn.fetchrow(queries.jobs.GET_JOB, job_id, client)
                 if row is None:
