@@ -3,12 +3,14 @@
 Only aiohttp and orjson: importing it loads none of the daemon (no store,
 journal or runners), so it runs on any machine that can reach a daemon.
 
-Retries: reads, claims, renewals, completes and hand-backs are retried on a
-lost connection, 503 and 429 (with a growing, jittered delay, up to
-``retry_for`` seconds): sending one twice changes nothing (a claim's token
-guards the others). An add is retried only with an ``idempotency_key``;
-without one, a lost reply cannot tell whether the jobs were added, and the
-error is raised.
+Retries (with a growing, jittered delay, up to ``retry_for`` seconds): a
+``429`` and the daemon's own ``503 unavailable`` mean nothing was done, so
+every request is sent again after them (after ``Retry-After`` for a 429).
+A lost connection (or a 503 from something in between) leaves it unknown
+whether the daemon acted: reads, claims, renewals, completes and hand-backs
+are sent again, since sending one twice changes nothing (a claim's token
+guards the others); an add only with an ``idempotency_key``, and a cancel or
+a handler's delete not at all: the error is raised for the caller to decide.
 """
 
 from __future__ import annotations
@@ -33,6 +35,12 @@ from queue_daemon.client.errors import (
 
 MAX_WAIT_S = 60.0  # the longest a daemon holds a claim or a GET
 JSONish = Any
+
+
+def nothing_done(exc: QueueError) -> bool:
+    """Whether the daemon said it did nothing: 429, or its own ``503 unavailable``
+    (not a lost connection, nor a 503 from a proxy that may have passed the request on)."""
+    return exc.status == 429 or (exc.status == 503 and exc.kind == "unavailable")
 
 
 def backoff(attempt: int, first: float = 0.1, cap: float = 5.0) -> float:
@@ -92,7 +100,8 @@ class Client:
         retry: bool = True,
     ) -> Any:
         """``method`` on ``/{client}{path}`` (``path`` from the root when it starts
-        with ``//``); the JSON reply, or a ``QueueError``."""
+        with ``//``); the JSON reply, or a ``QueueError``. With ``retry`` False only
+        the replies that say nothing was done are retried."""
         url = self.url + (path[1:] if path.startswith("//") else f"/{self.client}{path}")
         sent = {**self._headers, **(headers or {})}
         if json is not None:
@@ -104,7 +113,7 @@ class Client:
             try:
                 return await self._once(method, url, data, params, sent)
             except (Unavailable, RateLimited) as exc:
-                if not retry or time.monotonic() >= deadline:
+                if not (retry or nothing_done(exc)) or time.monotonic() >= deadline:
                     raise
                 delay = exc.retry_after if isinstance(exc, RateLimited) else backoff(attempt)
             attempt += 1
@@ -199,14 +208,19 @@ class Client:
             left = MAX_WAIT_S if deadline is None else deadline - time.monotonic()
             if left <= 0:
                 raise TimeoutError(f"job {job_id} not done within {timeout:g} s")
+            asked = min(left, MAX_WAIT_S)
+            began = time.monotonic()
             try:
-                job = await self.get(job_id, wait=min(left, MAX_WAIT_S))
+                job = await self.get(job_id, wait=asked)
             except NotFound:  # acknowledged, perhaps, and not yet in the store
-                await asyncio.sleep(min(backoff(attempt, 0.05, 1.0), max(left, 0.0)))
-                attempt += 1
-                continue
-            if job["state"] == "done":
+                job = None
+            if job is not None and job["state"] == "done":
                 return job
+            if job is None or time.monotonic() - began < asked / 2:
+                # not there yet, or a daemon that does not hold a GET: poll, slower and slower
+                left = asked - (time.monotonic() - began)
+                await asyncio.sleep(min(backoff(attempt, 0.05, 2.0), max(left, 0.0)))
+                attempt += 1
 
     async def list(
         self,
@@ -300,4 +314,4 @@ class Client:
         return answers
 
 
-__all__ = ["Client", "QueueError", "backoff"]
+__all__ = ["Client", "QueueError", "backoff", "nothing_done"]

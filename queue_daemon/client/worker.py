@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import inspect
 import logging
 import os
@@ -23,6 +24,7 @@ import socket
 import threading
 import time
 from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from typing import Any
 
@@ -34,13 +36,23 @@ from queue_daemon.client.errors import QueueError
 logger = logging.getLogger(__name__)
 
 MAX_ITEMS = 1000  # jobs per claim, complete, renew or hand-back request
+LEASE_SLACK = 5.0  # seconds a complete is still tried past its lease (clocks differ a little)
 Function = Callable[["Job"], Any]
 
 
 class Job:
     """A claimed job, as the worker's function gets it."""
 
-    __slots__ = ("_emits", "attempts", "claim", "id", "lease_until", "payload", "type")
+    __slots__ = (
+        "_emits",
+        "_lease_end",
+        "attempts",
+        "claim",
+        "id",
+        "lease_until",
+        "payload",
+        "type",
+    )
 
     def __init__(self, item: dict[str, Any]) -> None:
         self.id: str = item["id"]
@@ -50,6 +62,12 @@ class Job:
         self.lease_until: str = item["lease_until"]
         self.claim: str = item["claim"]
         self._emits: list[dict[str, Any]] = []
+        self._lease_end = _epoch(self.lease_until)  # moved on by each renewal
+
+    @property
+    def attempt(self) -> int:
+        """The number of this run (1 for the first)."""
+        return self.attempts
 
     def json(self) -> Any:
         """The payload parsed as JSON."""
@@ -90,12 +108,16 @@ def _failure(exc: BaseException) -> tuple[int, str]:
     return 500, f"{type(exc).__name__}: {exc}"
 
 
-def _lease_seconds(job: Job) -> float:
+def _epoch(iso: str | None) -> float:
+    """Seconds since the epoch of an ISO-8601 time (a minute from now if it is not one)."""
     try:
-        until = datetime.fromisoformat(job.lease_until.replace("Z", "+00:00")).timestamp()
+        return datetime.fromisoformat(str(iso).replace("Z", "+00:00")).timestamp()
     except ValueError:
-        return 60.0
-    return max(1.0, until - time.time())
+        return time.time() + 60.0
+
+
+def _lease_seconds(job: Job) -> float:
+    return max(1.0, job._lease_end - time.time())
 
 
 class Worker:
@@ -126,7 +148,10 @@ class Worker:
         self._is_async = inspect.iscoroutinefunction(function)
         self._running: dict[str, tuple[Job, asyncio.Task[None]]] = {}
         self._room = asyncio.Event()
-        self._done: list[dict[str, Any]] = []
+        # (lease end, complete item): an item whose lease has passed is no longer sent
+        self._done: list[tuple[float, dict[str, Any]]] = []
+        # plain functions run in threads of their own: as many as may run at once
+        self._threads: ThreadPoolExecutor | None = None
         self._to_flush = asyncio.Event()
         self._stopping = asyncio.Event()
         self._lease = 60.0
@@ -144,12 +169,17 @@ class Worker:
         if signals:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, self.stop)
+        if not self._is_async:
+            self._threads = ThreadPoolExecutor(self.concurrency, thread_name_prefix="worker")
         flusher = asyncio.create_task(self._flush_loop())
         renewer = asyncio.create_task(self._renew_loop())
         try:
             await self._claim_loop()
             await self._finish()
         finally:
+            if self._threads is not None:
+                # a function still running past the grace is not waited for
+                self._threads.shutdown(wait=False, cancel_futures=True)
             flusher.cancel()
             renewer.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -214,7 +244,8 @@ class Worker:
             if self._is_async:
                 value = await self.function(job)
             else:
-                value = await asyncio.to_thread(self.function, job)
+                call = functools.partial(self.function, job)
+                value = await asyncio.get_running_loop().run_in_executor(self._threads, call)
             exitcode, result = outcome(value)
         except asyncio.CancelledError:
             raise
@@ -227,7 +258,7 @@ class Worker:
             item["result"] = result
         if job._emits:
             item["jobs"] = job._emits
-        self._done.append(item)
+        self._done.append((job._lease_end, item))
         self._to_flush.set()
         self._room.set()
 
@@ -243,11 +274,19 @@ class Worker:
     async def _flush_all(self) -> None:
         attempt = 0
         while self._done:
-            items, self._done = self._done[:MAX_ITEMS], self._done[MAX_ITEMS:]
+            held, self._done = self._done[:MAX_ITEMS], self._done[MAX_ITEMS:]
             try:
-                answers = await self.client.complete_many(self.name, items)
+                answers = await self.client.complete_many(self.name, [i for _, i in held])
             except QueueError as exc:
-                self._done[:0] = items  # kept: sent again (a claim makes it safe)
+                # kept and sent again (a claim token makes that safe) while the lease may
+                # still hold; past it the job is another worker's, or waits for one
+                now = time.time() - LEASE_SLACK
+                self._done[:0] = [(end, i) for end, i in held if end > now]
+                for _, item in (h for h in held if h[0] <= now):
+                    self.lost += 1
+                    logger.warning(
+                        "job %s: lease ran out before the daemon took its complete", item["id"]
+                    )
                 delay = backoff(attempt)
                 attempt += 1
                 logger.warning("complete failed (%s); again in %.1f s", exc, delay)
@@ -263,7 +302,8 @@ class Worker:
     async def _renew_loop(self) -> None:
         while True:
             await asyncio.sleep(max(0.2, self._lease / 3))
-            claims = [{"id": j.id, "claim": j.claim} for j, _ in self._running.values()]
+            running = {job.id: job for job, _ in self._running.values()}
+            claims = [{"id": job.id, "claim": job.claim} for job in running.values()]
             for start in range(0, len(claims), MAX_ITEMS):
                 try:
                     answers = await self.client.renew_many(
@@ -273,7 +313,10 @@ class Worker:
                     logger.warning("renew failed: %s", exc)
                     continue
                 for answer in answers:
-                    if answer["status"] != 200:
+                    job = running.get(answer["id"])
+                    if answer["status"] == 200 and job is not None and answer.get("lease_until"):
+                        job._lease_end = _epoch(answer["lease_until"])
+                    elif answer["status"] != 200:
                         logger.warning(
                             "job %s is no longer held: %s", answer["id"], answer.get("message")
                         )

@@ -1,0 +1,85 @@
+"""The client library's pure decisions: what a function's return means, the
+retry delays, and which error replies are exceptions of which kind."""
+
+from __future__ import annotations
+
+import pytest
+
+from queue_daemon.client import Conflict, NotFound, QueueError, RateLimited, Unavailable, outcome
+from queue_daemon.client.client import backoff, nothing_done
+from queue_daemon.client.errors import error_of
+from queue_daemon.client.worker import Job, _failure
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        (None, (200, None)),
+        (404, (404, None)),
+        (150, (150, None)),
+        ("done", (200, "done")),
+        ("", (200, "")),
+        ((422, "bad size"), (422, "bad size")),
+        ([503, "later"], (503, "later")),
+        ({"w": 1}, (200, {"w": 1})),
+        (True, (200, True)),  # a bool is a value, not exitcode 1
+        ((True, "x"), (200, (True, "x"))),
+        ((1, 2, 3), (200, (1, 2, 3))),
+    ],
+)
+def test_a_return_value_is_an_exitcode_and_a_result(value: object, expected: object) -> None:
+    assert outcome(value) == expected
+
+
+def test_an_exception_is_a_500_with_its_last_traceback_line() -> None:
+    try:
+        raise ValueError("cannot resize boom")
+    except ValueError as exc:
+        assert _failure(exc) == (500, "ValueError: cannot resize boom")
+
+
+def test_backoff_grows_to_its_cap_with_jitter() -> None:
+    for attempt in range(40):
+        base = min(5.0, 0.1 * 2.0**attempt)
+        delays = [backoff(attempt) for _ in range(200)]
+        assert all(0.5 * base <= d <= 1.5 * base for d in delays), (attempt, min(delays))
+        assert len(set(delays)) > 1, "jittered: workers do not come back in step"
+    assert max(backoff(1000, 0.05, 1.0) for _ in range(100)) <= 1.5
+
+
+def test_error_replies_become_exceptions_with_status_kind_and_message() -> None:
+    missing = error_of(404, {"error": "not_found", "message": "no such job"})
+    assert isinstance(missing, NotFound) and isinstance(missing, QueueError)
+    assert (missing.status, missing.kind, missing.message) == (404, "not_found", "no such job")
+    assert isinstance(error_of(409, {"error": "conflict", "message": "m"}), Conflict)
+    limited = error_of(429, {"error": "rate_limited", "message": "m"}, "2.5")
+    assert isinstance(limited, RateLimited) and limited.retry_after == 2.5
+    assert isinstance(error_of(429, None, "soon"), RateLimited)
+    odd = error_of(502, b"<html>")
+    assert type(odd) is QueueError and odd.status == 502 and odd.kind == "error"
+
+
+def test_only_replies_that_say_nothing_was_done_are_safe_to_send_again() -> None:
+    assert nothing_done(error_of(429, {"error": "rate_limited", "message": "m"}))
+    assert nothing_done(error_of(503, {"error": "unavailable", "message": "journal"}))
+    assert not nothing_done(Unavailable(0, "unreachable", "connection reset"))
+    assert not nothing_done(error_of(503, None))  # a proxy's page: passed on, perhaps
+    assert not nothing_done(error_of(500, {"error": "internal", "message": "m"}))
+
+
+def test_a_job_gives_its_payload_as_text_and_json_and_keeps_its_follow_ons() -> None:
+    job = Job(
+        {
+            "id": "j-1",
+            "type": "resize",
+            "payload": '{"path": "a.jpg"}',
+            "attempts": 2,
+            "lease_until": "2030-01-01T00:00:00+00:00",
+            "claim": "c1",
+        }
+    )
+    assert job.json() == {"path": "a.jpg"} and job.payload == '{"path": "a.jpg"}'
+    assert job.attempt == job.attempts == 2
+    job.emit("thumbnail", {"of": "a.jpg"})
+    assert job._emits == [{"type": "thumbnail", "payload": {"of": "a.jpg"}}]
+    assert job._lease_end == pytest.approx(1893456000.0)
