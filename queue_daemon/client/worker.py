@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import inspect
 import logging
 import os
@@ -24,7 +23,6 @@ import socket
 import threading
 import time
 from collections.abc import Awaitable, Callable
-from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from typing import Any
 
@@ -32,6 +30,7 @@ import orjson
 
 from queue_daemon.client.client import Client, backoff
 from queue_daemon.client.errors import QueueError
+from queue_daemon.client.lanes import Lanes
 
 logger = logging.getLogger(__name__)
 
@@ -146,12 +145,14 @@ class Worker:
         self.grace = grace
         self.flush_after = flush_after
         self._is_async = inspect.iscoroutinefunction(function)
-        self._running: dict[str, tuple[Job, asyncio.Task[None]]] = {}
+        # claimed and not yet finished: a task each for an async function; a plain
+        # one's jobs go to threads (``Lanes``) that take one after another
+        self._running: dict[str, tuple[Job, asyncio.Task[None] | None]] = {}
+        self._emptied = asyncio.Event()
         self._room = asyncio.Event()
         # (lease end, complete item): an item whose lease has passed is no longer sent
         self._done: list[tuple[float, dict[str, Any]]] = []
-        # plain functions run in threads of their own: as many as may run at once
-        self._threads: ThreadPoolExecutor | None = None
+        self._lanes: Lanes[Job] | None = None
         self._to_flush = asyncio.Event()
         self._stopping = asyncio.Event()
         self._lease = 60.0
@@ -170,16 +171,16 @@ class Worker:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, self.stop)
         if not self._is_async:
-            self._threads = ThreadPoolExecutor(self.concurrency, thread_name_prefix="worker")
+            self._lanes = Lanes(self.concurrency, self.function, self._finished, loop)
         flusher = asyncio.create_task(self._flush_loop())
         renewer = asyncio.create_task(self._renew_loop())
         try:
             await self._claim_loop()
             await self._finish()
         finally:
-            if self._threads is not None:
+            if self._lanes is not None:
                 # a function still running past the grace is not waited for
-                self._threads.shutdown(wait=False, cancel_futures=True)
+                self._lanes.close()
             flusher.cancel()
             renewer.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -217,8 +218,8 @@ class Worker:
                 await self._first(asyncio.sleep(delay))
                 continue
             attempt = 0
-            for item in items:
-                self._start(Job(item))
+            if items:
+                self._start([Job(item) for item in items])
 
     async def _first(self, awaitable: Awaitable[Any]) -> bool:
         """Await ``awaitable`` unless a stop comes first (then it is cancelled);
@@ -234,33 +235,52 @@ class Worker:
         task.cancel()
         return False
 
-    def _start(self, job: Job) -> None:
-        self._lease = _lease_seconds(job)
-        task = asyncio.create_task(self._run_one(job))
-        self._running[job.id] = (job, task)
+    def _start(self, jobs: list[Job]) -> None:
+        self._lease = _lease_seconds(jobs[-1])
+        self._emptied.clear()
+        if self._lanes is not None:
+            for job in jobs:
+                self._running[job.id] = (job, None)
+            self._lanes.put(jobs)
+            return
+        for job in jobs:
+            self._running[job.id] = (job, asyncio.create_task(self._run_one(job)))
 
     async def _run_one(self, job: Job) -> None:
         try:
-            if self._is_async:
-                value = await self.function(job)
-            else:
-                call = functools.partial(self.function, job)
-                value = await asyncio.get_running_loop().run_in_executor(self._threads, call)
-            exitcode, result = outcome(value)
+            value = await self.function(job)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            exitcode, result = _failure(exc)
+            self._finished([(job, None, exc)])
+        else:
+            self._finished([(job, value, None)])
+
+    def _finished(self, done: list[tuple[Job, Any, BaseException | None]]) -> None:
+        """Results of jobs (on the event loop): queued for the next complete."""
+        for job, value, error in done:
+            self._result(job, value, error)
+        self._to_flush.set()
+        self._room.set()
+        if not self._running:
+            self._emptied.set()
+
+    def _result(self, job: Job, value: Any, error: BaseException | None) -> None:
         if self._running.pop(job.id, None) is None:
             return  # handed back meanwhile: its outcome is not ours to give
+        if error is None:
+            try:
+                exitcode, result = outcome(value)
+            except Exception as exc:  # a value orjson cannot send shows up later
+                exitcode, result = _failure(exc)
+        else:
+            exitcode, result = _failure(error)
         item: dict[str, Any] = {"id": job.id, "claim": job.claim, "exitcode": exitcode}
         if result is not None:
             item["result"] = result
         if job._emits:
             item["jobs"] = job._emits
         self._done.append((job._lease_end, item))
-        self._to_flush.set()
-        self._room.set()
 
     # --- completing and renewing ---------------------------------------------
 
@@ -322,15 +342,25 @@ class Worker:
                         )
 
     async def _finish(self) -> None:
-        """After a stop: let the running jobs finish within ``grace``, hand back the rest."""
-        tasks = [task for _, task in self._running.values()]
-        if tasks:
-            await asyncio.wait(tasks, timeout=self.grace)
+        """After a stop: hand back the jobs not started, let the running ones finish
+        within ``grace``, hand back the rest."""
+        back = self._lanes.take_waiting() if self._lanes is not None else []
+        for job in back:
+            del self._running[job.id]
+        await self._release(back)
+        if self._running:
+            self._emptied.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._emptied.wait(), self.grace)
         left = list(self._running.values())
         self._running.clear()
         for _, task in left:
-            task.cancel()  # an async function stops; a thread's result is dropped
-        claims = [{"id": job.id, "claim": job.claim} for job, _ in left]
+            if task is not None:
+                task.cancel()  # an async function stops; a thread's result is dropped
+        await self._release([job for job, _ in left])
+
+    async def _release(self, jobs: list[Job]) -> None:
+        claims = [{"id": job.id, "claim": job.claim} for job in jobs]
         for start in range(0, len(claims), MAX_ITEMS):
             try:
                 await self.client.release_many(self.name, claims[start : start + MAX_ITEMS])
