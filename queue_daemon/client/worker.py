@@ -120,12 +120,20 @@ def _lease_seconds(job: Job) -> float:
 
 
 class Worker:
+    """Runs ``function`` on the jobs of the pulled ``type``: ``await worker.run()``.
+
+    ``queue`` is a ``Client``, or a daemon's URL with ``client`` and ``token``
+    (the worker then opens its own ``Client`` and closes it when ``run`` returns).
+    """
+
     def __init__(
         self,
-        client: Client,
+        queue: Client | str,
         type: str,
         function: Function,
         *,
+        client: str | None = None,
+        token: str | None = None,
         name: str | None = None,
         concurrency: int = 16,
         batch: int = 100,
@@ -135,7 +143,14 @@ class Worker:
     ) -> None:
         if not 1 <= batch <= MAX_ITEMS or concurrency < 1:
             raise ValueError(f"batch must be 1 to {MAX_ITEMS} and concurrency at least 1")
-        self.client = client
+        if isinstance(queue, str):
+            if client is None:
+                raise ValueError("a Worker given a URL needs client= (and token=)")
+            queue = Client(queue, client, token)
+            self._own_client = True
+        else:
+            self._own_client = False
+        self.client = queue
         self.type = type
         self.function = function
         self.name = name or f"{socket.gethostname()}-{os.getpid()}"[:100]
@@ -189,6 +204,8 @@ class Worker:
                 for sig in (signal.SIGTERM, signal.SIGINT):
                     loop.remove_signal_handler(sig)
             await self._flush_all()
+            if self._own_client:
+                await self.client.close()
 
     # --- claiming -------------------------------------------------------------
 

@@ -116,6 +116,38 @@ async def test_the_readme_worker_runs_jobs_and_their_follow_ons(
         assert worker.completed == 3
 
 
+async def test_a_worker_from_a_url_runs_a_plain_function_in_threads(
+    deployment: tuple[str, str, Path],
+) -> None:
+    url, token, _ = deployment
+    seen: list[tuple[str, int]] = []
+
+    def size(job: Job) -> Any:
+        seen.append((job.id, job.attempt))
+        value = job.json()
+        if value["w"] < 0:
+            return 422, "negative width"
+        if value["w"] == 0:
+            return 404
+        return str(value["w"] * 2)
+
+    async with Client(url, "t", token) as q:
+        await q.add_handler("size", "worker", timeout=30, maxAttempts=1)
+        ids = await q.add("size", [{"w": 4}, {"w": -1}, {"w": 0}])
+        worker = Worker(url, "size", size, client="t", token=token, concurrency=8, wait=1)
+        running = asyncio.create_task(worker.run(handle_signals=False))
+        jobs = [await q.wait(job_id, timeout=30) for job_id in ids]
+        worker.stop()
+        await asyncio.wait_for(running, 30)
+    assert [(j["exitcode"], j["result"]) for j in jobs] == [
+        (200, "8"),
+        (422, "negative width"),
+        (404, None),
+    ]
+    assert sorted(seen) == sorted((job_id, 1) for job_id in ids)
+    assert worker.completed == 3 and worker.lost == 0
+
+
 def _cli(
     tmp_path: Path, url: str, token: str, *args: str, stdin: str | None = None
 ) -> subprocess.CompletedProcess[str]:
