@@ -75,7 +75,11 @@ def _function(spec: str) -> Any:
     if not sep or not module or not name:
         raise ValueError(f"{spec!r} is not MODULE:FUNCTION")
     sys.path.insert(0, os.getcwd())
-    found = getattr(importlib.import_module(module), name, None)
+    try:
+        imported = importlib.import_module(module)
+    except Exception as exc:  # the module's own error (a syntax error, a failing import)
+        raise ValueError(f"cannot import {module}: {type(exc).__name__}: {exc}") from None
+    found = getattr(imported, name, None)
     if not callable(found):
         raise ValueError(f"{module} has no function {name}")
     return found

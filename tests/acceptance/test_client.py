@@ -215,6 +215,11 @@ async def test_the_job_command_line(deployment: tuple[str, str, Path]) -> None:
     missing = _cli(tmp_path, url, token, "job", "get", "nosuchjob-1")
     assert missing.returncode == 1 and missing.stderr.count("\n") == 1, missing
     assert "404" in missing.stderr and "Traceback" not in missing.stderr
+    (tmp_path / "broken_mod.py").write_text("def f(job)\n    return 1\n")
+    for spec in ("broken_mod:f", "jobs_mod:nothing", "no_such_mod:f", "jobs_mod"):
+        bad = _cli(tmp_path, url, token, "worker", "run", spec, "--type", "echo")
+        assert bad.returncode == 1 and bad.stderr.count("\n") == 1, (spec, bad.stderr)
+        assert "Traceback" not in bad.stderr, bad.stderr
     nowhere = _cli_without_a_url()
     assert nowhere.returncode == 2 and "--url" in nowhere.stderr
 
