@@ -3,12 +3,14 @@ that can reach a daemon (docs/client.md).
 
 It claims in batches with a held claim (one request waits for jobs), runs
 the function on each job with at most ``concurrency`` at once (an async
-function on the event loop, a plain one in a thread), renews the claims of
-the jobs running at a third of their lease, and completes them in batches.
-On SIGTERM or SIGINT (or ``stop()``) it claims no more, lets the running jobs
-finish within ``grace`` seconds, hands back the ones that did not (they wait
-again at once, their attempt not counted), sends the last completes and
-returns. A daemon that cannot be reached is tried again with a growing delay.
+function on the event loop, a plain one in ``Lanes``), renews the claims of
+the jobs it holds at a third of their lease, and completes them in batches.
+On SIGTERM or SIGINT (or ``stop()``) it claims no more, hands back the jobs
+not started, lets the running ones finish within ``grace`` seconds, hands
+back the ones that did not (they wait again at once, their attempt not
+counted), sends the last completes and returns. A daemon that cannot be
+reached is tried again with a growing delay; a computed result is sent
+again while its job's lease may hold.
 """
 
 from __future__ import annotations
