@@ -172,6 +172,7 @@ class Worker:
         self._lanes: Lanes[Job] | None = None
         self._to_flush = asyncio.Event()
         self._stopping = asyncio.Event()
+        self._closing = False  # the last flush: the flusher sends what is left and ends
         self._lease = 60.0
         self.completed = 0  # jobs whose completes the daemon took
         self.lost = 0  # jobs whose claim no longer held them when renewed or completed
@@ -198,14 +199,16 @@ class Worker:
             if self._lanes is not None:
                 # a function still running past the grace is not waited for
                 self._lanes.close()
-            flusher.cancel()
             renewer.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await asyncio.gather(flusher, renewer)
+                await renewer
             if signals:
                 for sig in (signal.SIGTERM, signal.SIGINT):
                     loop.remove_signal_handler(sig)
-            await self._flush_all()
+            # not cancelled: a complete cut off on its way could not tell what it did
+            self._closing = True
+            self._to_flush.set()
+            await flusher  # sends what is left, then ends
             if self._own_client:
                 await self.client.close()
 
@@ -304,9 +307,10 @@ class Worker:
     # --- completing and renewing ---------------------------------------------
 
     async def _flush_loop(self) -> None:
-        while True:
+        while not self._closing:
             await self._to_flush.wait()
-            await asyncio.sleep(self.flush_after)  # a few more join the batch
+            if not self._closing:
+                await asyncio.sleep(self.flush_after)  # a few more join the batch
             self._to_flush.clear()
             await self._flush_all()
 
