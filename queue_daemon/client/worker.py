@@ -109,6 +109,17 @@ def _failure(exc: BaseException) -> tuple[int, str]:
     return 500, f"{type(exc).__name__}: {exc}"
 
 
+def _sendable(item: dict[str, Any]) -> dict[str, Any]:
+    """``item``, or a 500 complete of its job when its result or follow-on jobs
+    cannot be sent as JSON."""
+    try:
+        orjson.dumps(item)
+    except TypeError as exc:
+        result = f"the result or a follow-on job is not JSON: {exc}"
+        return {"id": item["id"], "claim": item["claim"], "exitcode": 500, "result": result}
+    return item
+
+
 def _epoch(iso: str | None) -> float:
     """Seconds since the epoch of an ISO-8601 time (a minute from now if it is not one)."""
     try:
@@ -290,13 +301,11 @@ class Worker:
     def _result(self, job: Job, value: Any, error: BaseException | None) -> None:
         if self._running.pop(job.id, None) is None:
             return  # handed back meanwhile: its outcome is not ours to give
-        if error is None:
-            try:
-                exitcode, result = outcome(value)
-            except Exception as exc:  # a value orjson cannot send shows up later
-                exitcode, result = _failure(exc)
-        else:
-            exitcode, result = _failure(error)
+        if error is None and inspect.isawaitable(value):
+            if inspect.iscoroutine(value):
+                value.close()
+            error = TypeError("the function returned an awaitable: make it an async def")
+        exitcode, result = outcome(value) if error is None else _failure(error)
         item: dict[str, Any] = {"id": job.id, "claim": job.claim, "exitcode": exitcode}
         if result is not None:
             item["result"] = result
@@ -320,6 +329,9 @@ class Worker:
             held, self._done = self._done[:MAX_ITEMS], self._done[MAX_ITEMS:]
             try:
                 answers = await self.client.complete_many(self.name, [i for _, i in held])
+            except TypeError:  # orjson: a result or follow-on payload that is not JSON
+                self._done[:0] = [(end, _sendable(item)) for end, item in held]
+                continue
             except QueueError as exc:
                 # kept and sent again (a claim token makes that safe) while the lease may
                 # still hold; past it the job is another worker's, or waits for one

@@ -129,23 +129,29 @@ async def test_a_worker_from_a_url_runs_a_plain_function_in_threads(
             return 422, "negative width"
         if value["w"] == 0:
             return 404
+        if value["w"] == 1:
+            return {"a set is not JSON"}
+        if value["w"] == 2:
+            return asyncio.sleep(0)  # a coroutine, from a plain function
         return str(value["w"] * 2)
 
     async with Client(url, "t", token) as q:
         await q.add_handler("size", "worker", timeout=30, maxAttempts=1)
-        ids = await q.add("size", [{"w": 4}, {"w": -1}, {"w": 0}])
+        ids = await q.add("size", [{"w": 4}, {"w": -1}, {"w": 0}, {"w": 1}, {"w": 2}])
         worker = Worker(url, "size", size, client="t", token=token, concurrency=8, wait=1)
         running = asyncio.create_task(worker.run(handle_signals=False))
         jobs = [await q.wait(job_id, timeout=30) for job_id in ids]
         worker.stop()
         await asyncio.wait_for(running, 30)
-    assert [(j["exitcode"], j["result"]) for j in jobs] == [
+    assert [(j["exitcode"], j["result"]) for j in jobs[:3]] == [
         (200, "8"),
         (422, "negative width"),
         (404, None),
     ]
+    assert jobs[3]["exitcode"] == 500 and "not JSON" in jobs[3]["result"], jobs[3]
+    assert jobs[4]["exitcode"] == 500 and "async def" in jobs[4]["result"], jobs[4]
     assert sorted(seen) == sorted((job_id, 1) for job_id in ids)
-    assert worker.completed == 3 and worker.lost == 0
+    assert worker.completed == 5 and worker.lost == 0
 
 
 def _cli(
