@@ -203,6 +203,8 @@ class Worker:
             self._lanes = Lanes(self.concurrency, self.function, self._finished, loop)
         flusher = asyncio.create_task(self._flush_loop())
         renewer = asyncio.create_task(self._renew_loop())
+        for task in (flusher, renewer):
+            task.add_done_callback(self._background_ended)
         try:
             await self._claim_loop()
             await self._finish()
@@ -211,8 +213,7 @@ class Worker:
                 # a function still running past the grace is not waited for
                 self._lanes.close()
             renewer.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await renewer
+            [renewed] = await asyncio.gather(renewer, return_exceptions=True)
             if signals:
                 for sig in (signal.SIGTERM, signal.SIGINT):
                     loop.remove_signal_handler(sig)
@@ -220,8 +221,16 @@ class Worker:
             self._closing = True
             self._to_flush.set()
             await flusher  # sends what is left, then ends
+            if isinstance(renewed, Exception):
+                raise renewed
             if self._own_client:
                 await self.client.close()
+
+    def _background_ended(self, task: asyncio.Task[None]) -> None:
+        """A completes or renewals loop that fails stops the worker (``run`` raises it)."""
+        if not task.cancelled() and task.exception() is not None:
+            logger.error("worker %s: %s failed; stopping", self.name, task.get_coro())
+            self.stop()
 
     # --- claiming -------------------------------------------------------------
 
