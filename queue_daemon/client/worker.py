@@ -220,11 +220,13 @@ class Worker:
             # not cancelled: a complete cut off on its way could not tell what it did
             self._closing = True
             self._to_flush.set()
-            await flusher  # sends what is left, then ends
+            try:
+                await flusher  # sends what is left, then ends
+            finally:
+                if self._own_client:
+                    await self.client.close()
             if isinstance(renewed, Exception):
                 raise renewed
-            if self._own_client:
-                await self.client.close()
 
     def _background_ended(self, task: asyncio.Task[None]) -> None:
         """A completes or renewals loop that fails stops the worker (``run`` raises it)."""
