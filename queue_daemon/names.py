@@ -1,13 +1,24 @@
-"""The names docs/api.md fixes: clients, jobtypes and sysids, and the stored jobtype."""
+"""The names docs/api.md fixes: clients, jobtypes and sysids, the stored jobtype, and timestamps."""
 
 from __future__ import annotations
 
 import re
+from datetime import datetime
 from typing import NamedTuple
 
 CLIENT_RE = re.compile(r"[a-z0-9_]{1,40}")
 TYPE_RE = re.compile(r"[A-Za-z0-9_.:\-]{1,100}")
 SYSID_RE = re.compile(r"[a-z0-9_]{1,32}")
+
+
+def iso(value: datetime | None) -> str | None:
+    """A timestamp as every reply writes it: UTC, microseconds always, `Z`.
+
+    Fixed width, so two of them compare as strings in time order.
+    """
+    return (
+        None if value is None else value.isoformat(timespec="microseconds").replace("+00:00", "Z")
+    )
 
 
 def valid_client(name: str) -> bool:

@@ -12,14 +12,10 @@ from queue_daemon.api import errors
 from queue_daemon.api.auth import authorize_admin
 from queue_daemon.api.web import SERVICES, Services, json_response, read_body
 from queue_daemon.engine.limits import LimitsError, validate_overrides
-from queue_daemon.names import valid_client
+from queue_daemon.names import iso, valid_client
 from store.errors import NotFound
 
 LIMITS_BODY_LIMIT = 64 << 10  # a limits object is a few dozen bytes
-
-
-def _iso(value: Any) -> str | None:
-    return None if value is None else value.isoformat().replace("+00:00", "Z")
 
 
 def _limits_body(services: Services, client: str, overrides: dict[str, float]) -> dict[str, Any]:
@@ -40,9 +36,9 @@ async def list_tenants(request: web.Request) -> web.Response:
                 {
                     "client": t.client,
                     "state": "revoked" if t.revoked_at else "active",
-                    "created_at": _iso(t.created_at),
+                    "created_at": iso(t.created_at),
                     "live_tokens": t.live_tokens,
-                    "grace_until": _iso(t.grace_until),
+                    "grace_until": iso(t.grace_until),
                     "limits": t.limits,
                 }
                 for t in tenants

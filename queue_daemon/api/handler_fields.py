@@ -8,7 +8,7 @@ from typing import Any
 
 from queue_daemon.api import errors
 from queue_daemon.engine.pulled import PULLED_LANG
-from queue_daemon.names import JobType, valid_type
+from queue_daemon.names import JobType, iso, valid_type
 from runners.models import LANGS
 from store.models import HandlerRecord
 
@@ -94,6 +94,6 @@ def handler_body(record: HandlerRecord) -> dict[str, object]:
     return {
         "id": record.id,
         "type": JobType.parse(record.type).name,
-        "dt": record.dt.isoformat().replace("+00:00", "Z"),
+        "dt": iso(record.dt),
         **record.data,
     }

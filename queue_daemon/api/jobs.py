@@ -18,7 +18,6 @@ from queue_daemon.api.web import (
     MAX_DELAY_S,
     SERVICES,
     Services,
-    iso,
     jobtype_of,
     json_response,
     parse_when,
@@ -30,7 +29,7 @@ from queue_daemon.engine.ids import MAX_KEY, keyed_ids
 from queue_daemon.engine.limits import TenantLimits
 from queue_daemon.engine.options import ID_RE, MAX_AFTER, JobOptions
 from queue_daemon.engine.quotas import rate_cost
-from queue_daemon.names import JobType, valid_type
+from queue_daemon.names import JobType, iso, valid_type
 from store.errors import BadCursor, Conflict, NotFound
 from store.models import Job, JobState, TypeStats
 

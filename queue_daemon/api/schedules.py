@@ -19,10 +19,10 @@ from cronsim import CronSimError
 
 from queue_daemon.api import errors
 from queue_daemon.api.auth import authorize
-from queue_daemon.api.web import SERVICES, iso, json_response, read_body
+from queue_daemon.api.web import SERVICES, json_response, read_body
 from queue_daemon.engine.cron import Cron, CronError, zone
 from queue_daemon.engine.schedules import MAX_SCHEDULES
-from queue_daemon.names import valid_type
+from queue_daemon.names import iso, valid_type
 from store.errors import LimitReached, NotFound
 from store.models import Schedule
 

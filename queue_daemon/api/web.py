@@ -242,7 +242,3 @@ async def read_body(request: web.Request, client: str, limit: int) -> bytes:
         client=client,
         total=settings.body_timeout,
     )
-
-
-def iso(value: datetime | None) -> str | None:
-    return None if value is None else value.isoformat().replace("+00:00", "Z")

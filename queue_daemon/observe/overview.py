@@ -15,7 +15,7 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
-from queue_daemon.names import JobType
+from queue_daemon.names import JobType, iso
 from queue_daemon.observe.throughput import Throughput
 from store.models import DaemonLease, FailedJob, QueueDepth, RunningJob, WorkerSeen
 from store.ports import Dashboard
@@ -29,10 +29,6 @@ MAX_LIMIT = 500
 RESULT_CHARS = 500  # of a failure's result
 CACHE_S = 1.0
 _CACHE_ENTRIES = 1024
-
-
-def _iso(value: datetime | None) -> str | None:
-    return None if value is None else value.isoformat().replace("+00:00", "Z")
 
 
 def _split(stored_type: str) -> tuple[str, str]:
@@ -76,7 +72,7 @@ class Overview:
             "scope": "operator" if client is None else "tenant",
             "client": client,
             "sysid": self.sysid,
-            "now": _iso(now),
+            "now": iso(now),
             "step_s": self.throughput.step,
             "queues": [self._queue(d) for d in depths[:MAX_QUEUES]],
             "queues_cut": len(depths) > MAX_QUEUES,
@@ -116,9 +112,9 @@ def _running(job: RunningJob, now: datetime) -> dict[str, Any]:
         "type": jobtype,
         "sysid": job.sysid,
         "attempts": job.attempts,
-        "create_dt": _iso(job.create_dt),
+        "create_dt": iso(job.create_dt),
         "age_s": round(max((now - job.create_dt).total_seconds(), 0.0), 1),
-        "lease_until": _iso(job.lease_until),
+        "lease_until": iso(job.lease_until),
     }
 
 
@@ -128,7 +124,7 @@ def _worker(seen: WorkerSeen) -> dict[str, Any]:
         "name": seen.name,
         "live": seen.live,
         "holding": seen.holding,
-        "last_seen": _iso(seen.last_seen),
+        "last_seen": iso(seen.last_seen),
         "done_ok": seen.done_ok,
         "done_failed": seen.done_failed,
         "done_error": seen.done_error,
@@ -144,8 +140,8 @@ def _failure(job: FailedJob) -> dict[str, Any]:
         "code": job.code,
         "exitcode": job.exitcode,
         "attempts": job.attempts,
-        "create_dt": _iso(job.create_dt),
-        "done_dt": _iso(job.done_dt),
+        "create_dt": iso(job.create_dt),
+        "done_dt": iso(job.done_dt),
         "result": job.result,
         "result_cut": job.result_cut,
     }
@@ -157,11 +153,11 @@ def _daemon(lease: DaemonLease, *, operator: bool) -> dict[str, Any]:
     body: dict[str, Any] = {
         "sysid": lease.sysid,
         "state": lease.state,
-        "expires": _iso(lease.expires),
+        "expires": iso(lease.expires),
         "expires_in_s": None
         if lease.expires is None
         else round((lease.expires - lease.now).total_seconds(), 1),
-        "released_at": _iso(lease.released_at),
+        "released_at": iso(lease.released_at),
     }
     if operator:
         body["host"] = lease.host
