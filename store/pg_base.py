@@ -9,8 +9,9 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager, suppress
+from dataclasses import fields
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
 
 import asyncpg
 import orjson
@@ -27,11 +28,14 @@ from store.models import (
 from store.translate import is_unavailable, translate
 
 if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
     from asyncpg.pool import PoolConnectionProxy
 
     Connection: TypeAlias = asyncpg.Connection | PoolConnectionProxy[asyncpg.Record]
 
 from typing import Self
+
+R = TypeVar("R", bound="DataclassInstance")
 
 logger = logging.getLogger(__name__)
 
@@ -46,6 +50,11 @@ def state_of(lock: str, dt: datetime | None = None) -> JobState:
     if lock == "__done":
         return JobState.DONE
     return JobState.RUNNING
+
+
+def row_as(cls: type[R], row: asyncpg.Record) -> R:
+    """A dataclass whose every field is a column of ``row`` by the same name."""
+    return cls(**{f.name: row[f.name] for f in fields(cls)})
 
 
 def job_of(row: asyncpg.Record) -> Job:

@@ -15,7 +15,7 @@ from store.models import (
     ReleaseHow,
     WorkerSeen,
 )
-from store.pg_base import PgBase
+from store.pg_base import PgBase, row_as
 
 # (job id, the whole lock value its claim put on it)
 Claim = tuple[str, str]
@@ -117,35 +117,11 @@ class PulledPart(PgBase):
             rows = await self._fetch(queries.pulled.ALL_WORKERS)
         else:
             rows = await self._fetch(queries.pulled.WORKERS_OF, client)
-        return [
-            WorkerSeen(
-                client=row["client"],
-                name=row["name"],
-                first_seen=row["first_seen"],
-                last_seen=row["last_seen"],
-                live=row["live"],
-                holding=row["holding"],
-                done_ok=row["done_ok"],
-                done_failed=row["done_failed"],
-                done_error=row["done_error"],
-                done_retry=row["done_retry"],
-            )
-            for row in rows
-        ]
+        return [row_as(WorkerSeen, row) for row in rows]
 
     async def daemons(self) -> list[DaemonSeen]:
         rows = await self._fetch(queries.pulled.DAEMONS)
-        return [
-            DaemonSeen(
-                sysid=row["sysid"],
-                host=row["host"],
-                state=row["state"],
-                expires=row["expires"],
-                released_at=row["released_at"],
-                running=row["running"],
-            )
-            for row in rows
-        ]
+        return [row_as(DaemonSeen, row) for row in rows]
 
     async def forget_workers(self) -> int:
         async with self._conn() as conn:

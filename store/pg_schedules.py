@@ -5,44 +5,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import asyncpg
-
 from store import queries
 from store.errors import LimitReached, NotFound
 from store.models import DueSchedule, Schedule, TickAdded
-from store.pg_base import PgBase
-
-
-def schedule_of(row: asyncpg.Record) -> Schedule:
-    return Schedule(
-        client=row["client"],
-        name=row["name"],
-        type=row["type"],
-        cron=row["cron"],
-        tz=row["tz"],
-        payload=row["payload"],
-        version=row["version"],
-        created_at=row["created_at"],
-        next_fire=row["next_fire"],
-        last_tick=row["last_tick"],
-        last_job=row["last_job"],
-    )
-
-
-def _due_of(row: asyncpg.Record) -> DueSchedule:
-    return DueSchedule(
-        client=row["client"],
-        name=row["name"],
-        type=row["type"],
-        cron=row["cron"],
-        tz=row["tz"],
-        payload=row["payload"],
-        version=row["version"],
-        next_fire=row["next_fire"],
-        firing_at=row["firing_at"],
-        now=row["now"],
-        revoked=row["revoked"],
-    )
+from store.pg_base import PgBase, row_as
 
 
 class SchedulesPart(PgBase):
@@ -70,10 +36,12 @@ class SchedulesPart(PgBase):
                 s.next_fire,
             )
         assert row is not None  # INSERT ... RETURNING
-        return schedule_of(row)
+        return row_as(Schedule, row)
 
     async def list_schedules(self, client: str) -> list[Schedule]:
-        return [schedule_of(r) for r in await self._fetch(queries.schedules.LIST_SCHEDULES, client)]
+        return [
+            row_as(Schedule, r) for r in await self._fetch(queries.schedules.LIST_SCHEDULES, client)
+        ]
 
     async def delete_schedule(self, client: str, name: str) -> None:
         if not await self._fetch(queries.schedules.DELETE_SCHEDULE, client, name):
@@ -81,7 +49,7 @@ class SchedulesPart(PgBase):
 
     async def claim_schedules(self, *, sysid: str, limit: int, hold: float) -> list[DueSchedule]:
         rows = await self._fetch(queries.schedules.CLAIM_DUE, limit, sysid, hold)
-        return [_due_of(r) for r in rows]
+        return [row_as(DueSchedule, r) for r in rows]
 
     async def next_schedule_due(self) -> float | None:
         async with self._conn() as conn:
