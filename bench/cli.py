@@ -22,6 +22,9 @@ Sections (``--only`` picks some, comma-separated):
   run1     end to end, ONE daemon: no-op python and node jobs/s, 100,000 jobs in
            1000-line POSTs after a warm-up, first POST → all done_ok; ratio vs 12k/s
   run3     the same with THREE daemons on one store, POSTs round-robin
+  depth    end to end and the dashboard's reads with an empty store, 1,000,000 jobs
+           waiting in another type, 100,000 waiting types across 1,000 tenants;
+           ratio to the empty store (>= 0.9), reads against 20 ms
 
 Everything it starts (PostgreSQL unless ``--store``, daemons, the bare server,
 load generators, py-spy) is stopped before it exits, on error and Ctrl-C too.
@@ -42,7 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 
-from bench import abuse, adds, graph, pulled, runs
+from bench import abuse, adds, depth, graph, pulled, runs
 from bench.http_load import Load, generator_name
 from bench.pg import Databases, PrivatePostgres
 from bench.procs import BenchError
@@ -65,6 +68,7 @@ SECTIONS = (
     "run3",
     "pull",
     "graph",
+    "depth",
 )
 
 
@@ -271,6 +275,7 @@ SECTION_RUNNERS: dict[str, Callable[[Run], None]] = {
     "run3": runs.section_run3,
     "pull": pulled.section_pull,
     "graph": graph.section_graph,
+    "depth": depth.section_depth,
 }
 
 

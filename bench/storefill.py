@@ -40,6 +40,36 @@ SELECT type, code, count(*) FROM added GROUP BY 1, 2 ORDER BY 1, 2
 ON CONFLICT (type, code) DO UPDATE SET n = c.n + EXCLUDED.n
 """
 
+# $1 the stored type, $2 how many: due an hour ago, one microsecond apart
+FILL_ONE_TYPE = """
+INSERT INTO jobs (id, type, dt, data, create_dt)
+SELECT 'o' || lpad(i::text, 9, '0'), $1,
+       now() - interval '1 hour' + i * interval '1 microsecond', '{}', now() - interval '1 hour'
+FROM generate_series(1, $2::int) AS i
+"""
+# $1 types over $2 tenants ('bt0000'... or $4 for the first), $3 jobs a type
+FILL_TYPES = """
+INSERT INTO jobs (id, type, dt, data, create_dt)
+SELECT 'm' || lpad(t::text, 7, '0') || '-' || k,
+       CASE WHEN t % $2 = 0 THEN $4 ELSE 'bt' || lpad((t % $2)::text, 4, '0') END
+           || '-idle' || t,
+       now() - interval '1 hour', '{}', now() - interval '1 hour'
+FROM generate_series(0, $1::int - 1) AS t, generate_series(1, $3::int) AS k
+"""
+
+
+async def fill_one_type(conn: asyncpg.Connection, jobtype: str, n: int) -> None:
+    """``n`` due jobs of the stored ``jobtype``."""
+    await conn.execute(FILL_ONE_TYPE, jobtype, n, timeout=3600)
+
+
+async def fill_types(
+    conn: asyncpg.Connection, client: str, types: int, tenants: int, *, per_type: int
+) -> None:
+    """``types`` waiting types spread over ``tenants`` tenants (``client`` is one of
+    them), ``per_type`` due jobs each."""
+    await conn.execute(FILL_TYPES, types, tenants, per_type, client, timeout=3600)
+
 
 async def copy_ceiling(conn: asyncpg.Connection, n: int, batch: int) -> float:
     """Rows/s of bare COPY of ``n`` job rows, ``batch`` at a time, into an
