@@ -89,9 +89,16 @@ class QueuePart(PgBase):
         jobs.sort(key=lambda job: (job.create_dt, job.id))
         return jobs
 
+    async def unhandled_types(self, older_than: float) -> list[tuple[str, bool]] | None:
+        async with self._conn() as conn, conn.transaction():
+            if not await conn.fetchval(queries.queue.UNHANDLED_LOCK):
+                return None
+            rows = await conn.fetch(queries.queue.UNHANDLED_TYPES, float(older_than))
+        return [(row["type"], row["pulled"]) for row in rows]
+
     async def expire_waiting(self, type: str, older_than: float, result: str) -> list[str]:
-        """Archive (error, 503, ``result``) waiting jobs of ``type`` created more than
-        ``older_than`` seconds ago; return their ids."""
+        """Archive (error, 503, ``result``) waiting jobs of ``type`` created and due
+        more than ``older_than`` seconds ago; return their ids."""
         expired: list[str] = []
         while True:
             rows = await self._fetch(

@@ -72,17 +72,23 @@ class JobIntake(Protocol):
 
 class JobQueue(Protocol):
     async def waiting_jobtypes(self, limit_per_type: int = 1000) -> dict[str, int]:
-        """Stored jobtypes with eligible jobs (lock '' and dt <= now), each with
-        its count of eligible jobs capped at ``limit_per_type`` (cheap: never
-        counts past the cap, never touches done jobs)."""
+        """Stored jobtypes that daemons run (a live handler, not a pull worker's)
+        with eligible jobs (lock '' and dt <= now), each with its count of eligible
+        jobs capped at ``limit_per_type`` (cheap: never counts past the cap, never
+        touches done jobs or types that no daemon runs)."""
 
     async def claim(self, type: str, limit: int, *, sysid: str, lease: float) -> list[ClaimedJob]:
         """Take up to ``limit`` eligible jobs of ``type`` (FOR UPDATE SKIP LOCKED):
         lock = sysid, dt = now + lease, attempts + 1."""
 
+    async def unhandled_types(self, older_than: float) -> list[tuple[str, bool]] | None:
+        """Waiting types that no daemon runs (no live handler, or a pulled type:
+        then True) whose oldest job was due more than ``older_than`` seconds ago;
+        None when another daemon is sweeping them right now."""
+
     async def expire_waiting(self, type: str, older_than: float, result: str) -> list[str]:
         """Archive as error 503 (with ``result``) the waiting jobs of ``type``
-        created more than ``older_than`` seconds ago; return their ids."""
+        created and due more than ``older_than`` seconds ago; return their ids."""
 
     async def renew(self, ids: Sequence[str], *, sysid: str, lease: float) -> int:
         """dt = now + lease for those of ``ids`` locked by ``sysid``; return how many."""

@@ -15,6 +15,7 @@ from store.ports import JobQueue
 NO_HANDLER_RESULT = "no handler for this type before the job's time ran out"
 LEASE_EXPIRED_EXIT = 500  # store.queries.queue's: every run's lease ran out
 NO_WORKER_RESULT = "no worker claimed this job before its time ran out"
+UNHANDLED_SWEEP_S = 60.0
 
 
 class Upkeep:
@@ -85,6 +86,19 @@ class Upkeep:
         if purged:
             self._queuelog.purged(purged)
         await self._store.forget_workers()
+
+    @property
+    def unhandled_every(self) -> float:
+        """Seconds between sweeps of the types no daemon runs: a minute, or a
+        quarter of the jobs' time when that is shorter (at least a second)."""
+        return max(1.0, min(UNHANDLED_SWEEP_S, self._job_ttl / 4))
+
+    async def sweep_unhandled(self) -> None:
+        """Archive the jobs whose time ran out in every type no daemon runs
+        (one daemon at a time; a round another daemon is doing is skipped)."""
+        types = await self._store.unhandled_types(self._job_ttl)
+        for jobtype, pulled in types or ():
+            await self.expire_unhandled(jobtype, pulled=pulled)
 
     async def expire_unhandled(self, jobtype: str, *, pulled: bool = False) -> None:
         """Archive the jobs of a type without a handler (or a pulled type, that no

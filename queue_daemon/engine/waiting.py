@@ -12,8 +12,8 @@ from scheduler import tenant_of
 from store.ports import JobQueue
 
 POLL_S = 1.0  # re-read the waiting jobtypes at least this often (delayed jobs come due)
-# A type without a handler is not claimed (its jobs wait); every so often its
-# oldest jobs are checked so that those whose time ran out are archived.
+# The store lists only types with a live handler; one whose handler went since
+# (the cache found none) is not picked again for this long.
 NO_HANDLER_RECHECK_S = 30.0
 
 

@@ -195,6 +195,9 @@ class Worker:
             group.create_task(self._every(min(5.0, settings.lease / 4), self._expire))
             group.create_task(self._every(settings.purge_interval, self._upkeep.purge))
             group.create_task(self._every(DEADLINE_CHECK_S, self._upkeep.deadlines))
+            group.create_task(
+                self._every(self._upkeep.unhandled_every, self._upkeep.sweep_unhandled, first=1.0)
+            )
             group.create_task(self._every(BUSY_CHECK_S, self._mark_busy))
 
     async def drain(self, within: float) -> None:
@@ -209,9 +212,15 @@ class Worker:
             if pending:
                 await asyncio.wait(pending)
 
-    async def _every(self, interval: float, step: Callable[[], Awaitable[object]]) -> None:
+    async def _every(
+        self, interval: float, step: Callable[[], Awaitable[object]], *, first: float | None = None
+    ) -> None:
+        """``step`` every ``interval`` seconds, the first time after ``first`` (default
+        ``interval``)."""
+        wait = interval if first is None else first
         while True:
-            await asyncio.sleep(interval)
+            await asyncio.sleep(wait)
+            wait = interval
             try:
                 await step()
             except StoreError as exc:
@@ -278,10 +287,10 @@ class Worker:
         jobtype = pick.jobtype
         spec = await self._handlers.get(jobtype)
         if spec is None or spec.lang == PULLED_LANG:
-            # not claimed: its jobs wait (state waiting) until a handler comes,
-            # or a tenant's worker claims them
+            # not claimed (its handler went since the waiting types were read):
+            # its jobs wait until a handler comes, or a tenant's worker claims
+            # them; the upkeep's sweep ends those whose time runs out
             self._no_handler[jobtype] = time.monotonic()
-            await self._upkeep.expire_unhandled(jobtype, pulled=spec is not None)
             return True
         limit = min(pick.limit, self._sizes.size(jobtype))
         # hold the slots while the claim is in flight, so the other claim loop

@@ -24,31 +24,72 @@ FLUSHED = (
 )
 SERVER_EPOCH = "SELECT pg_postmaster_start_time()::text"
 
-# Stored jobtypes with eligible jobs, each counted up to $1. A loose index scan
-# over jobs_waiting_idx: each step of the recursion is one descent of the index
-# to the next distinct type, so the cost grows with the number of waiting
-# types, not of waiting jobs. The count of a type reads at most $1 index
-# entries. A type with only future jobs is stepped over with a count of 0.
-WAITING_JOBTYPES = """
-WITH RECURSIVE types(type) AS (
-    (SELECT type FROM jobs WHERE lock = '' ORDER BY type LIMIT 1)
+# The newest live handler version of every type, one descent of
+# handlers_live_idx per type (a loose index scan): ``live(type, lang)``.
+LIVE_TYPES = """
+live(type, lang) AS (
+    (SELECT type, data->>'lang' FROM handlers
+     WHERE deleted_at IS NULL ORDER BY type, dt DESC, id DESC LIMIT 1)
     UNION ALL
-    SELECT (SELECT j.type FROM jobs j
-            WHERE j.lock = '' AND j.type > types.type
-            ORDER BY j.type LIMIT 1)
-    FROM types
-    WHERE types.type IS NOT NULL
+    SELECT n.type, n.lang
+    FROM live
+    CROSS JOIN LATERAL (
+        SELECT h.type, h.data->>'lang' AS lang FROM handlers h
+        WHERE h.deleted_at IS NULL AND h.type > live.type
+        ORDER BY h.type, h.dt DESC, h.id DESC LIMIT 1
+    ) n
 )
-SELECT types.type, eligible.n
-FROM types
+"""
+
+# Stored jobtypes a daemon runs (a live handler that is not a pull worker's)
+# with eligible jobs, each counted up to $1 index entries of jobs_waiting_idx.
+# Driven by the handlers, not by the waiting jobs: types that wait without a
+# handler (a tenant's idle or pulled types, however many) cost nothing here;
+# the cost grows with the number of daemon-run types. A type with only future
+# jobs has a count of 0 and is left out.
+WAITING_JOBTYPES = f"""
+WITH RECURSIVE {LIVE_TYPES}
+SELECT live.type, eligible.n
+FROM live
 CROSS JOIN LATERAL (
     SELECT count(*) AS n
     FROM (SELECT 1 FROM jobs j
-          WHERE j.type = types.type AND j.lock = '' AND j.dt <= now()
+          WHERE j.type = live.type COLLATE "C" AND j.lock = '' AND j.dt <= now()
           LIMIT $1) capped
 ) eligible
-WHERE types.type IS NOT NULL AND eligible.n > 0
+WHERE live.lang IS DISTINCT FROM 'worker' AND eligible.n > 0
 """
+
+# Waiting types that no daemon runs (no live handler, or a pull worker's) and
+# whose oldest due job became due more than $1 seconds ago: the candidates of
+# EXPIRE_WAITING, with whether the type is pulled. A loose index scan of
+# jobs_waiting_idx: each step is one descent to the next type's first entry,
+# which is its oldest dt; then its live handler, one descent of
+# handlers_live_idx. Run once a minute by one daemon (UNHANDLED_LOCK).
+UNHANDLED_TYPES = """
+WITH RECURSIVE types(type, dt) AS (
+    (SELECT type, dt FROM jobs WHERE lock = '' ORDER BY type, dt LIMIT 1)
+    UNION ALL
+    SELECT n.type, n.dt
+    FROM types
+    CROSS JOIN LATERAL (
+        SELECT j.type, j.dt FROM jobs j
+        WHERE j.lock = '' AND j.type > types.type
+        ORDER BY j.type, j.dt LIMIT 1
+    ) n
+)
+SELECT t.type, coalesce(h.lang = 'worker', false) AS pulled
+FROM types t
+LEFT JOIN LATERAL (
+    SELECT data->>'lang' AS lang FROM handlers
+    WHERE type = t.type AND deleted_at IS NULL
+    ORDER BY dt DESC, id DESC LIMIT 1
+) h ON true
+WHERE t.dt < now() - make_interval(secs => $1)
+  AND (h.lang IS NULL OR h.lang = 'worker')
+"""
+# One daemon at a time sweeps the waiting types (the others skip that round).
+UNHANDLED_LOCK = "SELECT pg_try_advisory_xact_lock(hashtext('qd_unhandled'))"
 
 # $1 type, $2 limit. Kept apart so a test can EXPLAIN it: it must read
 # jobs_waiting_idx, oldest dt first.
@@ -88,16 +129,17 @@ RETURNING id, type, data, attempts, create_dt, deadline,
           ({LIVE_HANDLER_ID}) AS handler
 """
 
-# Waiting jobs of type $1 created more than $2 seconds ago are done with
-# error 503 and result $3 (a type without a handler whose jobs' time ran
-# out), at most $4 a statement; through the waiting index, never done jobs.
+# Waiting jobs of type $1 created and due more than $2 seconds ago are done
+# with error 503 and result $3 (a type without a handler whose jobs' time ran
+# out), at most $4 a statement; through the waiting index, reading only the
+# entries due that long ago (never the type's younger jobs, nor done ones).
 EXPIRE_WAITING = """
 UPDATE jobs
 SET lock = '__done', done_dt = now(), dt = now() + interval '1000 years',
     code = 'error', exitcode = 503, result = $3
 WHERE id = ANY(ARRAY(
     SELECT id FROM jobs
-    WHERE type = $1 AND lock = '' AND dt <= now()
+    WHERE type = $1 AND lock = '' AND dt < now() - make_interval(secs => $2)
       AND create_dt < now() - make_interval(secs => $2)
     LIMIT $4
     FOR UPDATE SKIP LOCKED

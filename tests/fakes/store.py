@@ -97,11 +97,15 @@ class FakeStore:
     def _due(self, row: Row) -> bool:
         return row.lock == "" and row.dt <= self.now()
 
+    def _run_here(self, type: str) -> bool:
+        handler = self.handlers.get(type)
+        return handler is not None and handler.data.get("lang") != "worker"
+
     async def waiting_jobtypes(self, limit_per_type: int = 1000) -> dict[str, int]:
         self._call("waiting_jobtypes")
         counts: dict[str, int] = {}
         for row in self.rows.values():
-            if self._due(row):
+            if self._due(row) and self._run_here(row.type):
                 counts[row.type] = min(counts.get(row.type, 0) + 1, limit_per_type)
         return counts
 
@@ -128,13 +132,19 @@ class FakeStore:
             )
         return claimed
 
+    async def unhandled_types(self, older_than: float) -> list[tuple[str, bool]] | None:
+        self._call("unhandled_types")
+        cutoff = self.now() - timedelta(seconds=older_than)
+        types = {r.type for r in self.rows.values() if r.lock == "" and r.dt < cutoff}
+        return [(t, t in self.handlers) for t in sorted(types) if not self._run_here(t)]
+
     async def expire_waiting(self, type: str, older_than: float, result: str) -> list[str]:
         self._call("expire_waiting")
         cutoff = self.now() - timedelta(seconds=older_than)
         ids = [
             r.id
             for r in self.rows.values()
-            if r.type == type and r.lock == "" and r.create_dt < cutoff
+            if r.type == type and r.lock == "" and r.create_dt < cutoff and r.dt < cutoff
         ]
         for job_id in ids:
             self._archive(self.rows[job_id], "error", 503, result)

@@ -279,6 +279,15 @@ async def test_waiting_jobtypes_capped_and_eligible_only(
     )
     await conn.execute("UPDATE jobs SET lock = 's1' WHERE id = 'l1'")
     await conn.execute("UPDATE jobs SET lock = '__done' WHERE id = 'd1'")
+    # only the types daemons run are listed: a handler, not a pull worker's
+    await store.add_jobs(
+        [job("i1", "x-idle"), job("p1", "x-pulled"), job("g1", "x-gone")]
+        + [job(f"n{i}", f"x-n{i}") for i in range(30)]  # many idle types
+    )
+    for jobtype in ("a-many", "b-one", "c-future", "c-locked", "c-done", "x-gone"):
+        await store.put_handler(jobtype, {"lang": "python", "body": "x"})
+    await store.put_handler("x-pulled", {"lang": "worker"})
+    await store.delete_handler("x-gone")
     assert await store.waiting_jobtypes(limit_per_type=20) == {"a-many": 20, "b-one": 1}
     assert await store.waiting_jobtypes() == {"a-many": 50, "b-one": 1}
     await store.claim("a-many", 45, sysid="s1", lease=LEASE)
@@ -287,6 +296,32 @@ async def test_waiting_jobtypes_capped_and_eligible_only(
 
 async def test_waiting_jobtypes_empty(store: PgStore) -> None:
     assert await store.waiting_jobtypes() == {}
+
+
+async def test_the_types_no_daemon_runs_are_swept_by_their_oldest_due_job(
+    store: PgStore, conn: asyncpg.Connection
+) -> None:
+    hour_ago = datetime.now(UTC) - timedelta(hours=1)
+    await store.add_jobs(
+        [
+            job("o1", "a-idle", dt=hour_ago),
+            job("y1", "a-idle"),
+            job("o2", "a-pulled", dt=hour_ago),
+            job("o3", "a-run", dt=hour_ago),
+            job("y2", "a-young"),
+        ]
+    )
+    await conn.execute("UPDATE jobs SET create_dt = dt")
+    await store.put_handler("a-pulled", {"lang": "worker"})
+    await store.put_handler("a-run", {"lang": "python", "body": "x"})
+    assert await store.unhandled_types(600) == [("a-idle", False), ("a-pulled", True)]
+    assert await store.unhandled_types(7200) == []
+    assert await store.expire_waiting("a-idle", 600, "too old") == ["o1"]  # not y1
+    assert await store.unhandled_types(600) == [("a-pulled", True)]
+    # one daemon sweeps at a time: while another holds the sweep, None
+    async with conn.transaction():
+        assert await conn.fetchval(queries.queue.UNHANDLED_LOCK)
+        assert await store.unhandled_types(600) is None
 
 
 # --- plans ----------------------------------------------------------------------
@@ -316,13 +351,20 @@ async def test_hot_path_plans_avoid_full_scans(store: PgStore, conn: asyncpg.Con
     whole_claim = await _plan(conn, queries.queue.CLAIM, "bench-t3", 100, "s1", 60.0)
     assert "jobs_waiting_idx" in whole_claim and "jobs_pkey" in whole_claim, whole_claim
     assert "handlers_live_idx" in whole_claim, whole_claim
+    for n in range(20):
+        await store.put_handler(f"bench-t{n}", {"lang": "python", "body": "x"})
+    await conn.execute("ANALYZE handlers")
     waiting = await _plan(conn, queries.queue.WAITING_JOBTYPES, 1000)
-    assert "jobs_waiting_idx" in waiting, waiting
+    assert "jobs_waiting_idx" in waiting and "handlers_live_idx" in waiting, waiting
+    unhandled = await _plan(conn, queries.queue.UNHANDLED_TYPES, 3600.0)
+    assert "jobs_waiting_idx" in unhandled, unhandled
+    old = await _plan(conn, queries.queue.EXPIRE_WAITING, "bench-t3", 3600.0, "r", 1000)
+    assert "jobs_waiting_idx" in old, old
     expire = await _plan(conn, queries.queue.EXPIRE_LOCKS)
     assert "jobs_running_idx" in expire, expire
     purge = await _plan(conn, queries.queue.PURGE_CHUNK, 3600.0, 10_000)
     assert "jobs_done_idx" in purge, purge
-    for plan in (claim, whole_claim, waiting, expire, purge):
+    for plan in (claim, whole_claim, waiting, unhandled, old, expire, purge):
         assert "Seq Scan on jobs" not in plan, plan
 
 

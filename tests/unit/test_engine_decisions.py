@@ -108,6 +108,8 @@ def test_what_a_claim_loop_may_pick() -> None:
 async def test_a_short_claim_makes_the_waiting_counts_stale() -> None:
     store = FakeStore()
     store.add("a-t", "1", "2", "3")
+    store.add("a-idle", "1")  # no handler: not a type daemons run
+    store.set_handler("a-t", "def handler(p, ctx): pass")
     waiting = WaitingTypes(store)
     assert await waiting.get() == {"a-t": 3}
     waiting.claimed("a-t", asked=2, got=2)
