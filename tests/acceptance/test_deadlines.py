@@ -81,3 +81,20 @@ async def test_a_pulled_job_past_its_deadline_is_no_longer_held(
     assert (await post_json(api, f"/job/{job_id}/renew", held)).status == 409
     assert (await post_json(api, f"/job/{job_id}/complete", held)).status == 409
     assert (await api.get_job(job_id)).json["exitcode"] == 408
+
+
+async def test_jobs_no_daemon_runs_end_503_when_their_time_runs_out(
+    daemons: DaemonFactory, pg_dsn: str, open_tmp: Path, session: aiohttp.ClientSession
+) -> None:
+    token = add_tenant("t", store=pg_dsn, data_dir=open_tmp, cwd=open_tmp)
+    api = Api(session, daemons.start(open_tmp, pg_dsn, "--job-ttl", "2").url, "t", token)
+    await pulled_type(api, "pulled")
+    began = time.monotonic()
+    [unhandled] = await api.add("nohandler", ["x"])
+    [unclaimed] = await api.add("pulled", ["x"])
+    done = {i: await wait_done(api, i, within=30) for i in (unhandled, unclaimed)}
+    assert time.monotonic() - began < 15  # swept every quarter of --job-ttl (a second here)
+    assert (done[unhandled]["code"], done[unhandled]["exitcode"]) == ("error", 503)
+    assert "no handler" in done[unhandled]["result"], done[unhandled]
+    assert (done[unclaimed]["code"], done[unclaimed]["exitcode"]) == ("error", 503)
+    assert "no worker" in done[unclaimed]["result"], done[unclaimed]
