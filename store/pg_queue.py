@@ -153,6 +153,14 @@ class QueuePart(PgBase):
             if sum(row["n"] for row in rows) < PURGE_CHUNK:
                 return purged
 
+    async def fold_counts(self) -> bool:
+        async with self._conn() as conn, conn.transaction():
+            if not await conn.fetchval(queries.counts.FOLD_LOCK):
+                return False
+            await conn.execute(queries.counts.FOLD_STATES)
+            await conn.execute(queries.counts.DROP_EMPTY_STATES)
+        return True
+
     async def notify_jobs(self) -> None:
         async with self._conn() as conn:
             await conn.execute(queries.queue.NOTIFY_JOBS, "")

@@ -110,11 +110,11 @@ class TenantsPart(PgBase):
         stored: dict[str, float] = orjson.loads(row["limits"])
         return stored
 
-    async def count_waiting(self, client: str, cap: int) -> int:
-        """``client``'s waiting and scheduled jobs, counting at most ``cap``."""
+    async def count_waiting(self, client: str) -> int:
+        """``client``'s waiting, scheduled and blocked jobs, from the state counts."""
         async with self._conn() as conn:
             count: int = await conn.fetchval(
-                queries.tenants.COUNT_WAITING_CAPPED, f"{client}-", f"{client}.", cap
+                queries.counts.COUNT_WAITING, f"{client}-", f"{client}."
             )
         return count
 

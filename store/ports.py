@@ -106,6 +106,10 @@ class JobQueue(Protocol):
         """Delete archived jobs done more than ``older_than`` seconds ago; return
         how many per stored jobtype."""
 
+    async def fold_counts(self) -> bool:
+        """Fold the waiting counts' appended moves into their totals (0012);
+        False when another daemon is folding right now."""
+
     async def notify_jobs(self) -> None:
         """Wake listening daemons: new eligible jobs may exist."""
 
@@ -192,8 +196,8 @@ class TenantStore(Protocol):
         """Replace ``client``'s overrides; NotFound if no such active tenant."""
         ...
 
-    async def count_waiting(self, client: str, cap: int) -> int:
-        """``client``'s waiting and scheduled jobs, counting at most ``cap``."""
+    async def count_waiting(self, client: str) -> int:
+        """``client``'s waiting, scheduled and blocked jobs (lock '')."""
         ...
 
     async def new_admin_token(self, token_hash: bytes, grace: float) -> None:

@@ -6,11 +6,12 @@ tenant's rate bounds the bytes it adds too, not only the jobs); a request
 that does not fit is refused whole with ``429`` and a ``Retry-After`` that
 says when it would fit.
 
-The waiting limit counts a tenant's waiting and scheduled jobs in the store
-(at most limit + 1 index entries) when the tenant adds, at most about once a
-second, and adds what this daemon accepted since; so with several daemons, or
-jobs not yet ingested, a tenant may exceed it by what is added within one
-refresh. While the store cannot be reached the last count stands.
+The waiting limit reads a tenant's count of waiting, scheduled and blocked
+jobs from the store's state counts (one row per type, never job by job) when
+the tenant adds, at most about once a second, and adds what this daemon
+accepted since; so with several daemons, or jobs not yet ingested, a tenant
+may exceed it by what is added within one refresh. While the store cannot be
+reached the last count stands.
 """
 
 from __future__ import annotations
@@ -149,7 +150,7 @@ class WaitingLimiter:
         began = self._clock()
         added_before = state.added
         try:
-            count = await self._store.count_waiting(client, limit + 1)
+            count = await self._store.count_waiting(client)
         except StoreError as exc:
             logger.debug("waiting count of %s failed: %s", client, exc)
         else:

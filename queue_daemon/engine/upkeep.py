@@ -81,6 +81,10 @@ class Upkeep:
                 self._metrics.graph(JobType.parse(jobtype).client, "deadline", len(releases))
         await self._store.resolve_pending()
 
+    async def fold_counts(self) -> None:
+        """Keep the store's waiting counts cheap to read (one daemon at a time)."""
+        await self._store.fold_counts()
+
     async def purge(self) -> None:
         purged = await self._store.purge(self._retention)
         if purged:

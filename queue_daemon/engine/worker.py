@@ -59,6 +59,7 @@ BUSY_CHECK_S = 0.25
 # How often jobs whose deadline passed are ended (408), and dependencies that a
 # crash left unresolved are resolved.
 DEADLINE_CHECK_S = 1.0
+FOLD_COUNTS_S = 1.0  # the waiting counts' appended moves are folded this often
 # a batch is stopped this long after its soonest deadline: after the store's check
 # has ended that job (with its run), so its outcome is refused, not put back
 DEADLINE_GRACE_S = DEADLINE_CHECK_S + 0.5
@@ -195,6 +196,7 @@ class Worker:
             group.create_task(self._every(min(5.0, settings.lease / 4), self._expire))
             group.create_task(self._every(settings.purge_interval, self._upkeep.purge))
             group.create_task(self._every(DEADLINE_CHECK_S, self._upkeep.deadlines))
+            group.create_task(self._every(FOLD_COUNTS_S, self._upkeep.fold_counts))
             group.create_task(
                 self._every(self._upkeep.unhandled_every, self._upkeep.sweep_unhandled, first=1.0)
             )

@@ -9,6 +9,7 @@ instead, the same set, so that it can read the partial indexes and type_counts.
 """
 
 from store.queries import (
+    counts,
     dashboard,
     graph,
     handlers,
@@ -23,6 +24,7 @@ from store.queries import (
 )
 
 __all__ = [
+    "counts",
     "dashboard",
     "graph",
     "handlers",

@@ -3,6 +3,8 @@ failures, daemons, throughput."""
 
 from __future__ import annotations
 
+from store.queries import counts
+
 # Each query comes in two forms: every tenant (operator), and one tenant, whose
 # stored types are the C-collated range ['client-', 'client.') as in STATS
 # ($1 is that client; the other parameters follow it, and move up by one in
@@ -12,38 +14,29 @@ _ALL = "true"
 _ONE = "type >= $1 || '-' AND type < $1 || '.'"
 
 # Depth per stored type ({limit} rows at most, by type), without reading
-# archived jobs and without counting a deep queue to its end: the waiting
-# types are found by a loose scan of jobs_waiting_idx (one descent per type, as
-# in WAITING_JOBTYPES), and each type's waiting and scheduled jobs are counted
-# up to {cap} index entries each; running jobs from jobs_running_idx; done
-# counts from type_counts (0003). The cost is bounded by types x cap, not by
-# the number of jobs.
+# archived jobs and without counting a deep queue job by job: waiting and
+# blocked from the state counts (0012); of the waiting, the scheduled ones
+# (dt in the future) counted on jobs_waiting_idx up to {cap} entries, and when
+# that many are scheduled the due ones counted up to {cap} instead (capped);
+# running jobs from jobs_running_idx; done counts from type_counts (0003).
 _QUEUE_DEPTHS = """
-WITH RECURSIVE wtypes(type) AS (
-    (SELECT type FROM jobs WHERE lock = '' AND {scope} ORDER BY type LIMIT 1)
-    UNION ALL
-    SELECT (SELECT j.type FROM jobs j
-            WHERE j.lock = '' AND j.type > wtypes.type AND {scope_j}
-            ORDER BY j.type LIMIT 1)
-    FROM wtypes
-    WHERE wtypes.type IS NOT NULL
+WITH states AS ({states}
 ), waiting AS (
-    SELECT t.type,
-           (SELECT count(*) FROM (
-                SELECT 1 FROM jobs j
-                WHERE j.type = t.type AND j.lock = '' AND j.dt <= now() LIMIT {cap}
-           ) c) AS waiting,
-           (SELECT count(*) FROM (
-                SELECT 1 FROM jobs j
-                WHERE j.type = t.type AND j.lock = '' AND j.dt > now() AND j.dt <> 'infinity'
-                LIMIT {cap}
-           ) c) AS scheduled,
-           (SELECT count(*) FROM (
-                SELECT 1 FROM jobs j
-                WHERE j.type = t.type AND j.lock = '' AND j.dt = 'infinity' LIMIT {cap}
-           ) c) AS blocked
-    FROM wtypes t
-    WHERE t.type IS NOT NULL
+    SELECT s.type, s.blocked, f.scheduled,
+           CASE WHEN f.scheduled < {cap} THEN s.queued - f.scheduled
+                ELSE (SELECT count(*) FROM (
+                          SELECT 1 FROM jobs j
+                          WHERE j.type = s.type AND j.lock = '' AND j.dt <= now() LIMIT {cap}
+                      ) c)
+           END AS waiting
+    FROM states s
+    CROSS JOIN LATERAL (
+        SELECT count(*) AS scheduled FROM (
+            SELECT 1 FROM jobs j
+            WHERE j.type = s.type AND j.lock = '' AND j.dt > now() AND j.dt < 'infinity'
+            LIMIT {cap}
+        ) c
+    ) f
 ), done AS (
     SELECT type,
            sum(n) FILTER (WHERE code = 'ok') AS done_ok,
@@ -62,8 +55,7 @@ SELECT type,
        coalesce(w.waiting, 0) AS waiting,
        coalesce(w.scheduled, 0) AS scheduled,
        coalesce(w.blocked, 0) AS blocked,
-       coalesce(w.waiting >= {cap} OR w.scheduled >= {cap} OR w.blocked >= {cap}, false)
-           AS capped,
+       coalesce(w.waiting >= {cap} OR w.scheduled >= {cap}, false) AS capped,
        coalesce(r.running, 0) AS running,
        coalesce(d.done_ok, 0)::bigint AS done_ok,
        coalesce(d.done_failed, 0)::bigint AS done_failed,
@@ -74,9 +66,12 @@ FULL JOIN done d USING (type)
 ORDER BY type
 LIMIT {limit}
 """
-_ONE_J = "j.type >= $1 || '-' AND j.type < $1 || '.'"
-QUEUE_DEPTHS_ALL = _QUEUE_DEPTHS.format(scope=_ALL, scope_j=_ALL, limit="$1", cap="$2")
-QUEUE_DEPTHS_CLIENT = _QUEUE_DEPTHS.format(scope=_ONE, scope_j=_ONE_J, limit="$2", cap="$3")
+QUEUE_DEPTHS_ALL = _QUEUE_DEPTHS.format(
+    states=counts.STATE_SUMS.format(scope=_ALL), scope=_ALL, limit="$1", cap="$2"
+)
+QUEUE_DEPTHS_CLIENT = _QUEUE_DEPTHS.format(
+    states=counts.STATE_SUMS.format(scope=_ONE), scope=_ONE, limit="$2", cap="$3"
+)
 
 # Running jobs, oldest first ({limit} at most), with how many run in all. Reads
 # jobs_running_idx only: the running set is bounded by the daemons' concurrency.

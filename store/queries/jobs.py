@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from store.queries import counts
+
 _JOB_COLUMNS = """
     id,
     substr(type, strpos(type, '-') + 1) AS type,
@@ -63,33 +65,34 @@ WHERE upto - size < $7
 ORDER BY upto
 """
 
-# $1 client. Never reads a done job: done counts come from type_counts (kept
-# by the triggers of migration 0003), waiting and scheduled from
-# jobs_waiting_idx, running from jobs_running_idx. The range on the C-collated
-# type is the client's prefix ('.' follows '-'). Every code is counted in
-# type_counts, so a type shows as long as any of its jobs exists, whatever
-# its code, as when this counted the jobs themselves.
-STATS = """
-WITH done AS (
+# A tenant's counts per type. Waiting jobs from the state counts (0012, one
+# row per type and state, never one per job); of those, the scheduled ones
+# (dt in the future) read from jobs_waiting_idx, one entry each, only past now;
+# running from jobs_running_idx (bounded by the daemons' concurrency); done
+# from type_counts (0003). $1 the client: its stored types are the C-collated
+# range ['client-', 'client.').
+_TENANT = "type >= $1 || '-' AND type < $1 || '.'"
+STATS = f"""
+WITH states AS ({counts.STATE_SUMS.format(scope=_TENANT)}
+), waiting AS (
+    SELECT s.type, s.queued - f.scheduled AS waiting, f.scheduled, s.blocked
+    FROM states s
+    CROSS JOIN LATERAL (
+        SELECT count(*) AS scheduled FROM jobs j
+        WHERE j.type = s.type AND j.lock = '' AND j.dt > now() AND j.dt < 'infinity'
+    ) f
+), done AS (
     SELECT type,
            sum(n) FILTER (WHERE code = 'ok') AS done_ok,
            sum(n) FILTER (WHERE code = 'failed') AS done_failed,
            sum(n) FILTER (WHERE code = 'error') AS done_error
     FROM type_counts
-    WHERE type >= $1 || '-' AND type < $1 || '.' AND n <> 0
-    GROUP BY type
-), waiting AS (
-    SELECT type,
-           count(*) FILTER (WHERE dt <= now()) AS waiting,
-           count(*) FILTER (WHERE dt > now() AND dt <> 'infinity') AS scheduled,
-           count(*) FILTER (WHERE dt = 'infinity') AS blocked
-    FROM jobs
-    WHERE lock = '' AND type >= $1 || '-' AND type < $1 || '.'
+    WHERE {_TENANT} AND n <> 0
     GROUP BY type
 ), running AS (
     SELECT type, count(*) AS running
     FROM jobs
-    WHERE lock <> '' AND lock <> '__done' AND type >= $1 || '-' AND type < $1 || '.'
+    WHERE lock <> '' AND lock <> '__done' AND {_TENANT}
     GROUP BY type
 )
 SELECT substr(type, strpos(type, '-') + 1) AS type,

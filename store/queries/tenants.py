@@ -128,12 +128,3 @@ REVOKE_ADMIN_TOKENS = "DELETE FROM admin_tokens"
 ADMIN_TOKENS = """
 SELECT token_hash FROM admin_tokens WHERE expires_at IS NULL OR expires_at > now()
 """
-
-# $1 lower bound of the tenant's stored types ('client-'), $2 the upper bound
-# ('client.'), $3 the cap: counts waiting and scheduled jobs (lock '') on
-# jobs_waiting_idx, reading at most $3 entries.
-COUNT_WAITING_CAPPED = """
-SELECT count(*) FROM (
-    SELECT 1 FROM jobs WHERE type >= $1 AND type < $2 AND lock = '' LIMIT $3
-) w
-"""

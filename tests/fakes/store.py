@@ -206,6 +206,9 @@ class FakeStore:
     async def resolve_pending(self) -> int:
         return 0
 
+    async def fold_counts(self) -> bool:
+        return True
+
     async def listen(
         self,
         on_jobs: Callable[[dict[str, int] | None], None],

@@ -5,6 +5,7 @@ done jobs."""
 from __future__ import annotations
 
 import asyncio
+from dataclasses import fields
 from datetime import UTC, datetime, timedelta
 
 import asyncpg
@@ -52,6 +53,7 @@ async def reference(conn: asyncpg.Connection, client: str) -> dict[str, TypeStat
 async def check(store: PgStore, conn: asyncpg.Connection, client: str = "a") -> None:
     got = await store.stats(client)
     assert got == await reference(conn, client)
+    assert all(type(getattr(s, f.name)) is int for s in got.values() for f in fields(s)), got
     # no counter ever goes negative, and every done job is counted under its code
     assert await conn.fetchval("SELECT count(*) FROM type_counts WHERE n < 0") == 0
     drift = await conn.fetch(
@@ -61,6 +63,24 @@ async def check(store: PgStore, conn: asyncpg.Connection, client: str = "a") -> 
         "WHERE coalesce(n, 0) <> coalesce(m, 0)"
     )
     assert drift == []
+    # the waiting counts (0012) agree with the jobs, before and after a fold
+    for _ in range(2):
+        assert await state_sums(conn) == await conn.fetch(ACTUAL_STATES)
+        assert await store.fold_counts()
+    assert await conn.fetchval("SELECT count(*) FROM job_state_moves") == 0
+    assert await conn.fetchval("SELECT count(*) FROM job_states WHERE n <= 0") == 0
+
+
+ACTUAL_STATES = """
+SELECT type, count(*) FILTER (WHERE dt <> 'infinity') AS queued,
+       count(*) FILTER (WHERE dt = 'infinity') AS blocked
+FROM jobs WHERE lock = '' GROUP BY type ORDER BY type
+"""
+
+
+async def state_sums(conn: asyncpg.Connection) -> list[asyncpg.Record]:
+    sums = queries.counts.STATE_SUMS.format(scope="true")
+    return await conn.fetch(f"SELECT type, queued, blocked FROM ({sums}) s ORDER BY type")
 
 
 def release(job_id: str, how: ReleaseHow, code: str | None = None) -> Release:
@@ -209,6 +229,28 @@ async def test_tenant_isolation(store: PgStore, conn: asyncpg.Connection) -> Non
         await check(store, conn, client)
 
 
+def _pages(plan: list[asyncpg.Record]) -> int:
+    """Shared buffers the plan's top node touched (hit + read)."""
+    for line in (r[0] for r in plan):
+        if "Buffers: shared" in line:
+            return sum(int(part.split("=")[1]) for part in line.split() if "=" in part)
+    return 0
+
+
+@pytest.mark.timeout(300)
+async def test_stats_reads_no_waiting_jobs_one_by_one(
+    store: PgStore, conn: asyncpg.Connection
+) -> None:
+    await storefill.fill_one_type(conn, "a-deep", 200_000)
+    await store.add_jobs([job("s1", "a-deep", dt=datetime.now(UTC) + timedelta(hours=1))])
+    await conn.execute("VACUUM ANALYZE jobs")
+    rows = await conn.fetch("EXPLAIN (ANALYZE, BUFFERS) " + queries.jobs.STATS, "a")
+    assert _pages(rows) < 200, "\n".join(r[0] for r in rows)
+    assert (await store.stats("a"))["deep"] == TypeStats(waiting=200_000, scheduled=1)
+    assert await store.count_waiting("a") == 200_001
+    await check(store, conn)
+
+
 @pytest.mark.timeout(300)
 async def test_stats_plan_reads_no_done_jobs(store: PgStore, conn: asyncpg.Connection) -> None:
     await storefill.fill(conn, 1000, 50_000, 10)
@@ -225,6 +267,9 @@ async def test_stats_plan_reads_no_done_jobs(store: PgStore, conn: asyncpg.Conne
             plan = "\n".join(r[0] for r in rows)
             assert "Seq Scan on jobs" not in plan, plan
             assert "jobs_waiting_idx" in plan and "jobs_running_idx" in plan, plan
+    for client in ["bench", "nobody"]:  # and the real plan reads few pages, not the jobs
+        rows = await conn.fetch("EXPLAIN (ANALYZE, BUFFERS) " + queries.jobs.STATS, client)
+        assert _pages(rows) < 500, "\n".join(r[0] for r in rows)
     stats = await store.stats("bench")
     assert len(stats) == 10
     assert sum(s.done_ok for s in stats.values()) == 50_000

@@ -25,8 +25,8 @@ class Waiting:
     def __init__(self, count: int = 0) -> None:
         self.count = count
 
-    async def count_waiting(self, client: str, limit: int) -> int:
-        return min(self.count, limit)
+    async def count_waiting(self, client: str) -> int:
+        return self.count
 
 
 class Journal:
