@@ -14,13 +14,29 @@ _ALL = "true"
 _ONE = "type >= $1 || '-' AND type < $1 || '.'"
 
 # Depth per stored type ({limit} rows at most, by type), without reading
-# archived jobs and without counting a deep queue job by job: waiting and
-# blocked from the state counts (0012); of the waiting, the scheduled ones
-# (dt in the future) counted on jobs_waiting_idx up to {cap} entries, and when
-# that many are scheduled the due ones counted up to {cap} instead (capped);
-# running jobs from jobs_running_idx; done counts from type_counts (0003).
+# archived jobs and without counting a deep queue job by job. The types are the
+# first {limit} by name that have waiting (0012), running or done (0003) jobs:
+# each source read in type order and stopped at {limit}, so the cost does not
+# grow with the number of types in the store. For those: waiting and blocked
+# from the state counts; of the waiting, the scheduled ones (dt in the future)
+# counted on jobs_waiting_idx up to {cap} entries, and when that many are
+# scheduled the due ones counted up to {cap} instead (capped); running jobs
+# from jobs_running_idx; done counts from type_counts.
 _QUEUE_DEPTHS = """
-WITH states AS ({states}
+WITH types AS (
+    SELECT type FROM (
+        (SELECT DISTINCT type FROM job_states WHERE {scope} ORDER BY type LIMIT {limit})
+        UNION
+        (SELECT type FROM job_state_moves WHERE {scope})
+        UNION
+        (SELECT DISTINCT type FROM type_counts WHERE {scope} AND n <> 0
+         ORDER BY type LIMIT {limit})
+        UNION
+        (SELECT type FROM jobs WHERE lock <> '' AND lock <> '__done' AND {scope})
+    ) t
+    ORDER BY type
+    LIMIT {limit}
+), states AS ({states}
 ), waiting AS (
     SELECT s.type, s.blocked, f.scheduled,
            CASE WHEN f.scheduled < {cap} THEN s.queued - f.scheduled
@@ -43,12 +59,12 @@ WITH states AS ({states}
            sum(n) FILTER (WHERE code = 'failed') AS done_failed,
            sum(n) FILTER (WHERE code = 'error') AS done_error
     FROM type_counts
-    WHERE {scope} AND n <> 0
+    WHERE type IN (SELECT type FROM types) AND n <> 0
     GROUP BY type
 ), running AS (
     SELECT type, count(*) AS running
     FROM jobs
-    WHERE lock <> '' AND lock <> '__done' AND {scope}
+    WHERE lock <> '' AND lock <> '__done' AND type IN (SELECT type FROM types)
     GROUP BY type
 )
 SELECT type,
@@ -66,12 +82,9 @@ FULL JOIN done d USING (type)
 ORDER BY type
 LIMIT {limit}
 """
-QUEUE_DEPTHS_ALL = _QUEUE_DEPTHS.format(
-    states=counts.STATE_SUMS.format(scope=_ALL), scope=_ALL, limit="$1", cap="$2"
-)
-QUEUE_DEPTHS_CLIENT = _QUEUE_DEPTHS.format(
-    states=counts.STATE_SUMS.format(scope=_ONE), scope=_ONE, limit="$2", cap="$3"
-)
+_STATES = counts.STATE_SUMS.format(scope="type IN (SELECT type FROM types)")
+QUEUE_DEPTHS_ALL = _QUEUE_DEPTHS.format(states=_STATES, scope=_ALL, limit="$1", cap="$2")
+QUEUE_DEPTHS_CLIENT = _QUEUE_DEPTHS.format(states=_STATES, scope=_ONE, limit="$2", cap="$3")
 
 # Running jobs, oldest first ({limit} at most), with how many run in all. Reads
 # jobs_running_idx only: the running set is bounded by the daemons' concurrency.

@@ -13,6 +13,7 @@ from bench import storefill
 from store import queries
 from store.models import NewJob, QueueDepth, Release, ReleaseHow
 from store.pg import PgStore
+from tests.integration.plans import pages_read
 
 LEASE = 600.0
 
@@ -149,3 +150,22 @@ async def test_plans_read_indexes_not_archived_jobs(
     depths = await store.queue_depths("bench", 1000, 100_000)
     assert sum(d.waiting for d in depths) == 20_000 - 200
     assert sum(d.running for d in depths) == 200
+
+
+@pytest.mark.timeout(300)
+async def test_the_depths_read_does_not_grow_with_the_types_in_the_store(
+    store: PgStore, conn: asyncpg.Connection
+) -> None:
+    await storefill.fill_types(conn, "bench", 20_000, 1_000, per_type=2)
+    await conn.execute("VACUUM ANALYZE jobs")
+    await conn.execute("ANALYZE job_states")
+    pages = {
+        "all": await pages_read(conn, queries.dashboard.QUEUE_DEPTHS_ALL, 51, 10_000),
+        "one": await pages_read(conn, queries.dashboard.QUEUE_DEPTHS_CLIENT, "bench", 51, 10_000),
+    }
+    assert pages["all"] < 1_000 and pages["one"] < 1_000, pages  # 40,000 jobs, 20,000 types
+    depths = await store.queue_depths(None, 51, 10_000)
+    assert len(depths) == 51 and all(d.waiting == 2 for d in depths)
+    assert [d.type for d in depths] == sorted(d.type for d in depths)
+    mine = await store.queue_depths("bench", 51, 10_000)
+    assert len(mine) == 20 and all(d.type.startswith("bench-") for d in mine)

@@ -16,6 +16,7 @@ from store import queries
 from store.migrate import available_migrations
 from store.models import NewJob, Release, ReleaseHow, TypeStats
 from store.pg import PgStore
+from tests.integration.plans import pages_read
 
 LEASE = 600.0
 
@@ -229,14 +230,6 @@ async def test_tenant_isolation(store: PgStore, conn: asyncpg.Connection) -> Non
         await check(store, conn, client)
 
 
-def _pages(plan: list[asyncpg.Record]) -> int:
-    """Shared buffers the plan's top node touched (hit + read)."""
-    for line in (r[0] for r in plan):
-        if "Buffers: shared" in line:
-            return sum(int(part.split("=")[1]) for part in line.split() if "=" in part)
-    return 0
-
-
 @pytest.mark.timeout(300)
 async def test_stats_reads_no_waiting_jobs_one_by_one(
     store: PgStore, conn: asyncpg.Connection
@@ -244,8 +237,7 @@ async def test_stats_reads_no_waiting_jobs_one_by_one(
     await storefill.fill_one_type(conn, "a-deep", 200_000)
     await store.add_jobs([job("s1", "a-deep", dt=datetime.now(UTC) + timedelta(hours=1))])
     await conn.execute("VACUUM ANALYZE jobs")
-    rows = await conn.fetch("EXPLAIN (ANALYZE, BUFFERS) " + queries.jobs.STATS, "a")
-    assert _pages(rows) < 200, "\n".join(r[0] for r in rows)
+    assert await pages_read(conn, queries.jobs.STATS, "a") < 200
     assert (await store.stats("a"))["deep"] == TypeStats(waiting=200_000, scheduled=1)
     assert await store.count_waiting("a") == 200_001
     await check(store, conn)
@@ -268,8 +260,7 @@ async def test_stats_plan_reads_no_done_jobs(store: PgStore, conn: asyncpg.Conne
             assert "Seq Scan on jobs" not in plan, plan
             assert "jobs_waiting_idx" in plan and "jobs_running_idx" in plan, plan
     for client in ["bench", "nobody"]:  # and the real plan reads few pages, not the jobs
-        rows = await conn.fetch("EXPLAIN (ANALYZE, BUFFERS) " + queries.jobs.STATS, client)
-        assert _pages(rows) < 500, "\n".join(r[0] for r in rows)
+        assert await pages_read(conn, queries.jobs.STATS, client) < 500
     stats = await store.stats("bench")
     assert len(stats) == 10
     assert sum(s.done_ok for s in stats.values()) == 50_000
