@@ -27,6 +27,17 @@ CREATE TABLE job_state_moves (
     n     bigint NOT NULL
 );
 CREATE INDEX job_state_moves_type_idx ON job_state_moves (type);
+-- Every row is deleted within about a second of its insert: vacuumed whenever
+-- a few thousand are dead (the default waits for a fifth of the table), so the
+-- readers' index scans do not step over a long tail of dead entries.
+ALTER TABLE job_state_moves SET (
+    autovacuum_vacuum_scale_factor = 0,
+    autovacuum_vacuum_threshold = 5000,
+    autovacuum_vacuum_insert_scale_factor = 0,
+    autovacuum_vacuum_insert_threshold = 5000,
+    autovacuum_analyze_scale_factor = 0,
+    autovacuum_analyze_threshold = 5000
+);
 
 CREATE FUNCTION jobs_count_states_insert() RETURNS trigger
 LANGUAGE plpgsql AS $$

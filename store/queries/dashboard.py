@@ -3,8 +3,6 @@ failures, daemons, throughput."""
 
 from __future__ import annotations
 
-from store.queries import counts
-
 # Each query comes in two forms: every tenant (operator), and one tenant, whose
 # stored types are the C-collated range ['client-', 'client.') as in STATS
 # ($1 is that client; the other parameters follow it, and move up by one in
@@ -16,27 +14,37 @@ _ONE = "type >= $1 || '-' AND type < $1 || '.'"
 # Depth per stored type ({limit} rows at most, by type), without reading
 # archived jobs and without counting a deep queue job by job. The types are the
 # first {limit} by name that have waiting (0012), running or done (0003) jobs:
-# each source read in type order and stopped at {limit}, so the cost does not
-# grow with the number of types in the store. For those: waiting and blocked
-# from the state counts; of the waiting, the scheduled ones (dt in the future)
-# counted on jobs_waiting_idx up to {cap} entries, and when that many are
-# scheduled the due ones counted up to {cap} instead (capped); running jobs
-# from jobs_running_idx; done counts from type_counts.
+# each source read in key order and stopped early, so the cost does not grow with the number of types in the
+# store. For each: waiting and blocked from the state counts; of the waiting,
+# the scheduled ones (dt in the future) counted on jobs_waiting_idx up to {cap}
+# entries, and when that many are scheduled the due ones counted up to {cap}
+# instead (capped); running jobs from jobs_running_idx; done counts from
+# type_counts (a type has at most a handful of codes: 8 rows each are read).
 _QUEUE_DEPTHS = """
 WITH types AS (
-    SELECT type FROM (
-        (SELECT DISTINCT type FROM job_states WHERE {scope} ORDER BY type LIMIT {limit})
-        UNION
-        (SELECT type FROM job_state_moves WHERE {scope})
-        UNION
-        (SELECT DISTINCT type FROM type_counts WHERE {scope} AND n <> 0
-         ORDER BY type LIMIT {limit})
-        UNION
+    SELECT DISTINCT type FROM (
+        (SELECT type FROM job_states WHERE {scope} ORDER BY type LIMIT 2 * {limit})
+        UNION ALL
+        (SELECT DISTINCT type FROM job_state_moves WHERE {scope} ORDER BY type LIMIT {limit})
+        UNION ALL
+        (SELECT type FROM type_counts WHERE {scope} AND n <> 0
+         ORDER BY type LIMIT 8 * {limit})
+        UNION ALL
         (SELECT type FROM jobs WHERE lock <> '' AND lock <> '__done' AND {scope})
     ) t
     ORDER BY type
     LIMIT {limit}
-), states AS ({states}
+), states AS (
+    SELECT t.type, s.queued, s.blocked
+    FROM types t
+    CROSS JOIN LATERAL (
+        SELECT coalesce(sum(n) FILTER (WHERE state = 'q'), 0)::bigint AS queued,
+               coalesce(sum(n) FILTER (WHERE state = 'b'), 0)::bigint AS blocked
+        FROM (SELECT state, n FROM job_states WHERE type = t.type
+              UNION ALL
+              SELECT state, n FROM job_state_moves WHERE type = t.type) x
+    ) s
+    WHERE s.queued <> 0 OR s.blocked <> 0
 ), waiting AS (
     SELECT s.type, s.blocked, f.scheduled,
            CASE WHEN f.scheduled < {cap} THEN s.queued - f.scheduled
@@ -82,9 +90,8 @@ FULL JOIN done d USING (type)
 ORDER BY type
 LIMIT {limit}
 """
-_STATES = counts.STATE_SUMS.format(scope="type IN (SELECT type FROM types)")
-QUEUE_DEPTHS_ALL = _QUEUE_DEPTHS.format(states=_STATES, scope=_ALL, limit="$1", cap="$2")
-QUEUE_DEPTHS_CLIENT = _QUEUE_DEPTHS.format(states=_STATES, scope=_ONE, limit="$2", cap="$3")
+QUEUE_DEPTHS_ALL = _QUEUE_DEPTHS.format(scope=_ALL, limit="$1", cap="$2")
+QUEUE_DEPTHS_CLIENT = _QUEUE_DEPTHS.format(scope=_ONE, limit="$2", cap="$3")
 
 # Running jobs, oldest first ({limit} at most), with how many run in all. Reads
 # jobs_running_idx only: the running set is bounded by the daemons' concurrency.

@@ -157,6 +157,7 @@ async def test_the_depths_read_does_not_grow_with_the_types_in_the_store(
     store: PgStore, conn: asyncpg.Connection
 ) -> None:
     await storefill.fill_types(conn, "bench", 20_000, 1_000, per_type=2)
+    assert await store.fold_counts()
     await conn.execute("VACUUM ANALYZE jobs")
     await conn.execute("ANALYZE job_states")
     pages = {
