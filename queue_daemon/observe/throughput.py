@@ -41,6 +41,8 @@ class Throughput:
         self.window = window
         self._clock = clock
         self._samples: deque[tuple[float, dict[str, int]]] = deque(maxlen=int(window / step) + 1)
+        self._ends_key: tuple[int, float, float] | None = None
+        self._ends: tuple[tuple[float, dict[str, int]], tuple[float, dict[str, int]]] | None = None
 
     def add(self, counts: dict[str, int], at: float | None = None) -> None:
         self._samples.append((self._clock() if at is None else at, counts))
@@ -49,6 +51,12 @@ class Throughput:
         """Jobs/s of ``stored_type`` between consecutive samples, oldest first
         (one point fewer than samples). A type missing from a sample had no
         archived job yet (its counter row appears with the first one)."""
+        if len(self._samples) < 2:
+            return []
+        first, last = self._samples[0][1], self._samples[-1][1]
+        if first.get(stored_type, 0) == last.get(stored_type, 0):
+            # the counters only grow: an idle type (most of them) is all zeros
+            return [0.0] * (len(self._samples) - 1)
         points: list[float] = []
         for (t0, c0), (t1, c1) in itertools.pairwise(self._samples):
             elapsed = t1 - t0
@@ -58,18 +66,32 @@ class Throughput:
 
     def recent(self, stored_type: str, span: float = RECENT_S) -> float | None:
         """Mean jobs/s over about the last ``span`` seconds; None before two samples."""
-        if len(self._samples) < 2:
+        ends = self._span_ends(span)
+        if ends is None:
             return None
-        t1, c1 = self._samples[-1]
-        t0, c0 = self._samples[0]
-        for at, counts in reversed(self._samples):
-            t0, c0 = at, counts
-            if t1 - at >= span:
-                break
-        if t1 <= t0:
-            return None
+        (t0, c0), (t1, c1) = ends
         done = c1.get(stored_type, 0) - c0.get(stored_type, 0)
         return round(max(done, 0) / (t1 - t0), 2)
+
+    def _span_ends(
+        self, span: float
+    ) -> tuple[tuple[float, dict[str, int]], tuple[float, dict[str, int]]] | None:
+        """The samples that bound the last ``span`` seconds (found once per sample
+        and span: an overview asks for every type it lists)."""
+        key = (len(self._samples), self._samples[-1][0] if self._samples else 0.0, span)
+        if self._ends_key == key:
+            return self._ends
+        self._ends_key, self._ends = key, None
+        if len(self._samples) >= 2:
+            last = self._samples[-1]
+            first = self._samples[0]
+            for sample in reversed(self._samples):
+                first = sample
+                if last[0] - sample[0] >= span:
+                    break
+            if last[0] > first[0]:
+                self._ends = (first, last)
+        return self._ends
 
     async def run(self, store: Dashboard) -> None:
         """Sample until cancelled; a store outage leaves a gap, never stops the loop
