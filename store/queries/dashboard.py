@@ -15,11 +15,12 @@ _ONE = "type >= $1 || '-' AND type < $1 || '.'"
 # archived jobs and without counting a deep queue job by job. The types are the
 # first {limit} by name that have waiting (0012), running or done (0003) jobs:
 # each source read in key order and stopped early, so the cost does not grow
-# with the number of types in the store. For each: waiting and blocked from the state counts; of the waiting,
-# the scheduled ones (dt in the future) counted on jobs_waiting_idx up to {cap}
-# entries, and when that many are scheduled the due ones counted up to {cap}
-# instead (capped); running jobs from jobs_running_idx; done counts from
-# type_counts (a type has at most a handful of codes: 8 rows each are read).
+# with the number of types in the store. For each: waiting and blocked from
+# the state counts; of the waiting, the scheduled ones (dt in the future)
+# counted on jobs_waiting_idx up to {cap} entries, and when that many are
+# scheduled the due ones counted up to {cap} instead (capped); running jobs
+# from jobs_running_idx; done counts from type_counts (a type has at most a
+# handful of codes: 8 rows each are read).
 _QUEUE_DEPTHS = """
 WITH types AS (
     SELECT DISTINCT type FROM (
