@@ -35,15 +35,23 @@ WITH types AS (
     ) t
     ORDER BY type
     LIMIT {limit}
+), moved AS (
+    -- the moves not folded yet: a second's worth, summed once (not per type)
+    SELECT type,
+           sum(n) FILTER (WHERE state = 'q') AS queued,
+           sum(n) FILTER (WHERE state = 'b') AS blocked
+    FROM job_state_moves
+    WHERE {scope}
+    GROUP BY type
 ), states AS (
-    SELECT t.type, s.queued, s.blocked
-    FROM types t
-    CROSS JOIN LATERAL (
-        SELECT coalesce(sum(n) FILTER (WHERE state = 'q'), 0)::bigint AS queued,
-               coalesce(sum(n) FILTER (WHERE state = 'b'), 0)::bigint AS blocked
-        FROM (SELECT state, n FROM job_states WHERE type = t.type
-              UNION ALL
-              SELECT state, n FROM job_state_moves WHERE type = t.type) x
+    SELECT s.* FROM (
+        SELECT t.type,
+               (coalesce(q.n, 0) + coalesce(m.queued, 0))::bigint AS queued,
+               (coalesce(b.n, 0) + coalesce(m.blocked, 0))::bigint AS blocked
+        FROM types t
+        LEFT JOIN job_states q ON q.type = t.type AND q.state = 'q'
+        LEFT JOIN job_states b ON b.type = t.type AND b.state = 'b'
+        LEFT JOIN moved m ON m.type = t.type
     ) s
     WHERE s.queued <> 0 OR s.blocked <> 0
 ), waiting AS (
