@@ -31,7 +31,7 @@ import aiohttp
 import asyncpg
 
 from bench import daemon, storefill
-from bench.e2e import measure_throughput
+from bench.e2e import measure_throughput, postmaster_pid
 from bench.procs import BenchError, python
 from bench.report import Row
 
@@ -132,7 +132,7 @@ def _one(run: Run, store: Store, jobs: int) -> tuple[float, dict[str, float]]:
                 poll=0.05,
                 limit_s=max(120.0, jobs / 200),
                 daemon_pids=[child.pid],
-                postmaster=None,
+                postmaster=postmaster_pid(run.pg.pgdata if run.pg is not None else None),
                 progress=False,
             )
         )
@@ -149,7 +149,8 @@ def _one(run: Run, store: Store, jobs: int) -> tuple[float, dict[str, float]]:
     finally:
         child.stop(grace=20)
     print(
-        f"  {store.name}: {result.rate:,.0f} jobs/s; /stats {reads['stats']:.1f} ms, "
+        f"  {store.name}: {result.rate:,.0f} jobs/s ({result.describe()}); "
+        f"/stats {reads['stats']:.1f} ms, "
         f"overview {reads['overview']:.1f} ms, admin overview {reads['admin']:.1f} ms",
         flush=True,
     )

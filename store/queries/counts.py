@@ -34,7 +34,7 @@ HAVING sum(n) <> 0
 ORDER BY type, state
 ON CONFLICT (type, state) DO UPDATE SET n = s.n + EXCLUDED.n
 """
-DROP_EMPTY_STATES = "DELETE FROM job_states WHERE n = 0"
+DROP_EMPTY_STATES = "DELETE FROM job_states WHERE n = 0"  # job_states_empty_idx
 # One daemon folds at a time (the others skip that round).
 FOLD_LOCK = "SELECT pg_try_advisory_xact_lock(hashtext('qd_fold_states'))"
 

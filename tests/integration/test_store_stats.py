@@ -267,3 +267,19 @@ async def test_stats_plan_reads_no_done_jobs(store: PgStore, conn: asyncpg.Conne
     assert sum(s.waiting for s in stats.values()) == 950
     assert sum(s.running for s in stats.values()) == 50
     await check(store, conn, "bench")
+
+
+@pytest.mark.timeout(300)
+async def test_a_fold_reads_what_moved_not_every_type(
+    store: PgStore, conn: asyncpg.Connection
+) -> None:
+    await storefill.fill_types(conn, "b", 20_000, 100, per_type=1)
+    assert await store.fold_counts()
+    await conn.execute("VACUUM ANALYZE job_states, job_state_moves")  # as autovacuum keeps them
+    await store.add_jobs([job("x1", "a-x"), job("y1", "a-y")])
+    await store.claim("a-x", 1, sysid="s1", lease=LEASE)  # a-x falls back to 0 waiting
+    async with conn.transaction():
+        assert await pages_read(conn, queries.counts.FOLD_STATES) < 100
+        assert await pages_read(conn, queries.counts.DROP_EMPTY_STATES) < 20
+    assert await conn.fetchval("SELECT count(*) FROM job_states WHERE type LIKE 'a-%'") == 1
+    await check(store, conn, "a")
