@@ -172,6 +172,8 @@ class Worker:
     def on_handler(self, jobtype: str) -> None:
         self._handlers.invalidate(jobtype)
         self._no_handler.pop(jobtype, None)
+        # the store lists only types with a handler: a new one's jobs show on a new read
+        self._waiting.noted(None)
         client, name = JobType.parse(jobtype)
         self._pool.retire(client, name)
         self._wake.set()

@@ -29,7 +29,7 @@ from queue_daemon.observe.metrics import Metrics
 from queue_daemon.observe.queuelog import QueueLog
 from runners.models import HandlerSpec, JobInput, JobResult, ResultSink
 from store.models import NewJob
-from tests.fakes.store import FakeStore
+from tests.fakes.store import DONE, FakeStore
 
 
 async def until(check: Callable[[], bool], what: str, within: float = 5.0) -> None:
@@ -245,6 +245,18 @@ async def test_a_type_without_a_handler_waits_and_its_expired_jobs_end_503(
     assert (done.id, done.code, done.exitcode) == (old[0], "error", 503)
     assert store.rows[young[0]].lock == "" and store.rows[young[0]].attempts == 0
     assert store.calls.get("claim", 0) == 0 and pool.ran == []
+
+
+async def test_jobs_waiting_for_a_handler_run_as_soon_as_it_comes(running: Running) -> None:
+    store, pool, _, worker = running
+    (job_id,) = store.add("acme-late", "x")
+    worker.on_jobs(None)
+    await until(lambda: store.calls.get("waiting_jobtypes", 0) >= 2, "the waiting types read")
+    assert pool.ran == []  # no handler: not listed, not claimed
+    store.set_handler("acme-late", "...")
+    worker.on_handler("acme-late")
+    # well before the next periodic read (POLL_S): the new handler's type is read at once
+    await until(lambda: store.rows[job_id].lock == DONE, "the job to run", within=0.5)
 
 
 async def test_follow_ons_go_through_the_intake(running: Running) -> None:
