@@ -94,6 +94,14 @@ class ClaimedJob:
     deadline: datetime | None = None  # it ends (408) if not done by then
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class UnhandledRound:
+    """A round of the sweep of types no daemon runs."""
+
+    expired: list[tuple[str, bool]]  # (stored type, pulled) with jobs past their time
+    next_after: str | None  # the type the next round goes on after; None: from the start
+
+
 class ExpiredLock(NamedTuple):
     """A running job whose lock ran out: eligible again, or done (error) when
     that was its last attempt."""

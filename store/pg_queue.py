@@ -13,6 +13,7 @@ from store.models import (
     ExpiredLock,
     Release,
     ReleaseHow,
+    UnhandledRound,
 )
 from store.pg_base import PgBase
 
@@ -89,12 +90,19 @@ class QueuePart(PgBase):
         jobs.sort(key=lambda job: (job.create_dt, job.id))
         return jobs
 
-    async def unhandled_types(self, older_than: float) -> list[tuple[str, bool]] | None:
+    async def unhandled_types(
+        self, older_than: float, *, after: str = "", steps: int = 5_000
+    ) -> UnhandledRound | None:
         async with self._conn() as conn, conn.transaction():
             if not await conn.fetchval(queries.queue.UNHANDLED_LOCK):
                 return None
-            rows = await conn.fetch(queries.queue.UNHANDLED_TYPES, float(older_than))
-        return [(row["type"], row["pulled"]) for row in rows]
+            rows = await conn.fetch(
+                queries.queue.UNHANDLED_TYPES, float(older_than), after, max(1, steps)
+            )
+        return UnhandledRound(
+            expired=[(row["type"], row["pulled"]) for row in rows if row["expired"]],
+            next_after=rows[-1]["type"] if len(rows) >= steps else None,
+        )
 
     async def expire_waiting(self, type: str, older_than: float, result: str) -> list[str]:
         """Archive (error, 503, ``result``) waiting jobs of ``type`` created and due

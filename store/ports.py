@@ -46,6 +46,7 @@ from store.models import (
     Tenant,
     TickAdded,
     TypeStats,
+    UnhandledRound,
     WorkerSeen,
 )
 
@@ -81,10 +82,13 @@ class JobQueue(Protocol):
         """Take up to ``limit`` eligible jobs of ``type`` (FOR UPDATE SKIP LOCKED):
         lock = sysid, dt = now + lease, attempts + 1."""
 
-    async def unhandled_types(self, older_than: float) -> list[tuple[str, bool]] | None:
-        """Waiting types that no daemon runs (no live handler, or a pulled type:
-        then True) whose oldest job was due more than ``older_than`` seconds ago;
-        None when another daemon is sweeping them right now."""
+    async def unhandled_types(
+        self, older_than: float, *, after: str = "", steps: int = 5_000
+    ) -> UnhandledRound | None:
+        """A round of the sweep: of up to ``steps`` waiting types after ``after``,
+        those that no daemon runs (no live handler, or a pulled type) and whose
+        oldest job was due more than ``older_than`` seconds ago; None when another
+        daemon is sweeping right now."""
 
     async def expire_waiting(self, type: str, older_than: float, result: str) -> list[str]:
         """Archive as error 503 (with ``result``) the waiting jobs of ``type``

@@ -60,33 +60,38 @@ CROSS JOIN LATERAL (
 WHERE live.lang IS DISTINCT FROM 'worker' AND eligible.n > 0
 """
 
-# Waiting types that no daemon runs (no live handler, or a pull worker's) and
-# whose oldest due job became due more than $1 seconds ago: the candidates of
-# EXPIRE_WAITING, with whether the type is pulled. A loose index scan of
-# jobs_waiting_idx: each step is one descent to the next type's first entry,
-# which is its oldest dt; then its live handler, one descent of
-# handlers_live_idx. Run once a minute by one daemon (UNHANDLED_LOCK).
+# A round of the sweep of waiting types that no daemon runs: up to $3 waiting
+# types after $2 (by name), each with whether its oldest due job became due
+# more than $1 seconds ago and no daemon runs it (no live handler, or a pull
+# worker's: then pulled) - the candidates of EXPIRE_WAITING. A loose index
+# scan of jobs_waiting_idx: each step is one descent to the next type's first
+# entry, which is its oldest dt; a candidate's live handler is one descent of
+# handlers_live_idx. Bounded per round, so a store of many idle types is swept
+# a slice at a time (the caller goes on from the last type it got).
 UNHANDLED_TYPES = """
-WITH RECURSIVE types(type, dt) AS (
-    (SELECT type, dt FROM jobs WHERE lock = '' ORDER BY type, dt LIMIT 1)
+WITH RECURSIVE types(type, dt, n) AS (
+    (SELECT type, dt, 1 FROM jobs WHERE lock = '' AND type > $2 ORDER BY type, dt LIMIT 1)
     UNION ALL
-    SELECT n.type, n.dt
+    SELECT x.type, x.dt, types.n + 1
     FROM types
     CROSS JOIN LATERAL (
         SELECT j.type, j.dt FROM jobs j
         WHERE j.lock = '' AND j.type > types.type
         ORDER BY j.type, j.dt LIMIT 1
-    ) n
+    ) x
+    WHERE types.n < $3
 )
-SELECT t.type, coalesce(h.lang = 'worker', false) AS pulled
+SELECT t.type,
+       t.dt < now() - make_interval(secs => $1) AND (h.lang IS NULL OR h.lang = 'worker')
+           AS expired,
+       coalesce(h.lang = 'worker', false) AS pulled
 FROM types t
 LEFT JOIN LATERAL (
     SELECT data->>'lang' AS lang FROM handlers
-    WHERE type = t.type AND deleted_at IS NULL
+    WHERE type = t.type AND deleted_at IS NULL AND t.dt < now() - make_interval(secs => $1)
     ORDER BY dt DESC, id DESC LIMIT 1
 ) h ON true
-WHERE t.dt < now() - make_interval(secs => $1)
-  AND (h.lang IS NULL OR h.lang = 'worker')
+ORDER BY t.type
 """
 # One daemon at a time sweeps the waiting types (the others skip that round).
 UNHANDLED_LOCK = "SELECT pg_try_advisory_xact_lock(hashtext('qd_unhandled'))"

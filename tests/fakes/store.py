@@ -26,6 +26,7 @@ from store.models import (
     OptedJobs,
     Release,
     ReleaseHow,
+    UnhandledRound,
 )
 
 DONE = "__done"
@@ -132,11 +133,24 @@ class FakeStore:
             )
         return claimed
 
-    async def unhandled_types(self, older_than: float) -> list[tuple[str, bool]] | None:
+    async def unhandled_types(
+        self, older_than: float, *, after: str = "", steps: int = 5_000
+    ) -> UnhandledRound | None:
         self._call("unhandled_types")
         cutoff = self.now() - timedelta(seconds=older_than)
-        types = {r.type for r in self.rows.values() if r.lock == "" and r.dt < cutoff}
-        return [(t, t in self.handlers) for t in sorted(types) if not self._run_here(t)]
+        waiting = sorted({r.type for r in self.rows.values() if r.lock == "" and r.type > after})
+        round_ = waiting[:steps]
+        oldest = {
+            t: min(r.dt for r in self.rows.values() if r.type == t and r.lock == "") for t in round_
+        }
+        return UnhandledRound(
+            expired=[
+                (t, t in self.handlers)
+                for t in round_
+                if oldest[t] < cutoff and not self._run_here(t)
+            ],
+            next_after=round_[-1] if len(round_) >= steps else None,
+        )
 
     async def expire_waiting(self, type: str, older_than: float, result: str) -> list[str]:
         self._call("expire_waiting")

@@ -17,7 +17,7 @@ from queue_daemon.engine.backoff import Backoff
 from store import queries
 from store.errors import NotFound
 from store.migrate import available_migrations
-from store.models import ExpiredLock, JobState, NewJob, Release, ReleaseHow
+from store.models import ExpiredLock, JobState, NewJob, Release, ReleaseHow, UnhandledRound
 from store.pg import PgStore
 
 LEASE = 60.0
@@ -314,10 +314,17 @@ async def test_the_types_no_daemon_runs_are_swept_by_their_oldest_due_job(
     await conn.execute("UPDATE jobs SET create_dt = dt")
     await store.put_handler("a-pulled", {"lang": "worker"})
     await store.put_handler("a-run", {"lang": "python", "body": "x"})
-    assert await store.unhandled_types(600) == [("a-idle", False), ("a-pulled", True)]
-    assert await store.unhandled_types(7200) == []
+    swept = await store.unhandled_types(600)
+    assert swept == UnhandledRound(expired=[("a-idle", False), ("a-pulled", True)], next_after=None)
+    assert await store.unhandled_types(7200) == UnhandledRound(expired=[], next_after=None)
     assert await store.expire_waiting("a-idle", 600, "too old") == ["o1"]  # not y1
-    assert await store.unhandled_types(600) == [("a-pulled", True)]
+    # a round looks at `steps` types and says where the next one goes on
+    first = await store.unhandled_types(600, steps=2)
+    assert first == UnhandledRound(expired=[("a-pulled", True)], next_after="a-pulled")
+    rest = await store.unhandled_types(600, after="a-pulled", steps=2)  # a-run, a-young
+    assert rest == UnhandledRound(expired=[], next_after="a-young")
+    last = await store.unhandled_types(600, after="a-young", steps=2)
+    assert last == UnhandledRound(expired=[], next_after=None)  # the end: from the start again
     # one daemon sweeps at a time: while another holds the sweep, None
     async with conn.transaction():
         assert await conn.fetchval(queries.queue.UNHANDLED_LOCK)
@@ -356,7 +363,7 @@ async def test_hot_path_plans_avoid_full_scans(store: PgStore, conn: asyncpg.Con
     await conn.execute("ANALYZE handlers")
     waiting = await _plan(conn, queries.queue.WAITING_JOBTYPES, 1000)
     assert "jobs_waiting_idx" in waiting and "handlers_live_idx" in waiting, waiting
-    unhandled = await _plan(conn, queries.queue.UNHANDLED_TYPES, 3600.0)
+    unhandled = await _plan(conn, queries.queue.UNHANDLED_TYPES, 3600.0, "", 5000)
     assert "jobs_waiting_idx" in unhandled, unhandled
     old = await _plan(conn, queries.queue.EXPIRE_WAITING, "bench-t3", 3600.0, "r", 1000)
     assert "jobs_waiting_idx" in old, old
