@@ -75,6 +75,11 @@ async def read_body(
     length = request.content_length
     if length is not None and length > limit:
         raise errors.too_large(f"request body of {length} bytes is over the limit of {limit}")
+    content = request.content
+    if length is not None and content.is_eof() and content.total_bytes == length:
+        # the whole body came with the headers (a small add): nothing to wait for,
+        # and its bytes are already held, so no budget to reserve
+        return content.read_nowait()
     loop = asyncio.get_running_loop()
     began = loop.time()
     deadline = began + patience
