@@ -28,6 +28,7 @@ import secrets
 import shutil
 import stat
 import subprocess
+import time
 import warnings
 from pathlib import Path
 
@@ -297,6 +298,8 @@ def _start_as_root(data_dir: Path, link: Path) -> str:
         pgdata = link.resolve()
     else:
         pgdata = host_home(data_dir) / "pg"
+        if (pgdata / "PG_VERSION").exists():
+            _set_aside(pgdata)
         pgdata.mkdir(mode=0o700, exist_ok=True)
         os.chown(pgdata, user.pw_uid, user.pw_gid)
         link.unlink(missing_ok=True)
@@ -312,6 +315,21 @@ def _start_as_root(data_dir: Path, link: Path) -> str:
         start += ["-o", '-h ""', "-o", f"-k {pgdata}", "-l", str(pgdata / "log"), "start"]
         _as_pg_user(start, pgdata, timeout=START_TIMEOUT + 10)
     return f"postgresql://postgres:@/postgres?host={pgdata}"
+
+
+def _set_aside(pgdata: Path) -> None:
+    """A server's data kept for a data directory of the same path that was
+    deleted since (its link and password went with it): the new data directory
+    starts a server of its own, and the old data is kept beside it, never
+    removed here."""
+    stop_server(pgdata)
+    aside = pgdata.with_name(f"pg.left-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}")
+    pgdata.rename(aside)
+    logger.warning(
+        "the embedded PostgreSQL of a deleted data directory at this path was kept in %s",
+        aside,
+        extra={"action": "pg_set_aside"},
+    )
 
 
 def _pg_user() -> str | None:

@@ -4,6 +4,7 @@ the last user."""
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
 import stat
 import tempfile
@@ -44,3 +45,23 @@ async def test_the_embedded_server_requires_its_password(data_dir: Path) -> None
     # sharing between daemons is tested with real processes in tests/acceptance
     assert first.stop_if_last() is True
     assert not (data_dir / "pg" / "postmaster.pid").exists()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the server's data lives apart only as root")
+async def test_a_data_dir_deleted_and_made_again_gets_a_server_of_its_own(data_dir: Path) -> None:
+    first = EmbeddedPostgres(data_dir)
+    await asyncio.to_thread(first.start)
+    home = (data_dir / "pg").resolve().parent
+    assert first.stop_if_last() is True
+    shutil.rmtree(data_dir)  # its link and password go; the server's data stays in home
+    again = EmbeddedPostgres(data_dir)
+    dsn = await asyncio.to_thread(again.start)  # was: password authentication failed
+    try:
+        conn = await asyncpg.connect(dsn)
+        assert await conn.fetchval("SELECT 1") == 1
+        await conn.close()
+        assert any(p.name.startswith("pg.left-") for p in home.iterdir())
+    finally:
+        again.stop_if_last()
+        for left in home.glob("pg.left-*"):
+            shutil.rmtree(left, ignore_errors=True)
