@@ -20,7 +20,6 @@ COPY_BATCHES = [1000, 5000, 10000]
 INGEST_BATCHES = [1000, 5000, 10000]
 ADD_TARGET = 100_000.0  # jobs/s with 1000-line POSTs
 INGEST_TARGET = 60_000.0  # rows/s journal → store
-PGQUEUER_REFERENCE = 42_000.0  # jobs/s pgqueuer enqueues in batches (their published figure)
 ONE_LINE = b'{"bench": 1, "pad": "0123456789abcdef"}\n'
 
 
@@ -72,7 +71,7 @@ def section_copy(run: Run) -> None:
         )
 
 
-def _measure(run: Run, targets: list[tuple[str, Child, Load]]) -> list[tuple[LoadResult, str]]:
+def measure_loads(run: Run, targets: list[tuple[str, Child, Load]]) -> list[tuple[LoadResult, str]]:
     """``--repeat`` rounds over the targets, alternating (the machine is shared, so
     servers compared by a ratio see the same background load); the best of each
     target's loads, with notes. py-spy, if asked, records each target's first load."""
@@ -111,7 +110,7 @@ def _bare_server(run: Run) -> Iterator[tuple[Child, Load]]:
 
 
 @contextmanager
-def _daemon(run: Run, name: str) -> Iterator[tuple[Child, str, str]]:
+def adds_daemon(run: Run, name: str) -> Iterator[tuple[Child, str, str]]:
     """A fresh daemon (own data dir) on the bench database; yields (child, url, token)."""
     data_dir = run.work / name
     data_dir.mkdir()
@@ -126,7 +125,7 @@ def _daemon(run: Run, name: str) -> Iterator[tuple[Child, str, str]]:
         child.stop(grace=20)
 
 
-def _add_url(url: str) -> str:
+def add_url(url: str) -> str:
     return f"{url}/{daemon.TENANT}/job/{daemon.JOBTYPE}/add"
 
 
@@ -161,13 +160,13 @@ def section_bare(run: Run) -> None:
     """(3), and (4a) too when it is asked for: both servers up, loads alternating."""
     with _bare_server(run) as (bare, bare_load):
         if "add1" not in run.opts.sections:
-            ((result, notes),) = _measure(run, [("bare", bare, bare_load)])
+            ((result, notes),) = measure_loads(run, [("bare", bare, bare_load)])
             _bare_row(run, result, notes)
             return
-        with _daemon(run, "daemon_add1") as (child, url, token):
+        with adds_daemon(run, "daemon_add1") as (child, url, token):
             headers = {"Authorization": f"Bearer {token}"}
-            load = run.load(_add_url(url), ONE_LINE, headers, run.opts.conns)
-            (bare_result, bare_notes), (result, notes) = _measure(
+            load = run.load(add_url(url), ONE_LINE, headers, run.opts.conns)
+            (bare_result, bare_notes), (result, notes) = measure_loads(
                 run, [("bare", bare, bare_load), ("add1", child, load)]
             )
     _bare_row(run, bare_result, bare_notes)
@@ -178,19 +177,19 @@ def section_bare(run: Run) -> None:
 def section_add1(run: Run) -> None:
     if run.add1_done:  # measured with (3), alternating
         return
-    with _daemon(run, "daemon_add1") as (child, url, token):
+    with adds_daemon(run, "daemon_add1") as (child, url, token):
         headers = {"Authorization": f"Bearer {token}"}
-        load = run.load(_add_url(url), ONE_LINE, headers, run.opts.conns)
-        ((result, notes),) = _measure(run, [("add1", child, load)])
+        load = run.load(add_url(url), ONE_LINE, headers, run.opts.conns)
+        ((result, notes),) = measure_loads(run, [("add1", child, load)])
     _add1_row(run, result, notes)
 
 
 def section_add1000(run: Run) -> None:
     body = _bulk_body(1000)
-    with _daemon(run, "daemon_add1000") as (child, url, token):
+    with adds_daemon(run, "daemon_add1000") as (child, url, token):
         headers = {"Authorization": f"Bearer {token}"}
-        load = run.load(_add_url(url), body, headers, run.opts.bulk_conns)
-        ((result, notes),) = _measure(run, [("add1000", child, load)])
+        load = run.load(add_url(url), body, headers, run.opts.bulk_conns)
+        ((result, notes),) = measure_loads(run, [("add1000", child, load)])
         assert run.daemon_dsn is not None
         drained = daemon.drain_report(url, run.daemon_dsn, 10.0 if run.opts.quick else 60.0)
     run.rows.append(
@@ -200,8 +199,7 @@ def section_add1000(run: Run) -> None:
             "jobs/s",
             "target 100k/s",
             result.jobs_per_s / ADD_TARGET,
-            f"{notes}; pgqueuer reference 42,000/s: "
-            f"{result.jobs_per_s / PGQUEUER_REFERENCE:.1f}x; {drained}",
+            f"{notes}; {drained}",
         )
     )
 

@@ -98,6 +98,8 @@ class Options:
     flood_backlog: int = 100_000
     abuse_samples: int = 200
     daemon_args: list[str] = field(default_factory=list)
+    peers: bool = False
+    results: Path | None = None
 
 
 def parse_args(argv: list[str] | None) -> Options:
@@ -161,7 +163,18 @@ def parse_args(argv: list[str] | None) -> Options:
         metavar="FLAG",
         help="extra flag for the daemons of run1/run3/latency/flood, e.g. --daemon-arg=--lease=30",
     )
+    parser.add_argument(
+        "--peers",
+        action="store_true",
+        help="instead of the sections: this project beside pgqueuer and procrastinate "
+        "(bench/peers; installs them into a virtual environment of their own)",
+    )
+    parser.add_argument(
+        "--results", type=Path, default=None, help="--peers: where its JSON and PNG go"
+    )
     args = parser.parse_args(argv)
+    if args.peers and args.only:
+        parser.error("--peers runs workloads of its own; it takes no --only")
     sections = [s.strip() for group in args.only for s in group.split(",") if s.strip()]
     unknown = [s for s in sections if s not in SECTIONS]
     if unknown:
@@ -194,6 +207,8 @@ def parse_args(argv: list[str] | None) -> Options:
         flood_backlog=args.flood_backlog or (5_000 if quick else 100_000),
         abuse_samples=args.abuse_samples or (10 if quick else 200),
         daemon_args=list(args.daemon_arg),
+        peers=args.peers,
+        results=args.results,
     )
 
 
@@ -310,7 +325,11 @@ def main(argv: list[str] | None = None) -> int:
     failed = False
     started = time.monotonic()
     try:
-        for name in SECTIONS:
+        if opts.peers:
+            from bench.peers import run as peers
+
+            failed = peers.main(run, opts.results) != 0
+        for name in SECTIONS if not opts.peers else ():
             if name not in opts.sections:
                 continue
             if name == "add1" and run.add1_done:
@@ -334,8 +353,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"bench: kept {work}")
         else:
             shutil.rmtree(work, ignore_errors=True)
-    print()
-    print(render(run.rows))
+    if run.rows:
+        print()
+        print(render(run.rows))
     print()
     print(f"bench: {_machine()} at the end; {time.monotonic() - started:.0f} s in all")
     for name, summary in run.profiles:

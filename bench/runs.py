@@ -25,7 +25,6 @@ if TYPE_CHECKING:
     from bench.flood import Turns
 
 RUN_TARGET = 12_000.0  # jobs/s end to end, no-op handler
-PGQUEUER_RUN_REFERENCE = 8_000.0  # jobs/s pgqueuer runs no-op jobs (their published figure)
 LATENCY_TARGET_MS = 20.0  # p50, add → start on an idle daemon
 FLOOD_TARGET_RATIO = 2.0  # a flooding tenant may at most double another's add → start
 FLOOD_TENANT = "flood"  # the bench's own tenant is the calm one
@@ -116,7 +115,6 @@ def _run_section(run: Run, section: str, count: int) -> None:
                 "jobs/s",
                 "target 12k/s",
                 result.rate / RUN_TARGET,
-                f"pgqueuer reference 8,000/s: {result.rate / PGQUEUER_RUN_REFERENCE:.2f}x; "
                 f"{result.describe()}{profiled}",
             )
         )

@@ -1,0 +1,1 @@
+"""``python -m bench --peers``: this project and its peers measured in one run (see ``run``)."""

@@ -1,0 +1,475 @@
+"""``python -m bench --peers``: this project beside pgqueuer and procrastinate, measured
+in one run, one after the other, on one PostgreSQL server with the same settings
+(each system on a fresh database of its own).
+
+Workloads (``--quick``: smaller, for a smoke run):
+
+  enqueue 1      one job per call for --duration seconds after a warm-up
+  enqueue 1000   batches of 1,000 a call
+  e2e            100,000 no-op jobs enqueued first (no worker / no handler yet),
+                 then the workers start (this project: the handler is added);
+                 time until all are done
+  latency        add → start p50 / p99 at a steady 100 jobs/s, 20 s
+  e2e deep       the e2e workload while 1,000,000 jobs wait in another queue
+
+The peers run from their own virtual environment (``bench/peers/venv.py``),
+each the way its documentation shows, with the worker and batch settings of
+``PEERS`` below (printed with the results). A peer's e2e that has not finished
+within ``E2E_LIMIT_S`` is stopped and its rate is what it did until then.
+
+The table is printed, written as JSON (``bench/results/peers-<date>-<time>.json``,
+kept in git as history) and drawn as a PNG beside it (matplotlib, in the peers'
+environment). The ratio of each row is this project / the best peer, so that
+above 1 this project is ahead: for the latency rows, best peer / this project.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import asyncpg
+
+from bench.peers import ours
+from bench.peers import venv as peer_venv
+from bench.procs import ROOT, BenchError, Child
+
+if TYPE_CHECKING:
+    from bench.cli import Run
+
+RESULTS = ROOT / "bench" / "results"
+E2E_LIMIT_S = 240.0
+STARTUP_S = 3.0  # enqueue processes connect before the measured window
+
+
+@dataclass(frozen=True, slots=True)
+class PeerSettings:
+    """How a peer is run: processes x connections (or workers) per process, batch."""
+
+    enqueue1: tuple[int, int]  # processes, connections each (one call in flight on each)
+    enqueue1000: tuple[int, int]
+    work: tuple[int, int, int]  # processes, concurrency each, dequeue batch
+    latency: tuple[int, int]  # concurrency, dequeue batch (one worker process)
+    flags: tuple[str, ...] = ()
+    note: str = ""
+
+    def describe(self) -> str:
+        p1, c1 = self.enqueue1
+        pb, cb = self.enqueue1000
+        wp, wc, wb = self.work
+        lc, lb = self.latency
+        flags = f", {' '.join(self.flags)}" if self.flags else ""
+        return (
+            f"enqueue {p1} processes x {c1} connections (1 a call), {pb} x {cb} (1,000 a call); "
+            f"workers {wp} processes x {wc}, dequeue batch {wb}; latency 1 process x {lc}, "
+            f"batch {lb}{flags}. {self.note}"
+        ).strip()
+
+
+PEERS: dict[str, PeerSettings] = {
+    # as pgqueuer's tools/benchmark.py runs it: several PgQueuer instances in one
+    # process, each on its own asyncpg connection, with uvloop
+    "pgqueuer": PeerSettings(
+        enqueue1=(2, 16),
+        enqueue1000=(2, 2),
+        work=(2, 5, 100),
+        latency=(5, 10),
+        flags=("--uvloop",),
+        note="PgQueuer instances (dequeue tasks) run in drain mode.",
+    ),
+    # procrastinate's worker takes one job per fetch; concurrency above one only
+    # adds contention on its fetch query (measured: 10 is slower than 1)
+    "procrastinate": PeerSettings(
+        enqueue1=(2, 16),
+        enqueue1000=(2, 2),
+        work=(2, 1, 1),
+        latency=(1, 1),
+        note="Workers with wait=False (stop once the queue is empty), listen/notify on.",
+    ),
+}
+
+# jobs of the bench's queue not yet done, per peer
+REMAINING_SQL = {
+    "pgqueuer": "SELECT count(*) FROM pgqueuer WHERE entrypoint = 'noop'",
+    "procrastinate": (
+        "SELECT count(*) FROM procrastinate_jobs "
+        "WHERE queue_name = 'default' AND status <> 'succeeded'"
+    ),
+}
+
+
+@dataclass(slots=True)
+class Row:
+    workload: str
+    unit: str
+    higher_is_better: bool
+    ours: float | None = None
+    peers: dict[str, float | None] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def best_peer(self) -> tuple[str, float] | None:
+        known = [(name, v) for name, v in self.peers.items() if v is not None and v > 0]
+        if not known:
+            return None
+        pick = max if self.higher_is_better else min
+        return pick(known, key=lambda item: item[1])
+
+    @property
+    def ratio(self) -> float | None:
+        """This project / the best peer, turned so that above 1 is better."""
+        best = self.best_peer
+        if self.ours is None or best is None or self.ours <= 0:
+            return None
+        return self.ours / best[1] if self.higher_is_better else best[1] / self.ours
+
+
+class PeerRunner:
+    """Runs the driver of one peer against databases of the bench's server."""
+
+    def __init__(self, run: Run, python: Path, name: str) -> None:
+        self.run = run
+        self.python = python
+        self.name = name
+        self.settings = PEERS[name]
+
+    def _argv(self, role: str, dsn: str, *args: str) -> list[str]:
+        return [
+            str(self.python),
+            str(peer_venv.DRIVER),
+            role,
+            "--peer",
+            self.name,
+            "--dsn",
+            dsn,
+            *self.settings.flags,
+            *args,
+        ]
+
+    def _child(self, label: str, role: str, dsn: str, *args: str) -> Child:
+        return Child(f"{self.name}-{label}", self._argv(role, dsn, *args), log_dir=self.run.work)
+
+    @staticmethod
+    def _result(child: Child, timeout: float) -> dict[str, Any]:
+        line = child.wait_line("RESULT ", timeout=timeout)
+        found: dict[str, Any] = json.loads(line.split(" ", 1)[1])
+        return found
+
+    def _once(self, label: str, role: str, dsn: str, *args: str, timeout: float) -> dict[str, Any]:
+        child = self._child(label, role, dsn, *args)
+        try:
+            return self._result(child, timeout)
+        finally:
+            child.stop(grace=10)
+
+    def database(self, label: str) -> str:
+        dsn = self.run.fresh_database(f"{self.name}_{label}")
+        self._once(label, "install", dsn, timeout=120)
+        return dsn
+
+    def enqueue(self, batch: int) -> float:
+        dsn = self.database(f"enqueue{batch}")
+        procs, conns = self.settings.enqueue1 if batch == 1 else self.settings.enqueue1000
+        start_at = time.time() + STARTUP_S + self.run.opts.warmup
+        seconds = self.run.opts.duration
+        args = ["--batch", str(batch), "--conns", str(conns)]
+        args += ["--start-at", f"{start_at:.3f}", "--seconds", f"{seconds:g}"]
+        children = [self._child(f"enqueue{batch}-{i}", "enqueue", dsn, *args) for i in range(procs)]
+        try:
+            limit = STARTUP_S + self.run.opts.warmup + seconds + 60
+            jobs = sum(int(self._result(c, limit)["jobs"]) for c in children)
+        finally:
+            for child in children:
+                child.stop(grace=10)
+        return jobs / seconds
+
+    def fill(self, dsn: str, jobs: int, queue: str) -> None:
+        args = ["--jobs", str(jobs), "--batch", "5000", "--conns", "4", "--queue", queue]
+        self._once(f"fill-{queue}", "fill", dsn, *args, timeout=1800)
+
+    def e2e(self, jobs: int, backlog: int) -> tuple[float, str]:
+        dsn = self.database(f"e2e{backlog}")
+        if backlog:
+            self.fill(dsn, backlog, "other")
+        self.fill(dsn, jobs, "default")
+        asyncio.run(_vacuum(dsn))
+        procs, concurrency, batch = self.settings.work
+        args = ["--drain", "--concurrency", str(concurrency), "--batch", str(batch)]
+        workers = [self._child(f"work-{i}", "work", dsn, *args) for i in range(procs)]
+        try:
+            for worker in workers:
+                worker.wait_line("READY", timeout=60)
+            t0 = time.time()
+            for worker in workers:
+                os.kill(worker.pid, signal.SIGUSR1)
+            finished: list[float] = []
+            deadline = time.monotonic() + E2E_LIMIT_S
+            for worker in workers:
+                left = max(1.0, deadline - time.monotonic())
+                try:
+                    finished.append(float(self._result(worker, left)["finished"]))
+                except BenchError:
+                    break
+            stopped = len(finished) < len(workers)
+            elapsed = (time.time() if stopped else max(finished)) - t0
+        finally:
+            for worker in workers:
+                worker.stop(grace=10)
+        remaining = asyncio.run(_count(dsn, REMAINING_SQL[self.name]))
+        done = jobs - remaining
+        note = f"{done:,} of {jobs:,} done in {elapsed:.1f} s"
+        if stopped:
+            note += f" (stopped at the {E2E_LIMIT_S:.0f} s limit)"
+        elif remaining:
+            raise BenchError(f"{self.name}: workers ended with {remaining:,} jobs not done")
+        return done / elapsed, note
+
+    def latency(self, rate: float, seconds: float, warm_s: float) -> tuple[float, float]:
+        dsn = self.database("latency")
+        concurrency, batch = self.settings.latency
+        samples = round(rate * seconds)
+        warm = round(rate * warm_s)
+        args = ["--concurrency", str(concurrency), "--batch", str(batch)]
+        args += ["--samples", str(samples), "--warm", str(warm)]
+        worker = self._child("latency-work", "work", dsn, *args)
+        try:
+            worker.wait_line("READY", timeout=60)
+            os.kill(worker.pid, signal.SIGUSR1)
+            paced = ["--rate", f"{rate:g}", "--seconds", f"{seconds + warm_s:g}"]
+            self._once("latency-paced", "paced", dsn, *paced, timeout=seconds + warm_s + 60)
+            values = [float(v) for v in self._result(worker, 60)["latencies_ms"]]
+        finally:
+            worker.stop(grace=10)
+        return ours.percentiles(values)
+
+
+async def _count(dsn: str, sql: str) -> int:
+    conn = await asyncpg.connect(dsn)
+    try:
+        value: int = await conn.fetchval(sql)
+        return value
+    finally:
+        await conn.close()
+
+
+async def _vacuum(dsn: str) -> None:
+    conn = await asyncpg.connect(dsn)
+    try:
+        await conn.execute("VACUUM ANALYZE", timeout=3600)
+    finally:
+        await conn.close()
+
+
+@dataclass(frozen=True, slots=True)
+class Sizes:
+    jobs: int
+    backlog: int
+    latency_rate: float
+    latency_s: float
+    latency_warm_s: float
+
+    @staticmethod
+    def of(quick: bool) -> Sizes:
+        if quick:
+            return Sizes(10_000, 100_000, 100.0, 5.0, 1.0)
+        return Sizes(100_000, 1_000_000, 100.0, 20.0, 2.0)
+
+
+def _measure(label: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+    """``fn(*args, **kwargs)``, or None (printed) when it failed."""
+    t0 = time.monotonic()
+    try:
+        value = fn(*args, **kwargs)
+    except BenchError as exc:
+        print(f"  {label}: FAILED: {str(exc)[:2000]}", flush=True)
+        return None
+    print(f"  {label}: {_shown(value)} ({time.monotonic() - t0:.0f} s)", flush=True)
+    return value
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, ours.Figure):
+        return f"{_number(value.value)}; {value.notes}" if value.notes else _number(value.value)
+    if isinstance(value, tuple):
+        return "; ".join(_number(v) if isinstance(v, float) else str(v) for v in value)
+    return _number(value) if isinstance(value, float) else str(value)
+
+
+def measure(run: Run, python: Path, sizes: Sizes) -> list[Row]:
+    peers = [PeerRunner(run, python, name) for name in PEERS]
+    conns, bulk = run.opts.conns, run.opts.bulk_conns
+    rows: list[Row] = []
+
+    for batch in (1, 1000):
+        row = Row(f"enqueue, {batch:,} a call", "jobs/s", True)
+        lines_conns = conns if batch == 1 else bulk
+        http = _measure(f"this project, HTTP, {batch}", ours.enqueue_http, run, batch, lines_conns)
+        writers = 64 if batch == 1 else 8
+        journal = _measure(
+            f"this project, journal, {batch}", ours.enqueue_journal, run, batch, writers
+        )
+        row.ours = None if http is None else http.value
+        row.notes.append(f"this project: HTTP POSTs of {batch:,} line(s), {lines_conns} conns")
+        if journal is not None:
+            row.notes.append(
+                f"journal path without HTTP: {journal.value:,.0f} jobs/s ({journal.notes})"
+            )
+        for peer in peers:
+            row.peers[peer.name] = _measure(f"{peer.name}, {batch}", peer.enqueue, batch)
+        rows.append(row)
+
+    rows.append(_e2e_row(run, peers, sizes, 0))
+    rows.extend(_latency_rows(run, peers, sizes))
+    rows.append(_e2e_row(run, peers, sizes, sizes.backlog))
+    return rows
+
+
+def _e2e_row(run: Run, peers: Sequence[PeerRunner], sizes: Sizes, backlog: int) -> Row:
+    what = "e2e" if not backlog else f"e2e, {backlog:,} waiting in another queue"
+    row = Row(f"{what} ({sizes.jobs:,} no-op jobs)", "jobs/s", True)
+    figure = _measure(f"this project, {what}", ours.e2e, run, sizes.jobs, backlog=backlog)
+    if figure is not None:
+        row.ours = figure.value
+        row.notes.append(f"this project: {figure.notes}")
+    for peer in peers:
+        found = _measure(f"{peer.name}, {what}", peer.e2e, sizes.jobs, backlog)
+        row.peers[peer.name] = None if found is None else found[0]
+        if found is not None:
+            row.notes.append(f"{peer.name}: {found[1]}")
+    return row
+
+
+def _latency_rows(run: Run, peers: Sequence[PeerRunner], sizes: Sizes) -> list[Row]:
+    what = f"add → start at {sizes.latency_rate:g} jobs/s"
+    p50 = Row(f"{what}, p50", "ms", False)
+    p99 = Row(f"{what}, p99", "ms", False)
+    args = (sizes.latency_rate, sizes.latency_s, sizes.latency_warm_s)
+    found = _measure(f"this project, {what}", ours.latency, run, *args)
+    if found is not None:
+        p50.ours, p99.ours = found
+    for peer in peers:
+        found = _measure(f"{peer.name}, {what}", peer.latency, *args)
+        p50.peers[peer.name], p99.peers[peer.name] = found if found is not None else (None, None)
+    return [p50, p99]
+
+
+def _number(value: float | None) -> str:
+    if value is None:
+        return "FAILED"
+    return f"{value:,.0f}" if value >= 100 else f"{value:,.2f}"
+
+
+def render(rows: Sequence[Row]) -> str:
+    names = list(PEERS)
+    head = ["workload", "unit", "this project", *names, "ratio", "of"]
+    cells = []
+    for row in rows:
+        best = row.best_peer
+        cells.append(
+            [
+                row.workload,
+                row.unit,
+                _number(row.ours),
+                *(_number(row.peers.get(n)) for n in names),
+                "" if row.ratio is None else f"{row.ratio:.2f}",
+                "" if best is None else best[0],
+            ]
+        )
+    widths = [max(len(head[i]), *(len(c[i]) for c in cells)) for i in range(len(head))]
+
+    def line(c: Sequence[str]) -> str:
+        parts = [c[0].ljust(widths[0]), c[1].ljust(widths[1])]
+        parts += [c[i].rjust(widths[i]) for i in range(2, len(head) - 1)]
+        parts.append(c[-1].ljust(widths[-1]))
+        return "  ".join(parts).rstrip()
+
+    return "\n".join([line(head), "-" * (sum(widths) + 2 * (len(head) - 1)), *map(line, cells)])
+
+
+def _machine() -> dict[str, Any]:
+    model = ""
+    try:
+        for text in Path("/proc/cpuinfo").read_text().splitlines():
+            if text.startswith("model name"):
+                model = text.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    mem_kib = 0
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        mem_kib = int(Path("/proc/meminfo").read_text().split()[1])
+    return {
+        "cores": os.cpu_count(),
+        "cpu": model,
+        "memory_gib": round(mem_kib / 2**20, 1),
+        "load_average": [round(x, 2) for x in os.getloadavg()],
+    }
+
+
+def write(rows: Sequence[Row], document: dict[str, Any], python: Path, out: Path) -> Path:
+    """The JSON of the run and its PNG chart, in ``out``; the JSON's path."""
+    out.mkdir(parents=True, exist_ok=True)
+    stamp = datetime.now(UTC).strftime("%Y-%m-%d-%H%M")
+    path = out / f"peers-{stamp}.json"
+    document["rows"] = [
+        {**asdict(row), "ratio": row.ratio, "best_peer": (row.best_peer or (None,))[0]}
+        for row in rows
+    ]
+    path.write_text(json.dumps(document, indent=2) + "\n")
+    png = path.with_suffix(".png")
+    done = subprocess.run(
+        [str(python), str(peer_venv.CHART), str(path), str(png)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    if done.returncode != 0:
+        raise BenchError(f"the chart failed: {done.stderr.strip()[-1000:]}")
+    return path
+
+
+def main(run: Run, out: Path | None = None) -> int:
+    sizes = Sizes.of(run.opts.quick)
+    try:
+        python = peer_venv.ensure()
+        versions = peer_venv.versions(python)
+    except (BenchError, subprocess.TimeoutExpired) as exc:
+        print(f"bench: the peers' environment could not be made: {exc}", flush=True)
+        return 1
+    print("bench: peers " + ", ".join(f"{n} {v}" for n, v in versions.items()), flush=True)
+    for name, settings in PEERS.items():
+        print(f"bench: {name}: {settings.describe()}", flush=True)
+    rows = measure(run, python, sizes)
+    print()
+    print(render(rows))
+    print()
+    for row in rows:
+        for note in row.notes:
+            print(f"  {row.workload}: {note}")
+    document = {
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "machine": _machine(),
+        "versions": versions,
+        "settings": {name: s.describe() for name, s in PEERS.items()},
+        "this_project": (
+            f"1 daemon (default settings, embedded-free: the bench's server), "
+            f"HTTP {run.opts.conns} connections for 1-line adds, "
+            f"{run.opts.bulk_conns} for 1000-line adds; no-op python handler"
+        ),
+        "sizes": asdict(sizes),
+        "generator": run.generator,
+    }
+    path = write(rows, document, python, out or RESULTS)
+    print(f"\nbench: wrote {path} and {path.with_suffix('.png').name}")
+    failed = any(r.ours is None or any(v is None for v in r.peers.values()) for r in rows)
+    return 1 if failed else 0
