@@ -38,7 +38,10 @@ READ_BYTES = 16 << 20
 # two cycles after the one before) waits until a cycle after it began before
 # the next, so a stream of 1-line adds is ingested in batches of many lines
 # (one insert and commit each) rather than one by one. It bounds the added
-# ingest latency; a line that comes alone, or after one large add, does not wait.
+# ingest latency; a line that comes alone, or after one large add, does not wait,
+# nor does a batch of one line: nothing queued up behind the last insert, so the
+# pipeline keeps up with the adds one by one (a steady 100 adds/s, say), and
+# waiting would only add latency.
 SMALL_BATCH_CYCLE = 0.01
 # Batches in the store whose flush is not yet confirmed (kept in memory, to be
 # inserted again if the flush fails); a pipeline waits for room beyond this.
@@ -172,7 +175,7 @@ class Ingester:
             self._to_settle.set()
             streaming = began - last_began < 2 * SMALL_BATCH_CYCLE
             last_began = began
-            if streaming and len(entries) < small:
+            if streaming and 1 < len(entries) < small:
                 rest = began + SMALL_BATCH_CYCLE - loop.time()
                 if rest > 0:
                     await asyncio.sleep(rest)
