@@ -15,7 +15,7 @@ Workloads (``--quick``: smaller, for a smoke run):
 The peers run from their own virtual environment (``bench/peers/venv.py``),
 each the way its documentation shows, with the worker and batch settings of
 ``PEERS`` below (printed with the results). A peer's e2e that has not finished
-within ``E2E_LIMIT_S`` is stopped and its rate is what it did until then.
+within ``E2E_LIMIT_S`` (--quick: a quarter) is stopped and its rate is what it did until then.
 
 The table is printed, written as JSON (``bench/results/peers-<date>-<time>.json``,
 kept in git as history) and drawn as a PNG beside it (matplotlib, in the peers'
@@ -58,7 +58,10 @@ class PeerSettings:
 
     enqueue1: tuple[int, int]  # processes, connections each (one call in flight on each)
     enqueue1000: tuple[int, int]
-    work: tuple[int, int, int]  # processes, concurrency each, dequeue batch
+    # worker shapes tried (processes, concurrency each, dequeue batch): the
+    # fastest on a short end to end runs the e2e workloads
+    work: tuple[tuple[int, int, int], ...]
+    tune_jobs: int  # jobs of each try
     latency: tuple[int, int]  # concurrency, dequeue batch (one worker process)
     flags: tuple[str, ...] = ()
     note: str = ""
@@ -66,12 +69,13 @@ class PeerSettings:
     def describe(self) -> str:
         p1, c1 = self.enqueue1
         pb, cb = self.enqueue1000
-        wp, wc, wb = self.work
+        shapes = ", ".join(f"{p} x {c} x {b}" for p, c, b in self.work)
         lc, lb = self.latency
         flags = f", {' '.join(self.flags)}" if self.flags else ""
         return (
             f"enqueue {p1} processes x {c1} connections (1 a call), {pb} x {cb} (1,000 a call); "
-            f"workers {wp} processes x {wc}, dequeue batch {wb}; latency 1 process x {lc}, "
+            f"workers (processes x concurrency x dequeue batch) the fastest of {shapes} "
+            f"on {self.tune_jobs:,} jobs; latency 1 process x {lc}, "
             f"batch {lb}{flags}. {self.note}"
         ).strip()
 
@@ -82,17 +86,18 @@ PEERS: dict[str, PeerSettings] = {
     "pgqueuer": PeerSettings(
         enqueue1=(2, 16),
         enqueue1000=(2, 2),
-        work=(2, 5, 100),
+        work=((1, 5, 10), (1, 5, 100), (2, 5, 10), (2, 5, 100), (2, 10, 100)),
+        tune_jobs=20_000,
         latency=(5, 10),
         flags=("--uvloop",),
         note="PgQueuer instances (dequeue tasks) run in drain mode.",
     ),
-    # procrastinate's worker takes one job per fetch; concurrency above one only
-    # adds contention on its fetch query (measured: 10 is slower than 1)
+    # procrastinate's worker takes one job per fetch (its batch is always 1)
     "procrastinate": PeerSettings(
         enqueue1=(2, 16),
         enqueue1000=(2, 2),
-        work=(2, 1, 1),
+        work=((1, 1, 1), (2, 1, 1), (1, 4, 1), (2, 4, 1)),
+        tune_jobs=2_000,
         latency=(1, 1),
         note="Workers with wait=False (stop once the queue is empty), listen/notify on.",
     ),
@@ -142,6 +147,9 @@ class PeerRunner:
         self.python = python
         self.name = name
         self.settings = PEERS[name]
+        self.shape = self.settings.work[0]
+        self.tuned = ""
+        self.limit_s = E2E_LIMIT_S / 4 if run.opts.quick else E2E_LIMIT_S
 
     def _argv(self, role: str, dsn: str, *args: str) -> list[str]:
         return [
@@ -197,13 +205,27 @@ class PeerRunner:
         args = ["--jobs", str(jobs), "--batch", "5000", "--conns", "4", "--queue", queue]
         self._once(f"fill-{queue}", "fill", dsn, *args, timeout=1800)
 
-    def e2e(self, jobs: int, backlog: int) -> tuple[float, str]:
-        dsn = self.database(f"e2e{backlog}")
+    def tune(self, quick: bool) -> str:
+        """Try each worker shape on a short end to end; keep the fastest."""
+        jobs = self.settings.tune_jobs // (4 if quick else 1)
+        tried = []
+        best = 0.0
+        for shape in self.settings.work:
+            self.shape = shape
+            rate, _ = self.e2e(jobs, 0, label=f"tune{'x'.join(map(str, shape))}")
+            tried.append(f"{'x'.join(map(str, shape))}: {rate:,.0f}/s")
+            if rate > best:
+                best, chosen = rate, shape
+        self.shape = chosen
+        return f"chose {'x'.join(map(str, chosen))} ({'; '.join(tried)})"
+
+    def e2e(self, jobs: int, backlog: int, label: str = "") -> tuple[float, str]:
+        dsn = self.database(label or f"e2e{backlog}")
         if backlog:
             self.fill(dsn, backlog, "other")
         self.fill(dsn, jobs, "default")
         asyncio.run(_vacuum(dsn))
-        procs, concurrency, batch = self.settings.work
+        procs, concurrency, batch = self.shape
         args = ["--drain", "--concurrency", str(concurrency), "--batch", str(batch)]
         workers = [self._child(f"work-{i}", "work", dsn, *args) for i in range(procs)]
         try:
@@ -213,7 +235,7 @@ class PeerRunner:
             for worker in workers:
                 os.kill(worker.pid, signal.SIGUSR1)
             finished: list[float] = []
-            deadline = time.monotonic() + E2E_LIMIT_S
+            deadline = time.monotonic() + self.limit_s
             for worker in workers:
                 left = max(1.0, deadline - time.monotonic())
                 try:
@@ -227,9 +249,10 @@ class PeerRunner:
                 worker.stop(grace=10)
         remaining = asyncio.run(_count(dsn, REMAINING_SQL[self.name]))
         done = jobs - remaining
-        note = f"{done:,} of {jobs:,} done in {elapsed:.1f} s"
+        note = f"{done:,} of {jobs:,} done in {elapsed:.1f} s, workers {procs} x {concurrency}"
+        note += f" x {batch}"
         if stopped:
-            note += f" (stopped at the {E2E_LIMIT_S:.0f} s limit)"
+            note += f" (stopped at the {self.limit_s:.0f} s limit)"
         elif remaining:
             raise BenchError(f"{self.name}: workers ended with {remaining:,} jobs not done")
         return done / elapsed, note
@@ -305,8 +328,7 @@ def _shown(value: Any) -> str:
     return _number(value) if isinstance(value, float) else str(value)
 
 
-def measure(run: Run, python: Path, sizes: Sizes) -> list[Row]:
-    peers = [PeerRunner(run, python, name) for name in PEERS]
+def measure(run: Run, peers: Sequence[PeerRunner], sizes: Sizes) -> list[Row]:
     conns, bulk = run.opts.conns, run.opts.bulk_conns
     rows: list[Row] = []
 
@@ -328,6 +350,8 @@ def measure(run: Run, python: Path, sizes: Sizes) -> list[Row]:
             row.peers[peer.name] = _measure(f"{peer.name}, {batch}", peer.enqueue, batch)
         rows.append(row)
 
+    for peer in peers:
+        peer.tuned = _measure(f"{peer.name}, worker shapes", peer.tune, run.opts.quick) or ""
     rows.append(_e2e_row(run, peers, sizes, 0))
     rows.extend(_latency_rows(run, peers, sizes))
     rows.append(_e2e_row(run, peers, sizes, sizes.backlog))
@@ -449,7 +473,8 @@ def main(run: Run, out: Path | None = None) -> int:
     print("bench: peers " + ", ".join(f"{n} {v}" for n, v in versions.items()), flush=True)
     for name, settings in PEERS.items():
         print(f"bench: {name}: {settings.describe()}", flush=True)
-    rows = measure(run, python, sizes)
+    peers = [PeerRunner(run, python, name) for name in PEERS]
+    rows = measure(run, peers, sizes)
     print()
     print(render(rows))
     print()
@@ -460,7 +485,7 @@ def main(run: Run, out: Path | None = None) -> int:
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "machine": _machine(),
         "versions": versions,
-        "settings": {name: s.describe() for name, s in PEERS.items()},
+        "settings": {p.name: f"{p.settings.describe()} {p.tuned}" for p in peers},
         "this_project": (
             f"1 daemon (default settings, embedded-free: the bench's server), "
             f"HTTP {run.opts.conns} connections for 1-line adds, "
