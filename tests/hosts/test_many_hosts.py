@@ -233,9 +233,19 @@ async def test_daemons_on_three_hosts_share_one_store_over_tls(
 
     # every daemon's connections come from its own host, over TLS: its pool and
     # its listener (docs/deploy.md sizes max_connections with this)
-    connections = await _daemon_connections(store)
-    per_host = Counter(addr for addr, _ in connections)
-    assert per_host == {h.store_ip: POOL_SIZE + 1 for h in network.hosts}, connections
+    expected = {h.store_ip: POOL_SIZE + 1 for h in network.hosts}
+    connections: list[tuple[str, bool]] = []
+
+    async def all_connected() -> bool | None:
+        nonlocal connections
+        connections = await _daemon_connections(store)
+        return True if Counter(addr for addr, _ in connections) == expected else None
+
+    try:
+        # the listener connects just after the daemon says it listens
+        await until(all_connected, 10, "each daemon's connections", interval=0.1)
+    except AssertionError:
+        raise AssertionError(f"expected {expected}, connected: {connections}") from None
     assert all(encrypted for _, encrypted in connections), connections
 
     # jobs added on one host run on the others too
