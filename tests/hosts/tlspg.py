@@ -34,8 +34,9 @@ def pg_bindir() -> Path | None:
 
 def missing() -> str | None:
     """Why the server cannot be made here, or None."""
-    if shutil.which("openssl") is None:
-        return "openssl is not installed"
+    for tool in ("openssl", "runuser"):
+        if shutil.which(tool) is None:
+            return f"{tool} is not installed"
     if pg_bindir() is None:
         return "Debian's postgresql is not installed (apt-get install postgresql)"
     try:
