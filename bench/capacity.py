@@ -14,7 +14,8 @@ the WAL writer included), the daemon's own and its runner contexts':
 - claim + archive: the handler is added and the jobs, all waiting, run →
   ``done_ok`` grew by the count (the contexts' cold start is in it);
 - end to end: ``run1``'s measurement (adds and runs at once, warm contexts),
-  where claims come in the smaller batches a live stream gives.
+  where claims come in the smaller batches a live stream gives; then the same
+  with three daemons on one store (``run3``), whose claims meet.
 
 Without the bench's own server (``--store``) the store's processes cannot be
 seen and only the daemon's figures are given.
@@ -139,6 +140,36 @@ async def _measure(
     return [idle_window, ingest, claim]
 
 
+def _end_to_end(
+    run: Run, name: str, urls: list[str], token: str, pids: list[int], postmaster: int | None
+) -> Window:
+    jobs = run.opts.run_jobs
+    mixed = asyncio.run(
+        measure_throughput(
+            urls,
+            token,
+            daemon.TENANT,
+            lang="python",
+            jobs=jobs,
+            warm=300 * len(urls),
+            conns=run.opts.run_conns,
+            poll=0.05,
+            limit_s=max(120.0, jobs / 500),
+            daemon_pids=pids,
+            postmaster=postmaster,
+            progress=False,
+        )
+    )
+    return Window(
+        name=name,
+        jobs=jobs,
+        seconds=mixed.seconds,
+        store=mixed.cores["postgres"] * mixed.seconds if postmaster is not None else None,
+        daemon=mixed.cores["daemon"] * mixed.seconds,
+        contexts=mixed.cores["contexts"] * mixed.seconds,
+    )
+
+
 def section_capacity(run: Run) -> None:
     jobs = run.opts.run_jobs
     idle = IDLE_S_QUICK if run.opts.quick else IDLE_S
@@ -150,35 +181,18 @@ def section_capacity(run: Run) -> None:
         print(f"  ingest: {ingest.describe()}", flush=True)
         print(f"  claim+archive: {claim.describe()}", flush=True)
         print(f"  end to end, {jobs:,} jobs ...", flush=True)
-        mixed = asyncio.run(
-            measure_throughput(
-                urls,
-                token,
-                daemon.TENANT,
-                lang="python",
-                jobs=jobs,
-                warm=300,
-                conns=run.opts.run_conns,
-                poll=0.05,
-                limit_s=max(120.0, jobs / 500),
-                daemon_pids=pids,
-                postmaster=postmaster,
-                progress=False,
-            )
-        )
-    e2e = Window(
-        name="end to end",
-        jobs=jobs,
-        seconds=mixed.seconds,
-        store=mixed.cores["postgres"] * mixed.seconds if postmaster is not None else None,
-        daemon=mixed.cores["daemon"] * mixed.seconds,
-        contexts=mixed.cores["contexts"] * mixed.seconds,
-    )
+        e2e = _end_to_end(run, "end to end", urls, token, pids, postmaster)
     print(f"  end to end: {e2e.describe()}", flush=True)
-    _rows(run, idle_w, ingest, claim, e2e)
+    # the store's cost per job as daemons are added (claims of several daemons meet)
+    with daemons(run, "capacity3", 3) as (children, urls, token):
+        print(f"  end to end, 3 daemons, {jobs:,} jobs ...", flush=True)
+        pids = [c.pid for c in children]
+        e2e3 = _end_to_end(run, "end to end, 3 daemons", urls, token, pids, postmaster)
+    print(f"  end to end, 3 daemons: {e2e3.describe()}", flush=True)
+    _rows(run, idle_w, ingest, claim, e2e, e2e3)
 
 
-def _rows(run: Run, idle: Window, ingest: Window, claim: Window, e2e: Window) -> None:
+def _rows(run: Run, idle: Window, ingest: Window, claim: Window, e2e: Window, e2e3: Window) -> None:
     unit = "CPU ms/1k jobs"
     if e2e.store is not None and ingest.store is not None and claim.store is not None:
         run.rows.append(
@@ -206,6 +220,15 @@ def _rows(run: Run, idle: Window, ingest: Window, claim: Window, e2e: Window) ->
                 f"{1e6 / e2e.per_1k(e2e.store):,.0f} jobs/s",
             )
         )
+        if e2e3.store is not None:
+            run.rows.append(
+                Row(
+                    "(capacity) store, end to end, 3 daemons",
+                    e2e3.per_1k(e2e3.store),
+                    unit,
+                    notes=e2e3.describe(),
+                )
+            )
     else:
         run.rows.append(
             Row("(capacity) store", None, unit, notes="--store: the server's processes not seen")
