@@ -3,9 +3,10 @@ directory) share one external PostgreSQL over TLS (``sslmode=verify-full``, the
 server named by its certificate's host name, scram-sha-256 passwords).
 
 Jobs added on one host run on the others. One host's link to the store is cut
-while it runs jobs: they run again on the others once their lease passes; the
-jobs that host acknowledges while cut off wait in its journal and reach the
-store when the link returns. Nothing is lost or stored twice, as the store shows.
+while it runs jobs: they run again on the others once their lease passes, and
+its own outcomes of them are refused when it is back; the jobs that host
+acknowledges while cut off wait in its journal and reach the store when the
+link returns. Nothing is lost or stored twice, as the store shows.
 
 Runs as root with ``ip``, ``nsenter``, ``unshare``, ``openssl`` and Debian's
 ``postgresql`` (``scripts/test.sh`` installs it); elsewhere it is skipped with
@@ -33,6 +34,7 @@ import pytest
 from queue_daemon.app import POOL_SIZE
 from tests.acceptance.client import Api, Handlers, until
 from tests.acceptance.daemon import REPO, DaemonFactory, DaemonProcess
+from tests.acceptance.scrape import scrape
 from tests.hosts import tlspg
 from tests.hosts.network import Host, Network, NetworkError, missing_tools
 
@@ -204,11 +206,12 @@ async def test_daemons_on_three_hosts_share_one_store_over_tls(
     session: aiohttp.ClientSession,
 ) -> None:
     started = time.monotonic()
-    alpha, _, gamma = network.hosts
+    alpha, beta, gamma = network.hosts
     await store.create(ROLE, DATABASE)
     await _tls_is_required_and_verified(store)
 
     token = _cli(store, alpha, "tenant", "add", "acme").strip().splitlines()[-1]
+    operator = _cli(store, beta, "admin", "token").strip().splitlines()[-1]
     daemons: dict[str, DaemonProcess] = {
         host.name: factory.spawn(
             host.root / "data",
@@ -274,6 +277,8 @@ async def test_daemons_on_three_hosts_share_one_store_over_tls(
     await until(gamma_sees_the_cut, 30, "gamma's /healthz to report the store unreachable")
     # acknowledged while cut off: in gamma's journal only
     while_cut = await apis["gamma"].add("nap", ["0.05"] * 20)
+    livez = await apis["gamma"].livez()
+    assert livez.status == 200 and livez.json["ingest_lag"]["lines"] > 0, livez
 
     # gamma's jobs run again elsewhere once their lease passes
     jobs = await _all_done(store, held, 4 * LEASE + 30, "gamma's jobs to run elsewhere")
@@ -285,6 +290,16 @@ async def test_daemons_on_three_hosts_share_one_store_over_tls(
     assert await _jobs(store, while_cut) == {}, "jobs reached the store over a cut link"
 
     network.mend(gamma)
+
+    async def outcomes_refused() -> float | None:
+        # gamma's own runs of those jobs ended while it was cut off: the store
+        # refuses their outcomes once it hears from gamma again
+        samples = await scrape(apis["gamma"].as_("acme", operator))
+        lost = sum(v for (n, _), v in samples.items() if n == "queue_jobs_lost_lease_total")
+        return lost if lost >= len(held) else None
+
+    lost = await until(outcomes_refused, 30, "gamma's outcomes of the moved jobs refused")
+    assert lost == len(held)
     jobs = await _all_done(store, while_cut, 90, "the jobs gamma took while cut off to be done")
     assert all(j["code"] == "ok" for j in jobs.values()), jobs
     caught_up = await apis["gamma"].wait_caught_up(within=30)
