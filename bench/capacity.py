@@ -15,7 +15,8 @@ the WAL writer included), the daemon's own and its runner contexts':
   ``done_ok`` grew by the count (the contexts' cold start is in it);
 - end to end: ``run1``'s measurement (adds and runs at once, warm contexts),
   where claims come in the smaller batches a live stream gives; then the same
-  with three daemons on one store (``run3``), whose claims meet.
+  with three daemons on one store (``run3``), whose claims meet (not with
+  ``--quick``).
 
 Without the bench's own server (``--store``) the store's processes cannot be
 seen and only the daemon's figures are given.
@@ -183,16 +184,21 @@ def section_capacity(run: Run) -> None:
         print(f"  end to end, {jobs:,} jobs ...", flush=True)
         e2e = _end_to_end(run, "end to end", urls, token, pids, postmaster)
     print(f"  end to end: {e2e.describe()}", flush=True)
-    # the store's cost per job as daemons are added (claims of several daemons meet)
-    with daemons(run, "capacity3", 3) as (children, urls, token):
-        print(f"  end to end, 3 daemons, {jobs:,} jobs ...", flush=True)
-        pids = [c.pid for c in children]
-        e2e3 = _end_to_end(run, "end to end, 3 daemons", urls, token, pids, postmaster)
-    print(f"  end to end, 3 daemons: {e2e3.describe()}", flush=True)
+    # the store's cost per job as daemons are added (claims of several daemons meet);
+    # not in a quick run, which only shows that the section works
+    e2e3 = None
+    if not run.opts.quick:
+        with daemons(run, "capacity3", 3) as (children, urls, token):
+            print(f"  end to end, 3 daemons, {jobs:,} jobs ...", flush=True)
+            pids = [c.pid for c in children]
+            e2e3 = _end_to_end(run, "end to end, 3 daemons", urls, token, pids, postmaster)
+        print(f"  end to end, 3 daemons: {e2e3.describe()}", flush=True)
     _rows(run, idle_w, ingest, claim, e2e, e2e3)
 
 
-def _rows(run: Run, idle: Window, ingest: Window, claim: Window, e2e: Window, e2e3: Window) -> None:
+def _rows(
+    run: Run, idle: Window, ingest: Window, claim: Window, e2e: Window, e2e3: Window | None
+) -> None:
     unit = "CPU ms/1k jobs"
     if e2e.store is not None and ingest.store is not None and claim.store is not None:
         run.rows.append(
@@ -220,7 +226,7 @@ def _rows(run: Run, idle: Window, ingest: Window, claim: Window, e2e: Window, e2
                 f"{1e6 / e2e.per_1k(e2e.store):,.0f} jobs/s",
             )
         )
-        if e2e3.store is not None:
+        if e2e3 is not None and e2e3.store is not None:
             run.rows.append(
                 Row(
                     "(capacity) store, end to end, 3 daemons",
