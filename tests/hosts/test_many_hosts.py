@@ -45,11 +45,12 @@ ROLE = DATABASE = "qd"
 LEASE = 6  # seconds: the daemons' --lease, so a cut host's jobs move on quickly
 HOLD = "4"  # seconds the jobs a host holds when it is cut off run
 NAP = "import time\n\n\ndef handler(payload, ctx):\n    time.sleep(float(payload))\n"
+CONCURRENCY = 2  # jobs a host runs at once, so the others must take the rest
 DAEMON_ARGS = (
     "--lease",
     str(LEASE),
     "--concurrency",
-    "2",  # a host runs two jobs at once, so the others must take the rest
+    str(CONCURRENCY),
     "--max-batch",
     "1",
     "--drain-timeout",
@@ -132,18 +133,38 @@ def _env(dsn: str) -> dict[str, str]:
     return env
 
 
-def _cli(store: tlspg.TlsPostgres, host: Host, *args: str) -> str:
+def _run_cli(host: Host, dsn: str, *args: str) -> subprocess.CompletedProcess[str]:
     argv = [*host.wrap(), sys.executable, "-m", "queue_daemon", *args]
-    done = subprocess.run(
+    return subprocess.run(
         [*argv, "--data-dir", str(host.root / "data")],
-        env=_env(_host_dsn(store, host)),
+        env=_env(dsn),
         capture_output=True,
         text=True,
         timeout=60,
         check=False,
     )
+
+
+def _cli(store: tlspg.TlsPostgres, host: Host, *args: str) -> str:
+    done = _run_cli(host, _host_dsn(store, host), *args)
     assert done.returncode == 0, f"{args} on {host.name}: {done.stdout}\n{done.stderr}"
     return done.stdout
+
+
+def _bad_dsns_fail_at_once(store: tlspg.TlsPostgres, host: Host) -> None:
+    """A DSN the certificate does not match, or whose CA file is missing, is an error
+    said at once, not an outage waited out."""
+    by_address = store.dsn(ROLE, DATABASE, ca=host.root / "ca.crt", host=store.address)
+    missing = host.root / "no-such-ca.crt"
+    for dsn, said in (
+        (by_address, "certificate verify failed"),
+        (store.dsn(ROLE, DATABASE, ca=missing), f"sslrootcert={missing}, which cannot be read"),
+    ):
+        done = _run_cli(host, dsn, "tenant", "list")
+        assert done.returncode == 1, done
+        assert said in done.stderr, done.stderr
+        assert "waiting for the store" not in done.stderr, done.stderr
+        assert store.password not in done.stderr
 
 
 async def _jobs(store: tlspg.TlsPostgres, ids: list[str]) -> dict[str, dict[str, Any]]:
@@ -211,6 +232,7 @@ async def test_daemons_on_three_hosts_share_one_store_over_tls(
     await _tls_is_required_and_verified(store)
 
     token = _cli(store, alpha, "tenant", "add", "acme").strip().splitlines()[-1]
+    _bad_dsns_fail_at_once(store, alpha)
     operator = _cli(store, beta, "admin", "token").strip().splitlines()[-1]
     daemons: dict[str, DaemonProcess] = {
         host.name: factory.spawn(
@@ -259,15 +281,16 @@ async def test_daemons_on_three_hosts_share_one_store_over_tls(
     ran_on = {_by(j) for j in jobs.values()}
     assert {sysids["beta"], sysids["gamma"]} <= ran_on, (ran_on, sysids)
 
-    # gamma is cut off from the store while it runs jobs
-    held_by_all = await apis["gamma"].add("nap", [HOLD] * 6)
+    # gamma is cut off from the store while it runs jobs: as many as it may run,
+    # so it claims none after they are counted
+    held_by_all = await apis["gamma"].add("nap", [HOLD] * 3 * CONCURRENCY)
 
     async def gamma_holds() -> list[str] | None:
         jobs = await _jobs(store, held_by_all)
         held = [i for i, j in jobs.items() if j["lock"] == sysids["gamma"]]
-        return held or None
+        return held if len(held) == CONCURRENCY else None
 
-    held = await until(gamma_holds, 30, "gamma to run some of the jobs", interval=0.1)
+    held = await until(gamma_holds, 30, "gamma to run its share of the jobs", interval=0.1)
     network.cut(gamma)
 
     async def gamma_sees_the_cut() -> bool | None:
