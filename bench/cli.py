@@ -22,6 +22,9 @@ Sections (``--only`` picks some, comma-separated):
   run1     end to end, ONE daemon: no-op python and node jobs/s, 100,000 jobs in
            1000-line POSTs after a warm-up, first POST → all done_ok; ratio vs 12k/s
   run3     the same with THREE daemons on one store, POSTs round-robin
+  capacity CPU seconds per 1,000 jobs of the store (ingest; claim + archive; end to end)
+           and of one daemon and its contexts, 100,000 no-op jobs; an idle daemon's cost
+           (the figures docs/deploy.md sizes a deployment with)
   depth    end to end and the dashboard's reads with an empty store, 1,000,000 jobs
            waiting in another type, 100,000 waiting types across 1,000 tenants;
            ratio to the empty store (>= 0.9), reads against 20 ms
@@ -45,7 +48,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 
-from bench import abuse, adds, depth, graph, pulled, runs
+from bench import abuse, adds, capacity, depth, graph, pulled, runs
 from bench.http_load import Load, generator_name
 from bench.pg import Databases, PrivatePostgres
 from bench.procs import BenchError
@@ -68,6 +71,7 @@ SECTIONS = (
     "run3",
     "pull",
     "graph",
+    "capacity",
     "depth",
 )
 
@@ -290,6 +294,7 @@ SECTION_RUNNERS: dict[str, Callable[[Run], None]] = {
     "run3": runs.section_run3,
     "pull": pulled.section_pull,
     "graph": graph.section_graph,
+    "capacity": capacity.section_capacity,
     "depth": depth.section_depth,
 }
 

@@ -7,6 +7,10 @@
 # chromium-driver (selenium comes with the dev extra); when they are missing
 # and this runs as root with apt-get, they are installed first. Elsewhere that
 # test skips, except under CI=true, where it fails.
+#
+# tests/hosts/test_many_hosts.py runs daemons in network namespaces against
+# Debian's postgresql (TLS, scram-sha-256); it is installed the same way, and
+# that test skips (fails under CI=true) where it cannot run.
 set -eu
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -17,6 +21,15 @@ if ! command -v chromedriver >/dev/null 2>&1 && [ ! -x /usr/lib/chromium/chromed
     else
         echo "chromium-driver is missing and cannot be installed here (not root, or no" \
             "apt-get): the dashboard's browser test will skip (fail under CI=true)" >&2
+    fi
+fi
+if ! ls /usr/lib/postgresql/*/bin/pg_ctl >/dev/null 2>&1; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+        apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql openssl iproute2
+    else
+        echo "postgresql is missing and cannot be installed here (not root, or no" \
+            "apt-get): the many-hosts test will skip (fail under CI=true)" >&2
     fi
 fi
 [ -x .venv/bin/python ] || "$PY" -m venv .venv

@@ -17,6 +17,7 @@ import asyncpg
 import orjson
 
 from store import queries
+from store.dsn import check_tls_files
 from store.migrate import applied_migrations as _applied_versions
 from store.migrate import migrate as apply_migrations
 from store.models import (
@@ -145,6 +146,7 @@ class PgBase:
 
         Connections beyond ``min_size`` open when needed; one unused for
         ``idle_close`` seconds closes (0: never)."""
+        check_tls_files(dsn)
         with translate():
             pool = await asyncpg.create_pool(
                 dsn,

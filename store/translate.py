@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ssl
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -17,6 +18,10 @@ _UNAVAILABLE_CLASSES = ("08", "53", "57")
 
 def is_unavailable(exc: BaseException) -> bool:
     """True when ``exc`` means the server or the connection to it is gone."""
+    if isinstance(exc, ssl.SSLCertVerificationError):
+        # the server answered with a certificate the DSN does not accept (another
+        # name, another CA): a setting to fix, like a wrong password, not an outage
+        return False
     if isinstance(exc, asyncpg.PostgresError):
         sqlstate = exc.sqlstate or ""
         return sqlstate[:2] in _UNAVAILABLE_CLASSES

@@ -59,7 +59,10 @@ class DaemonProcess:
         log_dir: Path,
         name: str,
         env: Mapping[str, str] | None = None,
+        wrapper: Sequence[str] = (),
     ) -> None:
+        """``wrapper``: an argv prefix the daemon is run under (e.g. ``nsenter …``), which
+        must exec the daemon so that ``pid`` stays the daemon's."""
         self.data_dir = data_dir
         self.store = store
         self.name = name
@@ -67,7 +70,7 @@ class DaemonProcess:
         self.stdout_lines: list[str] = []
         self.url = ""
         self._sigterm_sent = False
-        cmd = [sys.executable, "-m", "queue_daemon", "serve", "--port", "0"]
+        cmd = [*wrapper, sys.executable, "-m", "queue_daemon", "serve", "--port", "0"]
         cmd += ["--data-dir", str(data_dir)]
         if store is not None:
             cmd += ["--store", store]
@@ -179,11 +182,18 @@ class DaemonFactory:
         *args: str,
         name: str | None = None,
         env: Mapping[str, str] | None = None,
+        wrapper: Sequence[str] = (),
     ) -> DaemonProcess:
         """Popen a daemon without waiting for it (to start several at the same moment)."""
         name = name or f"daemon{len(self.started) + 1}"
         daemon = DaemonProcess(
-            data_dir=data_dir, store=store, args=args, log_dir=self.log_dir, name=name, env=env
+            data_dir=data_dir,
+            store=store,
+            args=args,
+            log_dir=self.log_dir,
+            name=name,
+            env=env,
+            wrapper=wrapper,
         )
         self.started.append(daemon)
         return daemon

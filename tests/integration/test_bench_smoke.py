@@ -40,6 +40,8 @@ def test_bench_quick_runs_every_section() -> None:
         "(run1) 1 daemon, node no-op",
         "(run3) 3 daemons, python no-op",
         "(run3) 3 daemons, node no-op",
+        "(capacity) store, claim + archive",
+        "(capacity) daemon + contexts, end to end",
     ):
         assert figure in done.stdout
     assert "FAILED" not in done.stdout

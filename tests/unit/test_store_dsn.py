@@ -1,0 +1,49 @@
+"""A DSN's TLS files are checked before connecting, and a certificate the DSN does
+not accept is a setting to fix, not an outage to wait out."""
+
+from __future__ import annotations
+
+import ssl
+from pathlib import Path
+
+import pytest
+
+from store.dsn import check_tls_files
+from store.errors import StoreError, StoreUnavailable
+from store.translate import is_unavailable, translate
+
+DSN = "postgresql://queue:s3cret@db.example.net:5432/queue"
+
+
+def test_a_dsn_without_tls_files_passes() -> None:
+    check_tls_files(DSN)
+    check_tls_files(DSN + "?sslmode=require")
+
+
+def test_readable_tls_files_pass(tmp_path: Path) -> None:
+    ca = tmp_path / "ca.crt"
+    ca.write_text("not parsed here\n")
+    check_tls_files(f"{DSN}?sslmode=verify-full&sslrootcert={ca}")
+
+
+@pytest.mark.parametrize("key", ["sslrootcert", "sslcert", "sslkey", "sslcrl"])
+def test_a_missing_tls_file_is_named(tmp_path: Path, key: str) -> None:
+    missing = tmp_path / "nowhere" / f"{key}.pem"
+    with pytest.raises(StoreError) as caught:
+        check_tls_files(f"{DSN}?sslmode=verify-full&{key}={missing}")
+    assert not isinstance(caught.value, StoreUnavailable)
+    message = str(caught.value)
+    assert f"{key}={missing}" in message
+    assert "No such file" in message
+    assert "s3cret" not in message
+
+
+def test_a_certificate_that_fails_verification_is_no_outage() -> None:
+    failed = ssl.SSLCertVerificationError(1, "certificate verify failed: Hostname mismatch")
+    assert not is_unavailable(failed)
+    with pytest.raises(StoreError) as caught, translate():
+        raise failed
+    assert not isinstance(caught.value, StoreUnavailable)
+    # other socket errors still are
+    assert is_unavailable(ConnectionRefusedError(111, "refused"))
+    assert is_unavailable(ssl.SSLError(1, "unexpected eof while reading"))
