@@ -185,8 +185,14 @@ class PeerRunner:
         self._once(label, "install", dsn, timeout=120)
         return dsn
 
-    def enqueue(self, batch: int) -> float:
+    def enqueue(self, batch: int) -> tuple[float, str]:
+        """The best of ``--repeat`` windows (as this project's loads), with each."""
         dsn = self.database(f"enqueue{batch}")
+        tries = [self._enqueue_window(dsn, batch) for _ in range(self.run.opts.repeat)]
+        figures = ", ".join(f"{t:,.0f}" for t in tries)
+        return max(tries), f"best of {len(tries)} ({figures} jobs/s)"
+
+    def _enqueue_window(self, dsn: str, batch: int) -> float:
         procs, conns = self.settings.enqueue1 if batch == 1 else self.settings.enqueue1000
         start_at = time.time() + STARTUP_S + self.run.opts.warmup
         seconds = self.run.opts.duration
@@ -347,7 +353,10 @@ def measure(run: Run, peers: Sequence[PeerRunner], sizes: Sizes) -> list[Row]:
                 f"journal path without HTTP: {journal.value:,.0f} jobs/s ({journal.notes})"
             )
         for peer in peers:
-            row.peers[peer.name] = _measure(f"{peer.name}, {batch}", peer.enqueue, batch)
+            found = _measure(f"{peer.name}, {batch}", peer.enqueue, batch)
+            row.peers[peer.name] = None if found is None else found[0]
+            if found is not None:
+                row.notes.append(f"{peer.name}: {found[1]}")
         rows.append(row)
 
     for peer in peers:
