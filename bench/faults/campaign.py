@@ -32,6 +32,7 @@ class RoundResult:
     violations: dict[str, list[str]] = field(default_factory=dict)
     reruns: int = 0
     killed_runs: int = 0
+    stale: int = 0
     lost_lease: int = 0
     refused: dict[int, int] = field(default_factory=dict)
     recoveries: list[tuple[str, float]] = field(default_factory=list)
@@ -62,6 +63,7 @@ def judge(
     stored: dict[str, checks.Stored],
     runs: list[checks.Run],
     torn_lines: list[str],
+    queue_log: list[dict[str, object]],
 ) -> dict[str, list[str]]:
     """Every invariant on what a round left behind (processes aside)."""
     payload_counts = Counter(job.data for job in stored.values())
@@ -73,7 +75,7 @@ def judge(
         "overlapping runs": [
             f"{a.job_id} {a.owner}/{b.owner}" for a, b in checks.overlapping(runs)
         ],
-        "overwritten outcome": checks.overwritten(stored, runs),
+        "outcome accepted twice": checks.accepted_twice(queue_log),
         "done without a run": checks.never_ran(stored, runs),
         "torn run-log lines": torn_lines,
     }
@@ -87,6 +89,23 @@ async def _leftovers(pids: list[int]) -> tuple[list[str], list[str]]:
         if (not procs and not groups) or time.monotonic() > deadline:
             return [str(p) for p in procs], groups
         await asyncio.sleep(0.1)
+
+
+def _write_details(
+    path: Path, result: RoundResult, stored: dict[str, checks.Stored], runs: list[checks.Run]
+) -> None:
+    """The runs and the stored row of every job an invariant names, for a failed round."""
+    by_id: dict[str, list[checks.Run]] = defaultdict(list)
+    for run in runs:
+        by_id[run.job_id].append(run)
+    out = [result.line(), ""]
+    for kind, found in result.violations.items():
+        for item in found[:50]:
+            job_id = item.split(" ", 1)[0]
+            out.append(f"{kind}: {item}")
+            out.append(f"  stored: {stored.get(job_id)}")
+            out += [f"  run: {run}" for run in sorted(by_id.get(job_id, []), key=lambda r: r.start)]
+    path.write_text("\n".join(out) + "\n")
 
 
 async def run_round(
@@ -113,15 +132,19 @@ async def run_round(
         await world.drain(DRAIN_WITHIN)
         stored = await world.read_store()
         runs, torn = checks.parse_run_log(world.run_log.read_text())
-        result.violations = judge(world.acked, world.forgiven, stored, runs, torn)
+        records = world.queue_log_records()
+        result.violations = judge(world.acked, world.forgiven, stored, runs, torn, records)
+        result.stale = len(checks.stale_runs(stored, runs))
         result.reruns = checks.reruns(runs)
+        if result.failed:
+            _write_details(log_dir / f"round-{plan.number}-details.txt", result, stored, runs)
         result.killed_runs = sum(1 for r in runs if r.end is None)
     except Exception:
         errors.append(traceback.format_exc(limit=6))
     finally:
         try:
             await world.close()
-            result.lost_lease = world.lost_lease_records()
+            result.lost_lease = sum(1 for r in world.queue_log_records() if r["ev"] == "lost-lease")
             procs, groups = await _leftovers(world.daemon_pids)
             result.violations["processes left"] = procs
             result.violations["cgroups left"] = groups
@@ -167,10 +190,11 @@ def summary(seed: int, results: list[RoundResult], seconds: float) -> str:
         f"corrupted payloads: {totals['corrupted']}",
         f"not done ok: {totals['not done ok']}",
         f"overlapping runs: {totals['overlapping runs']}",
-        f"overwritten outcomes: {totals['overwritten outcome']}",
+        f"outcomes accepted twice: {totals['outcome accepted twice']}",
         f"re-runs after crashes: {sum(r.reruns for r in results)}"
         f" (runs cut by a kill: {sum(r.killed_runs for r in results)};"
-        f" late releases refused: {sum(r.lost_lease for r in results)})",
+        f" late releases refused: {sum(r.lost_lease for r in results)};"
+        f" runs started after another owner's accepted run: {sum(r.stale for r in results)})",
         f"processes left: {totals['processes left']}, cgroups left: {totals['cgroups left']}",
         "recovery (healed -> add answered and a new job done):",
     ]

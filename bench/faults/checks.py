@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import itertools
 import zlib
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 
@@ -151,22 +151,33 @@ def overlapping(runs: Iterable[Run]) -> list[tuple[Run, Run]]:
     return found
 
 
-def overwritten(stored: Mapping[str, Stored], runs: Iterable[Run]) -> list[str]:
-    """Jobs whose stored outcome is not that of their last finished run.
+def accepted_twice(records: Iterable[Mapping[str, object]]) -> list[str]:
+    """Jobs whose outcome was accepted more than once, from the daemons' queue logs
+    (``finished`` records that archived the job): a late release that overwrote the
+    outcome of the run that took the job over shows up as a second one."""
+    done: Counter[str] = Counter()
+    for record in records:
+        if record.get("ev") == "finished" and record.get("how") == "archive":
+            done[str(record.get("id"))] += 1
+    return sorted(i for i, n in done.items() if n > 1)
 
-    A run that ends after another was refused its release (its owner lost the job
-    to the later run), so the stored result must name the owner of the run that
-    ended last: a late release that overwrote the outcome names an earlier one."""
-    bad = []
+
+def stale_runs(stored: Mapping[str, Stored], runs: Iterable[Run]) -> list[Run]:
+    """Runs that started after the run whose outcome the store kept had ended, by
+    another owner: a daemon (or worker) that ran a job it had claimed but no longer
+    held (it stalled past its lease first). Their outcome is refused; the run happens."""
+    found = []
     for job_id, its_runs in _by_job(runs).items():
         job = stored.get(job_id)
-        ended = [r for r in its_runs if r.end is not None]
-        if job is None or not job.done or job.code != "ok" or not ended:
+        if job is None or not job.done:
             continue
-        last = max(ended, key=lambda r: r.end or 0.0)
-        if result_owner(job.result, job.data) != last.owner:
-            bad.append(job_id)
-    return sorted(bad)
+        owner = result_owner(job.result, job.data)
+        kept = [r for r in its_runs if r.owner == owner and r.end is not None]
+        if not kept:
+            continue
+        kept_end = min(r.end for r in kept if r.end is not None)
+        found += [r for r in its_runs if r.owner != owner and r.start > kept_end]
+    return found
 
 
 def reruns(runs: Iterable[Run]) -> int:
@@ -175,10 +186,13 @@ def reruns(runs: Iterable[Run]) -> int:
 
 
 def never_ran(stored: Mapping[str, Stored], runs: Iterable[Run]) -> list[str]:
-    """Jobs done OK with no finished run in the log: an outcome nobody produced."""
-    finished = {r.job_id for r in runs if r.end is not None}
+    """Jobs done OK whose result names an owner with no finished run of the job in
+    the log: an outcome nobody produced."""
+    finished = {(r.job_id, r.owner) for r in runs if r.end is not None}
     return sorted(
-        j.id for j in stored.values() if j.done and j.code == "ok" and j.id not in finished
+        j.id
+        for j in stored.values()
+        if j.done and j.code == "ok" and (j.id, result_owner(j.result, j.data)) not in finished
     )
 
 

@@ -349,16 +349,17 @@ class World:
             for r in rows
         }
 
-    def lost_lease_records(self) -> int:
-        """Runs the daemons logged as ``lost-lease`` (late releases refused)."""
-        count = 0
+    def queue_log_records(self) -> list[dict[str, object]]:
+        """Every record of the daemons' queue logs (a line torn by a kill is skipped)."""
+        records = []
         for slot in self.slots:
             for path in slot.data_dir.glob("queue-*.log"):
                 for line in path.read_text(errors="replace").splitlines():
                     with contextlib.suppress(ValueError):
-                        if json.loads(line).get("ev") == "lost-lease":
-                            count += 1
-        return count
+                        record = json.loads(line)
+                        if isinstance(record, dict):
+                            records.append(record)
+        return records
 
     async def close(self) -> None:
         """Stop the load, the workers and the daemons (SIGTERM, drained)."""
