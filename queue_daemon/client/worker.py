@@ -338,6 +338,7 @@ class Worker:
         attempt = 0
         while self._done:
             held, self._done = self._done[:MAX_ITEMS], self._done[MAX_ITEMS:]
+            held = self._newest_per_job(held)
             try:
                 answers = await self.client.complete_many(self.name, [i for _, i in held])
             except TypeError:  # orjson: a result or follow-on payload that is not JSON
@@ -364,6 +365,25 @@ class Worker:
                 else:
                     self.lost += 1
                     logger.warning("job %s: %s", answer["id"], answer.get("message"))
+
+    def _newest_per_job(
+        self, held: list[tuple[float, dict[str, Any]]]
+    ) -> list[tuple[float, dict[str, Any]]]:
+        """One result per job: a job claimed again while the complete of its earlier
+        claim could not be sent (the daemon was down past the lease) has a result
+        for each claim. Only the newest claim may still hold it, and the daemon
+        refuses a request that names a job twice, so the older results go."""
+        newest = {item["id"]: k for k, (_, item) in enumerate(held)}
+        if len(newest) == len(held):
+            return held
+        kept = []
+        for k, (end, item) in enumerate(held):
+            if newest[item["id"]] == k:
+                kept.append((end, item))
+            else:
+                self.lost += 1
+                logger.warning("job %s: claimed again; its earlier result is dropped", item["id"])
+        return kept
 
     async def _renew_loop(self) -> None:
         while True:

@@ -165,3 +165,55 @@ async def test_a_worker_sends_a_lost_complete_again_and_drops_a_refused_one(
     again = [r for s in sent[1:] for r in s]
     assert sorted(r["id"] for r in again) == ["j-1", "j-2"], "the lost complete was sent again"
     assert all(r["exitcode"] == 201 and r["result"] == r["id"] for r in again)
+
+
+async def test_a_job_claimed_again_before_its_complete_got_through_is_completed_once(
+    served: Fake,
+) -> None:
+    """The first complete is lost while the job's lease runs out and the same worker
+    claims it again: its next complete names the job once, with the newer claim (the
+    daemon answers 400 to a request that names a job twice)."""
+    job = {"id": "j-1", "type": "w", "payload": "p", "attempts": 1}
+    lease = "2100-01-01T00:00:00+00:00"
+    claimed_again = asyncio.Event()
+    sent: list[list[dict[str, Any]]] = []
+    settled = asyncio.Event()
+
+    async def claim(request: web.Request) -> web.StreamResponse:
+        calls = served.count("/t/job/w/claim")
+        if calls <= 2:
+            if calls == 2:
+                claimed_again.set()
+            return web.json_response(
+                {"jobs": [{**job, "attempts": calls, "lease_until": lease, "claim": f"c{calls}"}]}
+            )
+        await asyncio.sleep(0.05)
+        return web.json_response({"jobs": []})
+
+    async def complete(request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        sent.append(body["results"])
+        if len(sent) == 1:
+            await asyncio.wait_for(claimed_again.wait(), 10)
+            return _drop(request)
+        ids = [r["id"] for r in body["results"]]
+        if len(ids) != len(set(ids)):
+            return _error(400, "bad_request")
+        settled.set()
+        return web.json_response({"results": [{"id": i, "status": 200} for i in ids]})
+
+    served.route("POST", "/t/job/w/claim", claim)
+    served.route("POST", "/t/jobs/complete", complete)
+    q = await served.connect()
+
+    def work(job: Job) -> str:
+        return f"attempt {job.attempt}"
+
+    worker = Worker(q, "w", work, batch=10, wait=1)
+    running = asyncio.create_task(worker.run(handle_signals=False))
+    await asyncio.wait_for(settled.wait(), 30)
+    worker.stop()
+    await asyncio.wait_for(running, 30)
+    last = sent[-1]
+    assert [(r["id"], r["claim"], r["result"]) for r in last] == [("j-1", "c2", "attempt 2")], sent
+    assert worker.completed == 1 and worker.lost == 1
