@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import shutil
 import statistics
 import sys
@@ -33,6 +34,7 @@ class RoundResult:
     reruns: int = 0
     killed_runs: int = 0
     stale: int = 0
+    worker_lost: int = 0
     lost_lease: int = 0
     refused: dict[int, int] = field(default_factory=dict)
     recoveries: list[tuple[str, float]] = field(default_factory=list)
@@ -144,6 +146,7 @@ async def run_round(
     finally:
         try:
             await world.close()
+            result.worker_lost = sum(w.lost for w in world.workers)
             result.lost_lease = sum(1 for r in world.queue_log_records() if r["ev"] == "lost-lease")
             procs, groups = await _leftovers(world.daemon_pids)
             result.violations["processes left"] = procs
@@ -194,7 +197,8 @@ def summary(seed: int, results: list[RoundResult], seconds: float) -> str:
         f"re-runs after crashes: {sum(r.reruns for r in results)}"
         f" (runs cut by a kill: {sum(r.killed_runs for r in results)};"
         f" late releases refused: {sum(r.lost_lease for r in results)};"
-        f" runs started after another owner's accepted run: {sum(r.stale for r in results)})",
+        f" runs started after another owner's accepted run: {sum(r.stale for r in results)};"
+        f" pulled results dropped by workers: {sum(r.worker_lost for r in results)})",
         f"processes left: {totals['processes left']}, cgroups left: {totals['cgroups left']}",
         "recovery (healed -> add answered and a new job done):",
     ]
@@ -258,6 +262,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep-logs", type=Path, help="keep the daemons' stderr logs in DIR")
     parser.add_argument("--plan", action="store_true", help="print the rounds' faults and exit")
     args = parser.parse_args(argv)
+    # the workers' own warnings (a refused complete after a stall) are counted instead
+    logging.getLogger("queue_daemon.client").setLevel(logging.ERROR)
     if args.rounds < 1 or (args.only_round is not None and args.only_round < 1):
         parser.error("--rounds and --only-round must be at least 1")
     rounds = [args.only_round] if args.only_round else list(range(1, args.rounds + 1))

@@ -122,7 +122,7 @@ class World:
     _factory: DaemonFactory = field(init=False)
     _session: aiohttp.ClientSession = field(init=False)
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
-    _workers: list[Worker] = field(default_factory=list)
+    workers: list[Worker] = field(default_factory=list)
     _stop: asyncio.Event = field(default_factory=asyncio.Event)
     _tag: int = 0
 
@@ -180,7 +180,7 @@ class World:
                 wait=2,
                 grace=2,
             )
-            self._workers.append(worker)
+            self.workers.append(worker)
             self._tasks.append(asyncio.create_task(worker.run(handle_signals=False)))
 
     def _mount_small_disk(self) -> Path | None:
@@ -367,7 +367,7 @@ class World:
         for slot in self.slots:
             if slot.process is not None and slot.process.running():
                 os.kill(slot.process.pid, signal.SIGCONT)  # a stopped daemon cannot drain
-        for worker in self._workers:
+        for worker in self.workers:
             worker.stop()
         if self._tasks:
             done, pending = await asyncio.wait(self._tasks, timeout=30)
