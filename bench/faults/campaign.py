@@ -35,6 +35,7 @@ class RoundResult:
     killed_runs: int = 0
     stale: int = 0
     worker_lost: int = 0
+    damage: list[tuple[str, bool, bool]] = field(default_factory=list)
     lost_lease: int = 0
     refused: dict[int, int] = field(default_factory=dict)
     recoveries: list[tuple[str, float]] = field(default_factory=list)
@@ -158,6 +159,7 @@ async def run_round(
     result.violations["round problems"] = errors + world.problems
     result.acked = len(world.acked)
     result.forgiven = len(world.forgiven)
+    result.damage = list(world.damage)
     result.refused = dict(world.refused)
     result.seconds = time.monotonic() - started
     return result
@@ -179,6 +181,7 @@ def summary(seed: int, results: list[RoundResult], seconds: float) -> str:
     for r in results:
         for kind, s in r.recoveries:
             recovery[kind].append(s)
+    damage = [d for r in results for d in r.damage]
     refused: Counter[int] = Counter()
     for r in results:
         refused.update(r.refused)
@@ -188,6 +191,8 @@ def summary(seed: int, results: list[RoundResult], seconds: float) -> str:
         f"jobs acknowledged: {sum(r.acked for r in results)}"
         f" (destroyed on purpose by journal damage: {sum(r.forgiven for r in results)})",
         f"adds refused: {dict(sorted(refused.items())) or 'none'}",
+        f"journal damage reported at start-up: {sum(1 for d in damage if d[2])} of {len(damage)}"
+        f" ({sum(1 for d in damage if d[1])} had to be)",
         f"lost: {totals['lost']}",
         f"duplicated ingestions: {totals['duplicated']}",
         f"corrupted payloads: {totals['corrupted']}",

@@ -51,8 +51,9 @@ async def _kill_daemon(world: World, fault: Fault) -> float:
     slot.up = False
     await asyncio.to_thread(slot.process.kill)
     await asyncio.sleep(fault.hold)  # the fault lasting, not a synchronisation
+    healed = time.monotonic()  # the restart is the healing: its start-up counts
     await world.restart(slot)
-    return await world.probe(slot)
+    return time.monotonic() - healed + await world.probe(slot)
 
 
 async def kill_daemon_adds(world: World, fault: Fault) -> float:
@@ -219,25 +220,40 @@ async def _journal_damage(world: World, fault: Fault, flip: bool) -> float:
     if slot.journal is None:
         journals = sorted(slot.data_dir.glob("journal-*"))
     frames = [f for j in journals for f in _frames_after(j, sizes)]
+    must_report = False
     if not frames:
         world.problems.append(f"{fault}: no batch written while the store was down")
     else:
         segment, frame, data = frames[int(fault.where * len(frames))]
         byte = frame.offset + int(rng.random() * (frame.end - frame.offset))
-        if flip:
-            with segment.open("r+b") as f:
+        with segment.open("r+b") as f:
+            if flip:
                 f.seek(byte)
                 f.write(bytes([data[byte] ^ rng.randint(1, 255)]))
-            world.forgiven.update(_ids(frame, data))
-        else:
-            with segment.open("r+b") as f:
+            else:
                 f.truncate(byte)
-            for where, later, _ in frames:
-                if where == segment and later.offset >= frame.offset:
-                    world.forgiven.update(_ids(later, data))
+        damaged = (
+            [frame]
+            if flip
+            else [g for s, g, _ in frames if s == segment and g.offset >= frame.offset]
+        )
+        for g in damaged:
+            world.forgiven.update(_ids(g, data))
+        # a cut between two batches leaves nothing torn; a flip in the header's seq
+        # or date digits leaves a valid batch (its lines intact); anything else in
+        # the batch must be found and reported at start-up
+        body = range(frame.body_offset, frame.body_offset + frame.body_len)
+        must_report = byte != frame.offset if not flip else byte in body
     await asyncio.to_thread(world.pg.start)
+    healed = time.monotonic()
     await world.restart(slot)
-    return await world.probe(slot)
+    restarted = time.monotonic() - healed
+    assert slot.process is not None
+    reported = "journal: " in slot.process.stderr_text()
+    world.damage.append((fault.kind, must_report, reported))
+    if must_report and not reported:
+        world.problems.append(f"{fault}: the damaged journal was not reported at start-up")
+    return restarted + await world.probe(slot)
 
 
 async def journal_truncate(world: World, fault: Fault) -> float:

@@ -115,6 +115,7 @@ class World:
     tokens: dict[str, str] = field(default_factory=dict)
     acked: dict[str, str] = field(default_factory=dict)
     forgiven: set[str] = field(default_factory=set)
+    damage: list[tuple[str, bool, bool]] = field(default_factory=list)  # kind, must, reported
     refused: dict[int, int] = field(default_factory=dict)  # status -> adds answered so
     problems: list[str] = field(default_factory=list)  # invariant failures seen by injectors
     daemon_pids: list[int] = field(default_factory=list)
