@@ -26,9 +26,9 @@ def test_a_short_campaign_keeps_every_invariant(tmp_path: Path) -> None:
     if os.geteuid() != 0:
         pytest.skip("the campaign mounts a tmpfs for a journal and runs handlers sandboxed: root")
     env = {k: v for k, v in os.environ.items() if not k.startswith("QUEUE_DAEMON_")}
+    args = ["--seed", str(SEED), "--rounds", str(ROUNDS), "--keep-logs", str(tmp_path / "logs")]
     done = subprocess.run(
-        [sys.executable, "-m", "bench.faults", "--seed", str(SEED), "--rounds", str(ROUNDS)]
-        + ["--keep-logs", str(tmp_path / "logs")],
+        [sys.executable, "-m", "bench.faults", *args],
         cwd=REPO,
         env=env,
         capture_output=True,
