@@ -95,9 +95,14 @@ async def _leftovers(pids: list[int]) -> tuple[list[str], list[str]]:
 
 
 def _write_details(
-    path: Path, result: RoundResult, stored: dict[str, checks.Stored], runs: list[checks.Run]
+    path: Path,
+    result: RoundResult,
+    stored: dict[str, checks.Stored],
+    runs: list[checks.Run],
+    records: list[dict[str, object]],
 ) -> None:
-    """The runs and the stored row of every job an invariant names, for a failed round."""
+    """The runs, the stored row and the queue-log records of every job an invariant
+    names, for a failed round."""
     by_id: dict[str, list[checks.Run]] = defaultdict(list)
     for run in runs:
         by_id[run.job_id].append(run)
@@ -108,6 +113,7 @@ def _write_details(
             out.append(f"{kind}: {item}")
             out.append(f"  stored: {stored.get(job_id)}")
             out += [f"  run: {run}" for run in sorted(by_id.get(job_id, []), key=lambda r: r.start)]
+            out += [f"  queue log: {r}" for r in records if r.get("id") == job_id]
     path.write_text("\n".join(out) + "\n")
 
 
@@ -140,7 +146,8 @@ async def run_round(
         result.stale = len(checks.stale_runs(stored, runs))
         result.reruns = checks.reruns(runs)
         if result.failed:
-            _write_details(log_dir / f"round-{plan.number}-details.txt", result, stored, runs)
+            path = log_dir / f"round-{plan.number}-details.txt"
+            _write_details(path, result, stored, runs, records)
         result.killed_runs = sum(1 for r in runs if r.end is None)
     except Exception:
         errors.append(traceback.format_exc(limit=6))
@@ -238,8 +245,7 @@ async def campaign(seed: int, rounds: list[int], keep_logs: Path | None = None) 
     finally:
         await asyncio.to_thread(pg.stop)
         pg_pid = pg.pid()
-        if keep_logs is None:
-            shutil.rmtree(root, ignore_errors=True)
+        shutil.rmtree(root, ignore_errors=True)  # the server's data; kept logs live elsewhere
     text = summary(seed, results, time.monotonic() - started)
     if pg_pid is not None and alive([pg_pid]):
         text += f"\nPostgreSQL left running (pid {pg_pid})"
