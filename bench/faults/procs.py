@@ -51,12 +51,26 @@ def alive(pids: list[int]) -> list[int]:
     return out
 
 
+def _cgroup2_mount() -> Path | None:
+    """Where the cgroup v2 hierarchy is mounted (``/sys/fs/cgroup``, or ``…/unified``
+    on a hybrid host)."""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/self/mountinfo").read_text().splitlines():
+            fields = line.split(" - ", 1)
+            if len(fields) == 2 and fields[1].split()[:1] == ["cgroup2"]:
+                return Path(fields[0].split()[4])
+    return None
+
+
 def own_cgroup_dir() -> Path | None:
     """The directory of this process's cgroup, where daemons it starts make theirs."""
+    mount = _cgroup2_mount()
+    if mount is None:
+        return None
     with contextlib.suppress(OSError):
         for line in Path("/proc/self/cgroup").read_text().splitlines():
             if line.startswith("0::"):
-                path = Path("/sys/fs/cgroup") / line[3:].lstrip("/")
+                path = mount / line[3:].lstrip("/")
                 return path if path.is_dir() else None
     return None
 
