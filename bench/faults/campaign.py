@@ -118,7 +118,7 @@ def _write_details(
 
 
 async def run_round(
-    plan: RoundPlan, seed: int, pg: PgServer, admin_dsn: str, log_dir: Path
+    plan: RoundPlan, seed: int, pg: PgServer, admin_dsn: str, log_dir: Path, keep_logs: bool
 ) -> RoundResult:
     result = RoundResult(plan)
     started = time.monotonic()
@@ -141,6 +141,8 @@ async def run_round(
         await world.drain(DRAIN_WITHIN)
         stored = await world.read_store()
         runs, torn = checks.parse_run_log(world.run_log.read_text())
+        if keep_logs:
+            shutil.copyfile(world.run_log, log_dir / f"round-{plan.number}-runs.log")
         records = world.queue_log_records()
         result.violations = judge(world.acked, world.forgiven, stored, runs, torn, records)
         result.stale = len(checks.stale_runs(stored, runs))
@@ -239,7 +241,8 @@ async def campaign(seed: int, rounds: list[int], keep_logs: Path | None = None) 
     results: list[RoundResult] = []
     try:
         for number in rounds:
-            result = await run_round(plan_round(seed, number), seed, pg, admin_dsn, log_dir)
+            plan = plan_round(seed, number)
+            result = await run_round(plan, seed, pg, admin_dsn, log_dir, keep_logs is not None)
             results.append(result)
             print(result.line(), flush=True)
     finally:
