@@ -49,6 +49,13 @@ ContextKey = tuple[str, str, str]
 PREWARM_AT = 0.5  # share of max_jobs_per_context after which the successor is started
 
 
+LATE = "its lease may have run out before it could start"
+
+
+def _too_late(start_by: float | None) -> bool:
+    return start_by is not None and time.monotonic() > start_by
+
+
 @dataclass(frozen=True, slots=True)
 class _Failure:
     until: float
@@ -111,11 +118,19 @@ class RunnerPool:
     # ------------------------------------------------------------------ running
 
     async def run_batch(
-        self, spec: HandlerSpec, jobs: Sequence[JobInput], sink: ResultSink | None = None
+        self,
+        spec: HandlerSpec,
+        jobs: Sequence[JobInput],
+        sink: ResultSink | None = None,
+        *,
+        start_by: float | None = None,
     ) -> list[JobResult]:
         """One result per job, in order. Never raises for what a handler does.
         ``sink`` takes the results of python, node and shell jobs as they arrive;
-        the caller handles the others from the list."""
+        the caller handles the others from the list. ``start_by`` (a
+        ``time.monotonic()`` moment): the batch is not started after it, its jobs
+        end not run (the caller's hold on them may have lapsed meanwhile, a
+        context that took long to start, or a daemon stopped for a while)."""
         if not jobs:
             return []
         if self._closed:
@@ -134,10 +149,22 @@ class RunnerPool:
         except SandboxError as exc:
             logger.error("%s", exc, extra={"action": "sandbox_uid", "tenant": spec.client})
             return [failed(job, ERROR, str(exc)) for job in jobs]
+        if _too_late(start_by):
+            return [not_run(job, LATE) for job in jobs]
         if spec.lang == "shell":
             return await self._shell.run_batch(spec, jobs, sink)
         if spec.lang == "http":
             return await self._http.run_batch(spec, jobs)
+        return await self._run_in_context(spec, jobs, sink, start_by)
+
+    async def _run_in_context(
+        self,
+        spec: HandlerSpec,
+        jobs: Sequence[JobInput],
+        sink: ResultSink | None,
+        start_by: float | None,
+    ) -> list[JobResult]:
+        """A python or node batch, in a warm context of its handler (started if need be)."""
         key = spec.failure_key
         failure = self._failures.get(key)
         if failure is not None and failure.until > time.monotonic():
@@ -164,6 +191,9 @@ class RunnerPool:
                 extra={"action": "context_fatal", "tenant": spec.client},
             )
             return [failed(job, ERROR, message) for job in jobs]
+        if _too_late(start_by):  # nothing awaited from here until the batch is written
+            self._checkin(context)
+            return [not_run(job, LATE) for job in jobs]
         try:
             return await context.run_batch(jobs, spec.timeout, sink, spec.type)
         except BaseException:

@@ -37,6 +37,7 @@ from queue_daemon.client.lanes import Lanes
 logger = logging.getLogger(__name__)
 
 MAX_ITEMS = 1000  # jobs per claim, complete, renew or hand-back request
+RENEW_TICK = 0.2  # seconds between looks at whether claims are due for renewal
 LEASE_SLACK = 5.0  # seconds a complete is still tried past its lease (clocks differ a little)
 Function = Callable[["Job"], Any]
 
@@ -180,6 +181,7 @@ class Worker:
         self._room = asyncio.Event()
         # (lease end, complete item): an item whose lease has passed is no longer sent
         self._done: list[tuple[float, dict[str, Any]]] = []
+        self._sending: list[tuple[float, dict[str, Any]]] = []  # the complete in flight
         self._lanes: Lanes[Job] | None = None
         self._to_flush = asyncio.Event()
         self._stopping = asyncio.Event()
@@ -338,8 +340,13 @@ class Worker:
         attempt = 0
         while self._done:
             held, self._done = self._done[:MAX_ITEMS], self._done[MAX_ITEMS:]
+            held = self._newest_per_job(held)
+            self._sending = held  # renewed meanwhile, in place (see _renew_loop)
             try:
-                answers = await self.client.complete_many(self.name, [i for _, i in held])
+                try:
+                    answers = await self.client.complete_many(self.name, [i for _, i in held])
+                finally:
+                    self._sending = []
             except TypeError:  # orjson: a result or follow-on payload that is not JSON
                 self._done[:0] = [(end, _sendable(item)) for end, item in held]
                 continue
@@ -365,11 +372,42 @@ class Worker:
                     self.lost += 1
                     logger.warning("job %s: %s", answer["id"], answer.get("message"))
 
+    def _newest_per_job(
+        self, held: list[tuple[float, dict[str, Any]]]
+    ) -> list[tuple[float, dict[str, Any]]]:
+        """One result per job: a job claimed again while the complete of its earlier
+        claim could not be sent (the daemon was down past the lease) has a result
+        for each claim. Only the newest claim may still hold it, and the daemon
+        refuses a request that names a job twice, so the older results go."""
+        newest = {item["id"]: k for k, (_, item) in enumerate(held)}
+        if len(newest) == len(held):
+            return held
+        kept = []
+        for k, (end, item) in enumerate(held):
+            if newest[item["id"]] == k:
+                kept.append((end, item))
+            else:
+                self.lost += 1
+                logger.warning("job %s: claimed again; its earlier result is dropped", item["id"])
+        return kept
+
     async def _renew_loop(self) -> None:
+        # a tick, not a sleep of a third of the lease: the lease is learnt from the
+        # first claim, after this loop started (a first sleep of a third of the
+        # default 60 s let shorter leases run out before their first renewal)
+        last = time.monotonic()
         while True:
-            await asyncio.sleep(max(0.2, self._lease / 3))
+            await asyncio.sleep(RENEW_TICK)
+            if time.monotonic() - last < max(RENEW_TICK, self._lease / 3):
+                continue
+            last = time.monotonic()
             running = {job.id: job for job, _ in self._running.values()}
-            claims = [{"id": job.id, "claim": job.claim} for job in running.values()]
+            # results not yet taken (the daemon or its store is unreachable) hold
+            # their claims too: renewed, they are not run again elsewhere meanwhile
+            held = {item["id"]: item["claim"] for _, item in self._sending + self._done}
+            held.update((job.id, job.claim) for job in running.values())
+            claims = [{"id": job_id, "claim": claim} for job_id, claim in held.items()]
+            renewed: dict[tuple[str, str], float] = {}
             for start in range(0, len(claims), MAX_ITEMS):
                 try:
                     answers = await self.client.renew_many(
@@ -379,13 +417,19 @@ class Worker:
                     logger.warning("renew failed: %s", exc)
                     continue
                 for answer in answers:
-                    job = running.get(answer["id"])
-                    if answer["status"] == 200 and job is not None and answer.get("lease_until"):
-                        job._lease_end = _epoch(answer["lease_until"])
+                    job_id = answer["id"]
+                    if answer["status"] == 200 and answer.get("lease_until"):
+                        renewed[(job_id, held[job_id])] = _epoch(answer["lease_until"])
+                        job = running.get(job_id)
+                        if job is not None:
+                            job._lease_end = renewed[(job_id, job.claim)]
                     elif answer["status"] != 200:
                         logger.warning(
-                            "job %s is no longer held: %s", answer["id"], answer.get("message")
+                            "job %s is no longer held: %s", job_id, answer.get("message")
                         )
+            for entries in (self._sending, self._done):
+                for k, (end, item) in enumerate(entries):
+                    entries[k] = (renewed.get((item["id"], item["claim"]), end), item)
 
     async def _finish(self) -> None:
         """After a stop: hand back the jobs not started, let the running ones finish

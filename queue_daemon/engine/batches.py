@@ -35,7 +35,12 @@ class Runners(Protocol):
         """How long after the last busy tenant busy marks are sent again."""
 
     async def run_batch(
-        self, spec: HandlerSpec, jobs: Sequence[JobInput], sink: ResultSink | None = None
+        self,
+        spec: HandlerSpec,
+        jobs: Sequence[JobInput],
+        sink: ResultSink | None = None,
+        *,
+        start_by: float | None = None,
     ) -> list[JobResult]: ...
 
     def warm(self) -> set[str]: ...
@@ -72,10 +77,17 @@ class BatchRunner:
         self._job_ttl = job_ttl
 
     async def releases(
-        self, jobtype: str, jobs: list[ClaimedJob], run_ms: dict[str, float]
+        self,
+        jobtype: str,
+        jobs: list[ClaimedJob],
+        run_ms: dict[str, float],
+        *,
+        start_by: float | None = None,
     ) -> list[Release]:
         """The releases of a claimed batch: as the runs ended, or every job put back
-        when the batch failed or is cancelled (shutdown: another daemon runs them)."""
+        when the batch failed or is cancelled (shutdown: another daemon runs them),
+        or could not start by ``start_by`` (``time.monotonic()``: the claim's lease
+        may have run out, and another daemon may be running the jobs)."""
         try:
             # the version live when the jobs were claimed, which this daemon
             # may not have heard of yet (replaced or deleted meanwhile)
@@ -83,13 +95,18 @@ class BatchRunner:
             if spec is None:  # deleted between the check and the claim
                 policy = Policy(job_ttl=self._job_ttl)
                 return [no_handler(job, policy) for job in jobs]
-            return await self.run(spec, jobs, run_ms)
+            return await self.run(spec, jobs, run_ms, start_by=start_by)
         except Exception:  # not a cancellation: the worker puts those jobs back itself
             logger.exception("batch of %s failed", jobtype, extra={"action": "batch_failed"})
             return [put_back(job) for job in jobs]
 
     async def run(
-        self, spec: HandlerSpec, jobs: list[ClaimedJob], run_ms: dict[str, float]
+        self,
+        spec: HandlerSpec,
+        jobs: list[ClaimedJob],
+        run_ms: dict[str, float],
+        *,
+        start_by: float | None = None,
     ) -> list[Release]:
         """The releases of a batch's runs; ``run_ms`` gets each run's time (measured
         by the runner, else the batch's time shared out)."""
@@ -101,7 +118,7 @@ class BatchRunner:
             spec, limits, self._admission, self._write, self._metrics.follow_ons_dropped
         )
         began = time.monotonic()
-        results = await self._pool.run_batch(spec, inputs, follow)
+        results = await self._pool.run_batch(spec, inputs, follow, start_by=start_by)
         elapsed = time.monotonic() - began
         self._sizes.timed(jobs[0].type, elapsed, len(jobs))
         share = elapsed * 1000 / len(jobs)

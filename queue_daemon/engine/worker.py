@@ -304,6 +304,10 @@ class Worker:
         tenant = tenant_of(jobtype)
         self._tenants.started(tenant)
         jobs: list[ClaimedJob] = []
+        # the lease runs from the claim in the store, a moment after this: a batch
+        # not started by then is not started at all (this daemon may have stalled
+        # past the lease, and another one may be running the jobs)
+        start_by = time.monotonic() + self._settings.lease
         try:
             began = time.perf_counter()
             jobs = await self._store.claim(
@@ -324,19 +328,19 @@ class Worker:
             self._running[job.id] = job
         self.started += len(jobs)
         self._queuelog.started(jobtype, jobs)
-        task = asyncio.create_task(self._run_batch(jobtype, jobs))
+        task = asyncio.create_task(self._run_batch(jobtype, jobs, start_by))
         self._batches.add(task)
         task.add_done_callback(self._batches.discard)
         return True
 
-    async def _run_batch(self, jobtype: str, jobs: list[ClaimedJob]) -> None:
+    async def _run_batch(self, jobtype: str, jobs: list[ClaimedJob], start_by: float) -> None:
         releases: list[Release] = []
         run_ms: dict[str, float] = {}
         try:
             # stopped when a job's deadline passes: the store ends that job (408)
             # and the batch's other jobs run again, their attempt not counted
             async with asyncio.timeout(_seconds_left(jobs)):
-                releases = await self._runner.releases(jobtype, jobs, run_ms)
+                releases = await self._runner.releases(jobtype, jobs, run_ms, start_by=start_by)
         except TimeoutError:
             releases = [put_back(job) for job in jobs]
         except asyncio.CancelledError:

@@ -6,7 +6,9 @@ and a Worker whose complete is lost on the way or refused for one job."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -165,3 +167,126 @@ async def test_a_worker_sends_a_lost_complete_again_and_drops_a_refused_one(
     again = [r for s in sent[1:] for r in s]
     assert sorted(r["id"] for r in again) == ["j-1", "j-2"], "the lost complete was sent again"
     assert all(r["exitcode"] == 201 and r["result"] == r["id"] for r in again)
+
+
+async def test_a_job_claimed_again_before_its_complete_got_through_is_completed_once(
+    served: Fake,
+) -> None:
+    """The first complete is lost while the job's lease runs out and the same worker
+    claims it again: its next complete names the job once, with the newer claim (the
+    daemon answers 400 to a request that names a job twice)."""
+    job = {"id": "j-1", "type": "w", "payload": "p", "attempts": 1}
+    lease = "2100-01-01T00:00:00+00:00"
+    claimed_again = asyncio.Event()
+    sent: list[list[dict[str, Any]]] = []
+    settled = asyncio.Event()
+
+    async def claim(request: web.Request) -> web.StreamResponse:
+        calls = served.count("/t/job/w/claim")
+        if calls <= 2:
+            if calls == 2:
+                claimed_again.set()
+            return web.json_response(
+                {"jobs": [{**job, "attempts": calls, "lease_until": lease, "claim": f"c{calls}"}]}
+            )
+        await asyncio.sleep(0.05)
+        return web.json_response({"jobs": []})
+
+    async def complete(request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        sent.append(body["results"])
+        if len(sent) == 1:
+            await asyncio.wait_for(claimed_again.wait(), 10)
+            return _drop(request)
+        ids = [r["id"] for r in body["results"]]
+        if len(ids) != len(set(ids)):
+            return _error(400, "bad_request")
+        settled.set()
+        return web.json_response({"results": [{"id": i, "status": 200} for i in ids]})
+
+    served.route("POST", "/t/job/w/claim", claim)
+    served.route("POST", "/t/jobs/complete", complete)
+    q = await served.connect()
+
+    def work(job: Job) -> str:
+        return f"attempt {job.attempt}"
+
+    worker = Worker(q, "w", work, batch=10, wait=1)
+    running = asyncio.create_task(worker.run(handle_signals=False))
+    await asyncio.wait_for(settled.wait(), 30)
+    worker.stop()
+    await asyncio.wait_for(running, 30)
+    last = sent[-1]
+    assert [(r["id"], r["claim"], r["result"]) for r in last] == [("j-1", "c2", "attempt 2")], sent
+    assert worker.completed == 1 and worker.lost == 1
+
+
+async def test_a_worker_renews_the_claim_of_a_result_it_cannot_send_yet(served: Fake) -> None:
+    """The daemon answers 503 to completes for longer than the lease: the worker's
+    renewals keep the finished job's claim, so its complete is taken afterwards
+    instead of the job being run again elsewhere."""
+    lease_s = 1.0
+    lease_end = time.time() + lease_s
+    outage_end: float | None = None
+    renewed_after_run: list[str] = []
+    ran = asyncio.Event()
+    settled = asyncio.Event()
+    answers: list[int] = []
+
+    def until_iso(t: float) -> str:
+        return datetime.fromtimestamp(t, UTC).isoformat()
+
+    async def claim(request: web.Request) -> web.StreamResponse:
+        if served.count("/t/job/w/claim") == 1:
+            item = {"id": "j-1", "type": "w", "payload": "p", "attempts": 1, "claim": "c1"}
+            return web.json_response({"jobs": [{**item, "lease_until": until_iso(lease_end)}]})
+        await asyncio.sleep(0.05)
+        return web.json_response({"jobs": []})
+
+    async def renew(request: web.Request) -> web.StreamResponse:
+        nonlocal lease_end
+        body = await request.json()
+        results = []
+        for item in body["claims"]:
+            if time.time() < lease_end:
+                lease_end = time.time() + lease_s
+                results.append(
+                    {"id": item["id"], "status": 200, "lease_until": until_iso(lease_end)}
+                )
+                if ran.is_set():
+                    renewed_after_run.append(item["id"])
+            else:
+                results.append({"id": item["id"], "status": 409, "message": "lapsed"})
+        return web.json_response({"results": results})
+
+    async def complete(request: web.Request) -> web.StreamResponse:
+        nonlocal outage_end
+        body = await request.json()
+        if outage_end is None:
+            outage_end = time.time() + 3 * lease_s
+        if time.time() < outage_end:
+            return _error(503, "unavailable")
+        status = 200 if time.time() < lease_end else 409  # a lapsed claim is refused
+        answers.append(status)
+        settled.set()
+        return web.json_response(
+            {"results": [{"id": r["id"], "status": status} for r in body["results"]]}
+        )
+
+    served.route("POST", "/t/job/w/claim", claim)
+    served.route("POST", "/t/jobs/renew", renew)
+    served.route("POST", "/t/jobs/complete", complete)
+    q = await served.connect()
+
+    def work(job: Job) -> str:
+        ran.set()
+        return "done"
+
+    worker = Worker(q, "w", work, batch=10, wait=1)
+    running = asyncio.create_task(worker.run(handle_signals=False))
+    await asyncio.wait_for(settled.wait(), 30)
+    worker.stop()
+    await asyncio.wait_for(running, 30)
+    assert answers == [200], answers
+    assert "j-1" in renewed_after_run, "the finished job's claim was not renewed"
+    assert worker.completed == 1 and worker.lost == 0

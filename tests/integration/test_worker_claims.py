@@ -85,7 +85,12 @@ class InstantPool:
         self.busy_remark_s = 0.0
 
     async def run_batch(
-        self, spec: HandlerSpec, jobs: Sequence[JobInput], sink: ResultSink | None = None
+        self,
+        spec: HandlerSpec,
+        jobs: Sequence[JobInput],
+        sink: ResultSink | None = None,
+        *,
+        start_by: float | None = None,
     ) -> list[JobResult]:
         self.ran.extend(job.id for job in jobs)
         self.versions.update((job.id, spec.version) for job in jobs)

@@ -137,7 +137,12 @@ class InstantPool:
         self._now = 0
 
     async def run_batch(
-        self, spec: HandlerSpec, jobs: Sequence[JobInput], sink: ResultSink | None = None
+        self,
+        spec: HandlerSpec,
+        jobs: Sequence[JobInput],
+        sink: ResultSink | None = None,
+        *,
+        start_by: float | None = None,
     ) -> list[JobResult]:
         self._now += len(jobs)
         self.most_at_once = max(self.most_at_once, self._now)

@@ -1,0 +1,90 @@
+"""Processes and cgroups seen from /proc and /sys/fs/cgroup (Linux)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+from pathlib import Path
+
+
+def children(pid: int) -> list[int]:
+    """Live (not zombie) direct children of ``pid``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid and fields[0] != "Z":
+            found.append(int(entry.name))
+    return sorted(found)
+
+
+def cgroup_table() -> dict[int, str]:
+    """pid -> cgroup v2 path of every live process."""
+    table = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            for line in (entry / "cgroup").read_text().splitlines():
+                if line.startswith("0::"):
+                    table[int(entry.name)] = line[3:]
+        except OSError:
+            continue
+    return table
+
+
+def alive(pids: list[int]) -> list[int]:
+    """Those of ``pids`` that still exist and are not zombies."""
+    out = []
+    for pid in pids:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z":
+            out.append(pid)
+    return out
+
+
+def _cgroup2_mount() -> Path | None:
+    """Where the cgroup v2 hierarchy is mounted (``/sys/fs/cgroup``, or ``…/unified``
+    on a hybrid host)."""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/self/mountinfo").read_text().splitlines():
+            fields = line.split(" - ", 1)
+            if len(fields) == 2 and fields[1].split()[:1] == ["cgroup2"]:
+                return Path(fields[0].split()[4])
+    return None
+
+
+def own_cgroup_dir() -> Path | None:
+    """The directory of this process's cgroup, where daemons it starts make theirs."""
+    mount = _cgroup2_mount()
+    if mount is None:
+        return None
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/self/cgroup").read_text().splitlines():
+            if line.startswith("0::"):
+                path = mount / line[3:].lstrip("/")
+                return path if path.is_dir() else None
+    return None
+
+
+def cgroup_names() -> list[str]:
+    """Names of the cgroups beside this process's (the daemons' ``queue-daemon-*``)."""
+    where = own_cgroup_dir()
+    if where is None:
+        return []
+    with contextlib.suppress(OSError):
+        return [p.name for p in where.iterdir() if p.is_dir()]
+    return []
+
+
+def send(pid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, sig)
