@@ -129,6 +129,7 @@ class PgBase:
         self._dsn = dsn  # for the dedicated LISTEN connection
         self._closed = asyncio.Event()
         self._last_handler_ns = 0
+        self._epoch: str | None = None  # the server's incarnation last seen (JobsPart)
 
     @classmethod
     async def connect(

@@ -71,16 +71,26 @@ class JobsPart(PgBase):
         the epoch of the server that flushed; see ``epoch``."""
         row = await self._fetchrow(queries.queue.FLUSHED)
         assert row is not None
-        return str(row["epoch"])
+        self._epoch = str(row["epoch"])
+        return self._epoch
 
     async def epoch(self) -> str:
         """The server's incarnation (its start time). A flush covers only rows
         committed on its own incarnation: rows added after ``epoch`` returned E and
         flushed by a ``flush`` that returned E are durable; otherwise the server
-        restarted in between and may have lost them."""
-        row = await self._fetchrow(queries.queue.SERVER_EPOCH)
-        assert row is not None
-        return str(row[0])
+        restarted in between and may have lost them.
+
+        The incarnation last seen (by this call or a flush) is returned without
+        asking again: it was the server's at some moment before the rows are
+        added, and a server that restarted since has no connection left to that
+        incarnation, so the rows land on a later one, whose flush returns another
+        epoch (they are added again, and the flush's epoch is remembered). One
+        round trip less for every batch the ingester moves."""
+        if self._epoch is None:
+            row = await self._fetchrow(queries.queue.SERVER_EPOCH)
+            assert row is not None
+            self._epoch = str(row[0])
+        return self._epoch
 
     async def _add_many(self, records: list[NewJob]) -> int:
         parts = max(1, min(self.COPY_PARTS, len(records) // self.MIN_PART_ROWS))

@@ -540,6 +540,46 @@ async def test_unavailable_while_down_and_recovers(private_root: Path) -> None:
         server.stop()
 
 
+async def test_the_epoch_is_remembered_and_a_restart_still_shows_in_the_flush(
+    private_root: Path,
+) -> None:
+    """``epoch`` answers from memory after the first read; rows added across a
+    crash (on the next incarnation) are flushed with another epoch, never with
+    the remembered one, and that epoch is remembered from then on."""
+    server = PgServer(private_root)
+    dsn = start_server(server)
+    try:
+        s = await PgStore.connect(dsn, min_size=1, max_size=2)
+        try:
+            before = await s.epoch()
+            assert await s.flush() == before
+            seen: list[str] = []
+            async with s._conn() as conn:
+                conn.add_query_logger(lambda logged: seen.append(logged.query))
+            assert await s.epoch() == before
+            await asyncio.sleep(0)
+            assert seen == []  # from memory: no round trip
+
+            await asyncio.to_thread(server.crash)
+            await asyncio.to_thread(start_server, server)
+            assert await s.epoch() == before  # not asked again...
+            deadline = time.monotonic() + 20
+            while True:
+                try:
+                    await s.add_jobs([new_job("e1", "a-x")], durable=False)
+                    break
+                except StoreUnavailable:
+                    assert time.monotonic() < deadline, "store did not recover"
+                    await asyncio.sleep(0.1)
+            after = await s.flush()
+            assert after != before  # ...but the flush tells the rows apart
+            assert await s.epoch() == after
+        finally:
+            await s.close()
+    finally:
+        server.stop()
+
+
 async def test_a_pooled_connection_goes_back_as_it_is_one_round_trip_a_call(pg_dsn: str) -> None:
     """A store call's connection returns to the pool without asyncpg's reset query
     (a second round trip, made before the call's result reached its caller); a
