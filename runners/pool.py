@@ -416,7 +416,15 @@ class RunnerPool:
                 del self._failures[key]
 
     async def run(self) -> None:
-        """The reaper; the daemon runs it under its supervisor until shutdown."""
+        """The reaper; the daemon runs it under its supervisor until shutdown.
+
+        The sandbox is made first, not at the first batch: making it sweeps away
+        what daemons that died left behind (their handlers' cgroups and what is
+        still in them), also on a daemon that never runs a handler."""
+        try:
+            await self.sandbox.prepare()
+        except (SandboxError, OSError) as exc:  # each batch says it again
+            logger.error("the sandbox cannot start handlers: %s", exc, extra={"action": "sandbox"})
         interval = max(0.05, min(self.settings.idle_timeout / 4, 5.0))
         while not self._closed:
             await asyncio.sleep(interval)

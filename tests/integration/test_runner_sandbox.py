@@ -467,6 +467,33 @@ def test_cgroups_of_a_dead_daemon_are_swept() -> None:
             cgroups.remove_tree(leftover)
 
 
+async def test_a_pool_sweeps_a_dead_daemons_cgroups_when_it_starts(work_root: Path) -> None:
+    """Not at its first batch: a daemon that runs no handler (its jobs ran on other
+    daemons) still removes what a daemon killed before it left."""
+    if not ROOT:
+        pytest.skip("cgroups need root")
+    from runners.sandbox import cgroups
+
+    mount, own = cgroups._mount_point(), cgroups._own_path()
+    if mount is None or own is None:
+        pytest.skip("no cgroup v2 hierarchy")
+    # a pid that no longer exists (as after a daemon was SIGKILLed)
+    dead = await asyncio.create_subprocess_exec("true")
+    await dead.wait()
+    leftover = mount / own.lstrip("/") / f"{cgroups.PREFIX}{dead.pid}.1"
+    (leftover / "run-1").mkdir(parents=True)
+    pool = RunnerPool(RunnerSettings(work_root=work_root, processes=PROCESSES))
+    reaper = asyncio.create_task(pool.run())
+    try:
+        await until(lambda: not leftover.exists() and pool.sandbox.contains_processes)
+    finally:
+        reaper.cancel()
+        await asyncio.gather(reaper, return_exceptions=True)
+        await pool.close()
+        if leftover.exists():
+            cgroups.remove_tree(leftover)
+
+
 async def test_private_dirs_of_a_dead_daemon_are_swept(work_root: Path, shared_dir: Path) -> None:
     """A real process claims a part of the work root and is SIGKILLed with a context dir in it;
     the next pool removes that part, and leaves a live owner's part alone."""
