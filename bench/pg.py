@@ -83,6 +83,15 @@ class Databases:
             await conn.close()
 
 
+async def vacuum_analyze(dsn: str) -> None:
+    """``VACUUM ANALYZE`` the database: its statistics know what was just written."""
+    conn = await asyncpg.connect(dsn)
+    try:
+        await conn.execute("VACUUM ANALYZE", timeout=3600)
+    finally:
+        await conn.close()
+
+
 async def count_jobs(dsn: str, type_: str) -> int:
     conn = await asyncpg.connect(dsn)
     try:

@@ -16,7 +16,7 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent  # the project: `python -m bench…` runs from here
@@ -134,9 +134,9 @@ def python(*args: str) -> list[str]:
     return [sys.executable, *args]
 
 
-def _proc_table() -> dict[int, tuple[int, float, float]]:
-    """pid → (parent pid, own CPU seconds, CPU seconds of reaped children), every process."""
-    table: dict[int, tuple[int, float, float]] = {}
+def proc_stats() -> Iterator[tuple[int, list[str]]]:
+    """(pid, the fields of /proc/<pid>/stat after the command: state, ppid, ...) of
+    every process still there when read."""
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -144,9 +144,16 @@ def _proc_table() -> dict[int, tuple[int, float, float]]:
             fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
         except OSError:
             continue
+        yield int(entry.name), fields
+
+
+def _proc_table() -> dict[int, tuple[int, float, float]]:
+    """pid → (parent pid, own CPU seconds, CPU seconds of reaped children), every process."""
+    table: dict[int, tuple[int, float, float]] = {}
+    for pid, fields in proc_stats():
         own = (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
         reaped = (int(fields[13]) + int(fields[14])) / CLOCK_TICKS
-        table[int(entry.name)] = (int(fields[1]), own, reaped)
+        table[pid] = (int(fields[1]), own, reaped)
     return table
 
 

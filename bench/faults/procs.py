@@ -7,20 +7,12 @@ import os
 import signal
 from pathlib import Path
 
+from bench.procs import proc_stats
+
 
 def children(pid: int) -> list[int]:
     """Live (not zombie) direct children of ``pid``."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[1]) == pid and fields[0] != "Z":
-            found.append(int(entry.name))
-    return sorted(found)
+    return sorted(p for p, fields in proc_stats() if int(fields[1]) == pid and fields[0] != "Z")
 
 
 def cgroup_table() -> dict[int, str]:

@@ -28,6 +28,7 @@ import asyncpg
 from bench import adds, daemon, storefill
 from bench.api import Api
 from bench.e2e import PY_CLOCK, PY_NOOP, bulk_body
+from bench.pg import vacuum_analyze
 from bench.procs import BenchError
 from journal import Journal
 from queue_daemon.engine.ids import IdGenerator
@@ -113,7 +114,7 @@ async def _e2e(url: str, token: str, dsn: str, jobs: int, limit_s: float) -> Fig
 
         last = max(await asyncio.gather(*(post() for _ in range(jobs // POST_LINES))))
         await _wait_counts(api, NOOP_TYPE, "waiting", jobs, limit_s, 0.1)
-        await _vacuum(dsn)  # as for the peers: the statistics know the backlog
+        await vacuum_analyze(dsn)  # as for the peers: the statistics know the backlog
         t0 = time.monotonic()
         await api.add_handler(NOOP_TYPE, "python", PY_NOOP)
         # the last job added is among the last to run: its state (a read by key)
@@ -131,14 +132,6 @@ async def _fill_backlog(dsn: str, backlog: int) -> None:
     conn = await asyncpg.connect(dsn)
     try:
         await storefill.fill_one_type(conn, f"{daemon.TENANT}-backlog", backlog)
-    finally:
-        await conn.close()
-
-
-async def _vacuum(dsn: str) -> None:
-    conn = await asyncpg.connect(dsn)
-    try:
-        await conn.execute("VACUUM ANALYZE", timeout=3600)
     finally:
         await conn.close()
 

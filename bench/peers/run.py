@@ -42,6 +42,7 @@ import asyncpg
 
 from bench.peers import ours
 from bench.peers import venv as peer_venv
+from bench.pg import vacuum_analyze
 from bench.procs import ROOT, BenchError, Child
 
 if TYPE_CHECKING:
@@ -230,7 +231,7 @@ class PeerRunner:
         if backlog:
             self.fill(dsn, backlog, "other")
         self.fill(dsn, jobs, "default")
-        asyncio.run(_vacuum(dsn))
+        asyncio.run(vacuum_analyze(dsn))
         procs, concurrency, batch = self.shape
         args = ["--drain", "--concurrency", str(concurrency), "--batch", str(batch)]
         workers = [self._child(f"work-{i}", "work", dsn, *args) for i in range(procs)]
@@ -287,14 +288,6 @@ async def _count(dsn: str, sql: str) -> int:
     try:
         value: int = await conn.fetchval(sql)
         return value
-    finally:
-        await conn.close()
-
-
-async def _vacuum(dsn: str) -> None:
-    conn = await asyncpg.connect(dsn)
-    try:
-        await conn.execute("VACUUM ANALYZE", timeout=3600)
     finally:
         await conn.close()
 
