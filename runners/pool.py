@@ -424,7 +424,10 @@ class RunnerPool:
         try:
             await self.sandbox.prepare()
         except (SandboxError, OSError) as exc:  # each batch says it again
-            logger.error("the sandbox cannot start handlers: %s", exc, extra={"action": "sandbox"})
+            if not self._closed:
+                logger.error(
+                    "the sandbox cannot start handlers: %s", exc, extra={"action": "sandbox"}
+                )
         interval = max(0.05, min(self.settings.idle_timeout / 4, 5.0))
         while not self._closed:
             await asyncio.sleep(interval)

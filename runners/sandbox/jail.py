@@ -55,6 +55,7 @@ files are kept from handlers by permissions (``queue_daemon.app``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import shutil
@@ -143,7 +144,10 @@ class Sandbox:
         self._python_setting = python
         self.python = python or sys.executable
         self._prepared = False
-        self._lock = asyncio.Lock()
+        # the making, in a thread that runs on even if its awaiting caller is
+        # cancelled: ``close`` waits for it, so nothing it makes is left behind
+        self._preparing: asyncio.Future[None] | None = None
+        self._closed = False
         self.run_as: RunAs | None = None
         self.bootstrap_dir = work_root / "bootstrap"
         self._prlimit: str | None = None
@@ -159,12 +163,20 @@ class Sandbox:
 
     async def prepare(self) -> None:
         """Resolve the user, make the work root and copy the bootstraps; once."""
+        if self._closed:
+            raise SandboxError("the sandbox is closed")
         if self._prepared:
             return
-        async with self._lock:
-            if not self._prepared:
-                await asyncio.to_thread(self._prepare)
-                self._prepared = True
+        if self._preparing is None:
+            self._preparing = asyncio.ensure_future(asyncio.to_thread(self._prepare))
+        preparing = self._preparing
+        try:
+            await asyncio.shield(preparing)
+        except BaseException:
+            if preparing.done() and self._preparing is preparing:
+                self._preparing = None  # it failed: the next call tries again
+            raise
+        self._prepared = True
 
     def _prepare(self) -> None:
         self.run_as = resolve_run_as(self._run_as_setting)
@@ -250,6 +262,12 @@ class Sandbox:
 
     async def close(self) -> None:
         """Remove this sandbox's cgroup (killing anything still in it) and its directory."""
+        self._closed = True
+        preparing = self._preparing
+        if preparing is not None and not preparing.done():
+            # what the making thread makes is removed below, once it is made
+            with contextlib.suppress(Exception):
+                await asyncio.shield(preparing)
         cgroups, self._cgroups = self._cgroups, None
         if cgroups is not None:
             await asyncio.to_thread(cgroups.close)

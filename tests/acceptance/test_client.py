@@ -111,8 +111,15 @@ async def test_the_readme_worker_runs_jobs_and_their_follow_ons(
         await asyncio.wait_for(running, 30)
         assert [j["result"] for j in jobs[:2]] == ["resized cat.jpg", "resized dog.jpg"]
         assert jobs[2]["exitcode"] == 500 and "cannot resize boom" in jobs[2]["result"]
-        thumbs = [j async for j in q.jobs(type="thumbnail")]
-        assert sorted(j["payload"] for j in thumbs) == ['{"of":"cat.jpg"}', '{"of":"dog.jpg"}']
+        # the follow-on jobs were journaled with the complete; they reach the store
+        # when the daemon ingests them, a moment later
+
+        async def thumbnails() -> list[str] | None:
+            found = sorted([j["payload"] async for j in q.jobs(type="thumbnail")])
+            return found if len(found) >= 2 else None
+
+        found = await until(thumbnails, 30, "the follow-on jobs in the store")
+        assert found == ['{"of":"cat.jpg"}', '{"of":"dog.jpg"}']
         assert worker.completed == 3
 
 

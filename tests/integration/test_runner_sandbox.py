@@ -15,12 +15,14 @@ import stat
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
 
+from runners.errors import SandboxError
 from runners.models import HandlerSpec
 from runners.pool import RunnerPool, RunnerSettings
 from runners.sandbox import SAFE_PATH, Limits, Sandbox, tenant_ids
@@ -883,3 +885,36 @@ def test_no_cpu_place_without_root_or_the_cpu_controller(monkeypatch: pytest.Mon
     monkeypatch.setattr(os, "geteuid", lambda: 0)
     monkeypatch.setattr(cpushare, "_v1_cpu_dir", lambda: None)
     assert DaemonPlace.take() is None
+
+
+async def test_close_waits_for_a_making_whose_caller_was_cancelled(
+    work_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The making runs in a thread that goes on when its caller is cancelled (a daemon
+    stopped just after it started); ``close`` waits for it and removes what it made,
+    rather than leaving it behind (cgroups, the daemon's CPU group)."""
+    sandbox = Sandbox(work_root=work_root, limits=Limits(), prlimit=None)
+    made: list[str] = []
+    release = threading.Event()
+    real = sandbox._prepare
+
+    def slow_prepare() -> None:
+        release.wait(10)
+        real()
+        made.append("made")
+
+    monkeypatch.setattr(sandbox, "_prepare", slow_prepare)
+    caller = asyncio.create_task(sandbox.prepare())
+    await asyncio.sleep(0.05)
+    caller.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await caller
+    closing = asyncio.create_task(sandbox.close())
+    await asyncio.sleep(0.05)
+    assert not closing.done()  # waiting for the thread
+    release.set()
+    await asyncio.wait_for(closing, 10)
+    assert made == ["made"]
+    assert sandbox._cgroups is None and sandbox._cpu is None and sandbox._part is None
+    with pytest.raises(SandboxError):
+        await sandbox.prepare()
