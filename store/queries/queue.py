@@ -124,10 +124,21 @@ LIMIT 1
 # and its dt before this update (a subquery in RETURNING reads the statement's
 # snapshot, which does not see the statement's own changes); the queue log
 # reports how long each job waited from then.
+#
+# Nothing is claimed under a sysid whose lease ran out or was released: every
+# daemon's expiry (EXPIRE_LOCKS) takes the jobs of such a sysid back at once,
+# whatever their own lease, and runs them again, so a daemon that was cut off
+# from the store past its sysid lease and claims before it renewed it would run
+# jobs that another daemon runs at the same time. (A one-time filter: when it
+# holds, no row is read or locked.)
 CLAIM = f"""
 UPDATE jobs
 SET lock = $3, dt = now() + make_interval(secs => $4), attempts = attempts + 1, run_dt = now()
 WHERE id = ANY(ARRAY({CLAIM_IDS}))
+  AND NOT EXISTS (
+    SELECT 1 FROM sysids s
+    WHERE s.sysid = $3 AND (s.expires < now() OR s.released_at IS NOT NULL)
+  )
 RETURNING id, type, data, attempts, create_dt, deadline,
           (SELECT floor(extract(epoch FROM greatest(o.dt, o.create_dt)) * 1000)::bigint
            FROM jobs o WHERE o.id = jobs.id) AS due_ms,

@@ -76,6 +76,26 @@ async def test_claim_takes_only_eligible_jobs(store: PgStore, conn: asyncpg.Conn
     assert (await row(conn, "locked"))["lock"] == "x9"
 
 
+async def test_nothing_is_claimed_under_a_lapsed_or_released_sysid(
+    store: PgStore, conn: asyncpg.Connection
+) -> None:
+    """Other daemons take back the jobs of a sysid whose lease ran out, whatever the
+    jobs' own lease: a daemon back from a store outage claims again only once it has
+    renewed its sysid, so no job runs under two owners at once."""
+    await store.add_jobs([job("j1"), job("j2")])
+    await conn.execute(
+        "INSERT INTO sysids (sysid, holder, host, data_dir, expires) "
+        "VALUES ('77', 'h', 'host', '/d', now() - interval '1 second')"
+    )
+    assert await store.claim("a-t", 10, sysid="77", lease=LEASE) == []
+    assert {(await row(conn, i))["lock"] for i in ("j1", "j2")} == {""}
+    await store.renew_sysid("77", holder="h", lease=LEASE)
+    assert len(await store.claim("a-t", 1, sysid="77", lease=LEASE)) == 1
+    await conn.execute("UPDATE sysids SET released_at = now() WHERE sysid = '77'")
+    assert await store.claim("a-t", 10, sysid="77", lease=LEASE) == []
+    assert (await row(conn, "j2"))["lock"] == ""
+
+
 async def test_claim_takes_oldest_dt_first_up_to_limit(store: PgStore) -> None:
     base = datetime.now(UTC) - timedelta(minutes=10)
     await store.add_jobs([job(f"j{i}", dt=base + timedelta(seconds=10 - i)) for i in range(10)])
