@@ -8,6 +8,7 @@ import signal
 from pathlib import Path
 
 from bench.procs import proc_stats
+from runners.sandbox import cgroups
 
 
 def children(pid: int) -> list[int]:
@@ -43,28 +44,14 @@ def alive(pids: list[int]) -> list[int]:
     return out
 
 
-def _cgroup2_mount() -> Path | None:
-    """Where the cgroup v2 hierarchy is mounted (``/sys/fs/cgroup``, or ``…/unified``
-    on a hybrid host)."""
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/self/mountinfo").read_text().splitlines():
-            fields = line.split(" - ", 1)
-            if len(fields) == 2 and fields[1].split()[:1] == ["cgroup2"]:
-                return Path(fields[0].split()[4])
-    return None
-
-
 def own_cgroup_dir() -> Path | None:
-    """The directory of this process's cgroup, where daemons it starts make theirs."""
-    mount = _cgroup2_mount()
-    if mount is None:
+    """The directory of this process's cgroup, where daemons it starts make theirs
+    (found as the daemon finds its own: ``runners.sandbox.cgroups``)."""
+    mount, own = cgroups._mount_point(), cgroups._own_path()
+    if mount is None or own is None:
         return None
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/self/cgroup").read_text().splitlines():
-            if line.startswith("0::"):
-                path = mount / line[3:].lstrip("/")
-                return path if path.is_dir() else None
-    return None
+    path = mount / own.lstrip("/")
+    return path if path.is_dir() else None
 
 
 def cgroup_names() -> list[str]:
