@@ -177,5 +177,12 @@ async def test_a_kill_of_the_daemon_archiving_a_dependency_loses_no_dependent(
         job = await wait_done(api, bottom, within=60)
         assert job["code"] == "ok" and job["result"] == "did D", (round_, job)
         runs = (await api.get_job(bottom)).json["runs"]
-        assert [r["reason"] for r in runs] == ["completed"], (round_, runs)
+        # D runs to completion once; a run before it can only be one that the kill
+        # cut (D started and was not released before the kill: its lease ran out)
+        reasons = [r["reason"] for r in runs]
+        assert reasons[-1] == "completed" and set(reasons[:-1]) <= {"lease-expired"}, (
+            round_,
+            runs,
+        )
+        assert len(reasons) <= 2, (round_, runs)
         daemon.close()
