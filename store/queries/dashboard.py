@@ -59,7 +59,8 @@ WITH types AS (
            CASE WHEN f.scheduled < {cap} THEN s.queued - f.scheduled
                 ELSE (SELECT count(*) FROM (
                           SELECT 1 FROM jobs j
-                          WHERE j.type = s.type AND j.lock = '' AND j.dt <= now() LIMIT {cap}
+                          WHERE j.type = s.type AND j.lock = '' AND j.dt <= now()
+                          ORDER BY j.dt LIMIT {cap}
                       ) c)
            END AS waiting
     FROM states s
@@ -67,7 +68,7 @@ WITH types AS (
         SELECT count(*) AS scheduled FROM (
             SELECT 1 FROM jobs j
             WHERE j.type = s.type AND j.lock = '' AND j.dt > now() AND j.dt < 'infinity'
-            LIMIT {cap}
+            ORDER BY j.dt LIMIT {cap}
         ) c
     ) f
 ), done AS (

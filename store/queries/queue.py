@@ -55,6 +55,7 @@ CROSS JOIN LATERAL (
     SELECT count(*) AS n
     FROM (SELECT 1 FROM jobs j
           WHERE j.type = live.type COLLATE "C" AND j.lock = '' AND j.dt <= now()
+          ORDER BY j.dt
           LIMIT $1) capped
 ) eligible
 WHERE live.lang IS DISTINCT FROM 'worker' AND eligible.n > 0
@@ -157,6 +158,7 @@ WHERE id = ANY(ARRAY(
     SELECT id FROM jobs
     WHERE type = $1 AND lock = '' AND dt < now() - make_interval(secs => $2)
       AND create_dt < now() - make_interval(secs => $2)
+    ORDER BY dt
     LIMIT $4
     FOR UPDATE SKIP LOCKED
 ))
