@@ -19,7 +19,7 @@ from urllib.parse import urlsplit
 from journal import JournalError
 from queue_daemon import app
 from queue_daemon.cli.commands import admin_command, journal_check, stats_command, tenant_command
-from queue_daemon.cli.config import CliError, settings_from
+from queue_daemon.cli.config import CliError, event_loop, settings_from
 from queue_daemon.cli.parser import build_parser
 from queue_daemon.cli.tenant_client import tenant_client_command
 from queue_daemon.engine.sysid import SysidError
@@ -69,7 +69,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.getLogger("asyncpg.pool").setLevel(logging.ERROR)
     try:
         if args.command == "serve":
-            return asyncio.run(app.serve(settings_from(args), app.print_ready))
+            settings = settings_from(args)
+            with asyncio.Runner(loop_factory=event_loop(args.event_loop)) as runner:
+                return runner.run(app.serve(settings, app.print_ready))
         if args.command == "tenant":
             return asyncio.run(tenant_command(args))
         if args.command == "admin":

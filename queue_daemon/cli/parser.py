@@ -239,6 +239,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="tenants given a metrics label of their own; later ones are _other",
     )
     serve.add_argument(
+        "--event-loop",
+        choices=("uvloop", "asyncio"),
+        default=_env("event_loop", "uvloop"),
+        help="the event loop the daemon runs on (default uvloop; asyncio: the standard one)",
+    )
+    serve.add_argument(
         "--metrics-types",
         default=_env("metrics_types", "200"),
         help="(tenant, type) pairs given a type label of their own (0 = no type labels)",

@@ -14,12 +14,14 @@ A handler process is started through two tiny exec wrappers, never through a
     the command itself
 
 ``subprocess`` starts a new session, so the whole tree can be killed with
-one ``killpg``, and switches to the run-as user (``user=``, ``group=``,
-``extra_groups=[]``) -- except when handlers get no network (the default when
-the daemon is root and util-linux ``unshare`` works): then a first wrapper,
-run as root, puts the process in a new network namespace (only a loopback
-interface of its own: no route to the host's loopback or anywhere else) and
-switches to the run-as user itself, clearing supplementary groups:
+one ``killpg``. The switch to the run-as user is util-linux ``unshare``'s
+(``--setgid --setuid``, clearing supplementary groups), run as root after the
+wrappers that need root; only where there is no ``unshare`` does the loop's
+``subprocess_exec`` switch (``user=``, ``group=``, ``extra_groups=[]``: asyncio's
+loop, not uvloop's). When handlers get no network (the default when the daemon
+is root and ``unshare`` works), that first wrapper also puts the process in a
+new network namespace (only a loopback interface of its own: no route to the
+host's loopback or anywhere else):
 
     unshare --net --setgid=G --setuid=U --    (before everything above)
 
@@ -65,6 +67,7 @@ import tempfile
 from collections.abc import Mapping, Set
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from runners.errors import SandboxError
 from runners.sandbox.cgroups import CgroupTree
@@ -386,7 +389,7 @@ class Sandbox:
         procs = [] if cgroup is None else [cgroup / "cgroup.procs"]
         if run_as is not None and self._cpu is not None and self._switch_user is not None:
             procs.append(self._cpu.procs(run_as.uid))
-        if run_as is not None and (self._unshare is not None or procs):
+        if run_as is not None and self._switch_user is not None:
             # unshare needs root: it switches to the run-as user itself, after the namespace
             # (and after the cgroup wrapper, which must write to root's cgroup files)
             unshare = self._unshare or self._switch_user
@@ -406,6 +409,11 @@ class Sandbox:
                 argv = [unshare, *spaces, "--", *inner, *switch, *argv]
             run_as = None
         argv = ["/bin/sh", "-c", _FIRST_WRAPPER, "sh", *map(str, procs), "--", *argv]
+        # without unshare, subprocess switches the user (uvloop's loop cannot: it
+        # takes no user=, so the daemon runs on it only when unshare is there)
+        switch_by_subprocess: dict[str, Any] = (
+            {} if run_as is None else {"user": run_as.uid, "group": run_as.gid, "extra_groups": []}
+        )
         loop = asyncio.get_running_loop()
         try:
             transport, protocol = await loop.subprocess_exec(
@@ -417,10 +425,15 @@ class Sandbox:
                 cwd=home,
                 env=scrubbed_env(home) if env is None else {**scrubbed_env(home), **env},
                 start_new_session=True,
-                user=run_as.uid if run_as else None,
-                group=run_as.gid if run_as else None,
-                extra_groups=[] if run_as else None,
+                **switch_by_subprocess,
             )
+        except ValueError as exc:  # uvloop: "unexpected kwargs: user, group, extra_groups"
+            if cgroup is not None:
+                await asyncio.to_thread(CgroupTree.remove, cgroup)
+            raise OSError(
+                f"{exc}: switching to the run-as user needs util-linux unshare on this"
+                " event loop (or --event-loop asyncio)"
+            ) from None
         except BaseException:
             if cgroup is not None:
                 await asyncio.to_thread(CgroupTree.remove, cgroup)
