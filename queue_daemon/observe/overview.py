@@ -88,6 +88,7 @@ class Overview:
 
     def _queue(self, depth: QueueDepth) -> dict[str, Any]:
         client, jobtype = _split(depth.type)
+        per_s, series = self.throughput.of(depth.type)
         return {
             "client": client,
             "type": jobtype,
@@ -99,8 +100,8 @@ class Overview:
             "done_ok": depth.done_ok,
             "done_failed": depth.done_failed,
             "done_error": depth.done_error,
-            "per_s": self.throughput.recent(depth.type),
-            "throughput": self.throughput.series(depth.type),
+            "per_s": per_s,
+            "throughput": series,
         }
 
 

@@ -43,9 +43,29 @@ class Throughput:
         self._samples: deque[tuple[float, dict[str, int]]] = deque(maxlen=int(window / step) + 1)
         self._ends_key: tuple[int, float, float] | None = None
         self._ends: tuple[tuple[float, dict[str, int]], tuple[float, dict[str, int]]] | None = None
+        self._zeros: list[float] = []
 
     def add(self, counts: dict[str, int], at: float | None = None) -> None:
         self._samples.append((self._clock() if at is None else at, counts))
+
+    def of(self, stored_type: str) -> tuple[float | None, list[float]]:
+        """``recent`` and ``series`` of ``stored_type`` at once; for an idle type (no
+        job archived over the whole window, most types of a big store) without
+        reading the samples between."""
+        if len(self._samples) >= 2:
+            first, last = self._samples[0][1], self._samples[-1][1]
+            if first.get(stored_type, 0) == last.get(stored_type, 0):
+                idle = self._idle_series()
+                return (None if self._span_ends(RECENT_S) is None else 0.0), idle
+        return self.recent(stored_type), self.series(stored_type)
+
+    def _idle_series(self) -> list[float]:
+        """All zeros, one point fewer than samples: one list shared by every idle
+        type of an overview (it is only read, to be encoded)."""
+        n = len(self._samples) - 1
+        if len(self._zeros) != n:
+            self._zeros = [0.0] * n
+        return self._zeros
 
     def series(self, stored_type: str) -> list[float]:
         """Jobs/s of ``stored_type`` between consecutive samples, oldest first

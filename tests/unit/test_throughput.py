@@ -48,3 +48,21 @@ def test_a_counter_never_goes_backwards_in_the_rates() -> None:
     t.add({"a-t": 10}, at=0.0)
     t.add({"a-t": 4}, at=5.0)  # not from this store (a restore, a hand edit): no negative rate
     assert t.series("a-t") == [0.0]
+
+
+def test_of_is_recent_and_series_at_once_with_one_list_for_idle_types() -> None:
+    t = Throughput(step=5, window=600)
+    assert t.of("a-t") == (None, [])
+    t.add({"a-t": 100, "b-t": 7}, at=0.0)
+    assert t.of("a-t") == (None, [])
+    for at in (5.0, 10.0, 70.0):
+        t.add({"a-t": 100 + int(at), "b-t": 7}, at=at)
+    for stored in ("a-t", "b-t", "c-t"):  # busy, idle with a counter, idle without
+        assert t.of(stored) == (t.recent(stored), t.series(stored)), stored
+    assert t.of("b-t")[1] is t.of("c-t")[1]  # shared, never changed in place
+    t.add({"a-t": 200, "b-t": 7}, at=75.0)
+    assert t.of("b-t")[1] == [0.0] * 4 and t.of("a-t")[1] != t.of("b-t")[1]
+    same_time = Throughput(step=5, window=600)
+    same_time.add({}, at=1.0)
+    same_time.add({}, at=1.0)
+    assert same_time.of("a-t") == (same_time.recent("a-t"), same_time.series("a-t"))
