@@ -12,7 +12,7 @@ One daemon, a no-op python handler, ``--depth-jobs`` jobs (50,000; quick
 The filler rows are written straight into the jobs table before the daemon
 starts (bench/storefill.py), so no ingestion runs during the timing, and their
 waiting counts are folded as the daemons' upkeep folds them within seconds of
-an add (store.queries.counts), so the timing sees a store in its steady state,
+an add (PgStore.fold_counts), so the timing sees a store in its steady state,
 not the fold of 100,000 types' first counts. Then,
 once the store's statistics are current (ANALYZE, as autovacuum does within
 a minute), the reads a tenant's and an operator's dashboard make:
@@ -35,9 +35,10 @@ import asyncpg
 
 from bench import daemon, storefill
 from bench.e2e import measure_throughput, postmaster_pid
+from bench.pg import vacuum_analyze
 from bench.procs import BenchError, python
 from bench.report import Row
-from store import queries
+from store.pg import PgStore
 
 if TYPE_CHECKING:
     from bench.cli import Run
@@ -72,18 +73,14 @@ async def _fill(dsn: str, store: Store) -> None:
             await storefill.fill_one_type(conn, f"{daemon.TENANT}-backlog", store.waiting)
         if store.types:
             await storefill.fill_types(conn, daemon.TENANT, store.types, store.tenants, per_type=2)
-        await conn.execute(queries.counts.FOLD_STATES, timeout=3600)
         await conn.execute("VACUUM ANALYZE jobs", timeout=3600)
     finally:
         await conn.close()
-
-
-async def _analyze(dsn: str) -> None:
-    conn = await asyncpg.connect(dsn)
+    pg = await PgStore.connect(dsn, min_size=1, max_size=1, migrate=False)
     try:
-        await conn.execute("ANALYZE", timeout=600)
+        await pg.fold_counts()  # what the daemons' upkeep does within seconds
     finally:
-        await conn.close()
+        await pg.close()
 
 
 def _admin_token(dsn: str, data_dir: Path) -> str:
@@ -143,7 +140,7 @@ def _one(run: Run, store: Store, jobs: int) -> tuple[float, dict[str, float]]:
         )
         # as autovacuum does within a minute of the run: the plans of a store
         # that was empty when its statistics were taken do not last
-        asyncio.run(_analyze(dsn))
+        asyncio.run(vacuum_analyze(dsn))
         samples = 3 if run.opts.quick else READ_SAMPLES
         client = f"/{daemon.TENANT}"
         reads = {

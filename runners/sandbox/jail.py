@@ -427,16 +427,15 @@ class Sandbox:
                 start_new_session=True,
                 **switch_by_subprocess,
             )
-        except ValueError as exc:  # uvloop: "unexpected kwargs: user, group, extra_groups"
+        except BaseException as exc:
             if cgroup is not None:
                 await asyncio.to_thread(CgroupTree.remove, cgroup)
-            raise OSError(
-                f"{exc}: switching to the run-as user needs util-linux unshare on this"
-                " event loop (or --event-loop asyncio)"
-            ) from None
-        except BaseException:
-            if cgroup is not None:
-                await asyncio.to_thread(CgroupTree.remove, cgroup)
+            if isinstance(exc, ValueError) and switch_by_subprocess:
+                # uvloop: "unexpected kwargs: user, group, extra_groups"
+                raise OSError(
+                    f"{exc}: switching to the run-as user needs util-linux unshare on this"
+                    " event loop (or --event-loop asyncio)"
+                ) from None
             raise
         child = Child(transport, protocol, loop)
         child.cgroup = cgroup
