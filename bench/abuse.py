@@ -37,7 +37,7 @@ from bench.api import Api
 from bench.e2e import PY_CLOCK, Latency
 from bench.procs import BenchError
 from bench.report import Row
-from store.embedded import stop_server
+from queue_daemon.store.embedded import stop_server
 
 if TYPE_CHECKING:
     from bench.cli import Run

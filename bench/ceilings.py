@@ -10,7 +10,7 @@ from pathlib import Path
 import asyncpg
 
 from bench import storefill
-from store.pg import PgStore
+from queue_daemon.store.pg import PgStore
 
 SCRATCH = "bench_copy_jobs_like"
 COLUMNS = ("id", "type", "dt", "data", "create_dt")

@@ -2,7 +2,7 @@
 
 For each size a fresh database gets that many waiting jobs over ``types``
 jobtypes plus as many archived ones (filled in SQL), is analyzed, and then
-serves claim + archive of batches of 100 (``store.claim`` then
+serves claim + archive of batches of 100 (``queue_daemon.store.claim`` then
 ``store.release(ARCHIVE)``), one connection, round-robin over the types.
 docs/architecture.md asks that the cost not grow with the number of waiting or archived
 jobs: the ratio of the largest size to the smallest should stay near 1.
@@ -25,8 +25,8 @@ import asyncpg
 from bench import storefill
 from bench.pg import Databases, PrivatePostgres
 from bench.procs import BenchError
-from store.models import Release, ReleaseHow
-from store.pg import PgStore
+from queue_daemon.store.models import Release, ReleaseHow
+from queue_daemon.store.pg import PgStore
 
 SIZES = (10_000, 100_000, 1_000_000)
 TYPES = 10

@@ -1,4 +1,5 @@
-"""Cold start of a python and a node context, in-process through ``runners.pool.RunnerPool``.
+"""Cold start of a python and a node context, in-process through
+``queue_daemon.runners.pool.RunnerPool``.
 
 Each round registers a new handler version (so the pool must start a context:
 spawn → bootstrap → load the handler → ``ready``), times the first one-job
@@ -48,7 +49,7 @@ class ColdStart:
 def _bare_argv(lang: str) -> list[str]:
     if lang == "python":
         return [sys.executable, "-I", "-c", "pass"]
-    from runners.node import node_command
+    from queue_daemon.runners.node import node_command
 
     return [*node_command(), "-e", "0"]
 
@@ -67,8 +68,8 @@ def _bare(lang: str, rounds: int) -> list[float]:
 async def _cold(
     work: Path, lang: str, rounds: int, memory_bytes: int | None = None
 ) -> tuple[list[float], list[float]]:
-    from runners.models import HandlerSpec, JobInput
-    from runners.pool import RunnerPool, RunnerSettings
+    from queue_daemon.runners.models import HandlerSpec, JobInput
+    from queue_daemon.runners.pool import RunnerPool, RunnerSettings
 
     settings = RunnerSettings(work_root=work, idle_timeout=600.0)
     if memory_bytes is not None:

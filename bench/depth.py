@@ -38,7 +38,7 @@ from bench.e2e import measure_throughput, postmaster_pid
 from bench.pg import vacuum_analyze
 from bench.procs import BenchError, python
 from bench.report import Row
-from store.pg import PgStore
+from queue_daemon.store.pg import PgStore
 
 if TYPE_CHECKING:
     from bench.cli import Run

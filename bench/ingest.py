@@ -15,10 +15,10 @@ from pathlib import Path
 
 from bench.pg import count_jobs
 from bench.procs import BenchError
-from journal import Journal
 from queue_daemon.engine.ids import IdGenerator
 from queue_daemon.engine.ingester import Ingester
-from store.pg import PgStore
+from queue_daemon.journal import Journal
+from queue_daemon.store.pg import PgStore
 
 JOBTYPE = "bench-ingest"
 WRITE_LINES = 1000

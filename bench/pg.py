@@ -15,7 +15,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 
-from store.embedded import stop_server
+from queue_daemon.store.embedded import stop_server
 
 
 class PrivatePostgres:

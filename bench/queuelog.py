@@ -29,9 +29,9 @@ from pathlib import Path
 import orjson
 
 from queue_daemon.observe.queuelog import QueueLog, Rotation
+from queue_daemon.store.models import ClaimedJob, Release, ReleaseHow
 from queue_daemon.tools.analytics import Analysis, analyze
 from queue_daemon.tools.readlog import LogFile
-from store.models import ClaimedJob, Release, ReleaseHow
 
 PER_REQUEST = 1000
 T0 = 1_795_000_000_000

@@ -18,7 +18,7 @@ from bench.claim import claim_cost
 from bench.e2e import Latency, Throughput, measure_latency, measure_throughput, postmaster_pid
 from bench.procs import BenchError, Child
 from bench.report import Row
-from store.embedded import stop_server
+from queue_daemon.store.embedded import stop_server
 
 if TYPE_CHECKING:
     from bench.cli import Run

@@ -1,9 +1,9 @@
 """The durable local append-only journal: every accepted job is written here first."""
 
-from journal.check import CheckProblem, CheckReport, SegmentSummary, check
-from journal.errors import JournalError, JournalUnavailable
-from journal.journal import Journal
-from journal.models import Entry, JournalLag, Reservation
+from queue_daemon.journal.check import CheckProblem, CheckReport, SegmentSummary, check
+from queue_daemon.journal.errors import JournalError, JournalUnavailable
+from queue_daemon.journal.journal import Journal
+from queue_daemon.journal.models import Entry, JournalLag, Reservation
 
 __all__ = [
     "CheckProblem",

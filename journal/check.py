@@ -9,9 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from journal.format import Damage, scan, segment_name
-from journal.readpoint import READ_POINT_FILE, ReadPoint, load_read_point
-from journal.segments import list_segments
+from queue_daemon.journal.format import Damage, scan, segment_name
+from queue_daemon.journal.readpoint import READ_POINT_FILE, ReadPoint, load_read_point
+from queue_daemon.journal.segments import list_segments
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -22,7 +22,7 @@ import zlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-from journal.models import Entry
+from queue_daemon.journal.models import Entry
 
 BATCH_PREFIX = b"#:Batch "
 TRAILER = b"#:EndBatch\n"

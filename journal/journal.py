@@ -20,13 +20,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from journal.errors import JournalError, JournalUnavailable
-from journal.format import EncodedBatch, encode_batch
-from journal.models import BatchRecord, Reservation
-from journal.reader import JournalReader
-from journal.readpoint import ReadPointFile
-from journal.recovery import Recovered, recover
-from journal.segments import (
+from queue_daemon.journal.errors import JournalError, JournalUnavailable
+from queue_daemon.journal.format import EncodedBatch, encode_batch
+from queue_daemon.journal.models import BatchRecord, Reservation
+from queue_daemon.journal.reader import JournalReader
+from queue_daemon.journal.readpoint import ReadPointFile
+from queue_daemon.journal.recovery import Recovered, recover
+from queue_daemon.journal.segments import (
     FatalWriteError,
     SegmentWriter,
     release_lock,

@@ -2,7 +2,7 @@
 then fresh ones), read them (from memory when still cached, else from the
 segment file) and rsync them, which advances and persists the read point; a
 reservation not rsync'ed in time is handed out again. ``Journal`` is this and
-the writing side (``journal.journal``)."""
+the writing side (``queue_daemon.journal.journal``)."""
 
 import asyncio
 import heapq
@@ -12,11 +12,11 @@ from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from journal.errors import JournalError
-from journal.format import parse_body, segment_name
-from journal.models import BatchRecord, Entry, JournalLag, Reservation
-from journal.readpoint import ReadPoint, ReadPointFile
-from journal.segments import (
+from queue_daemon.journal.errors import JournalError
+from queue_daemon.journal.format import parse_body, segment_name
+from queue_daemon.journal.models import BatchRecord, Entry, JournalLag, Reservation
+from queue_daemon.journal.readpoint import ReadPoint, ReadPointFile
+from queue_daemon.journal.segments import (
     delete_segments,
     read_bodies,
 )

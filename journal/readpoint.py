@@ -13,7 +13,7 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from journal.segments import fsync_dir
+from queue_daemon.journal.segments import fsync_dir
 
 READ_POINT_FILE = "read-point"
 _REWRITE_BYTES = 64 << 10

@@ -10,10 +10,10 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from journal.format import INCOMPLETE, Damage, first_create_ms, scan, segment_name
-from journal.models import BatchRecord
-from journal.readpoint import ReadPoint, ReadPointFile, load_read_point
-from journal.segments import (
+from queue_daemon.journal.format import INCOMPLETE, Damage, first_create_ms, scan, segment_name
+from queue_daemon.journal.models import BatchRecord
+from queue_daemon.journal.readpoint import ReadPoint, ReadPointFile, load_read_point
+from queue_daemon.journal.segments import (
     SegmentWriter,
     acquire_lock,
     create_segment,

@@ -12,8 +12,8 @@ import zlib
 from collections.abc import Iterable
 from pathlib import Path
 
-from journal.errors import JournalError, JournalUnavailable
-from journal.format import parse_segment_name, segment_name
+from queue_daemon.journal.errors import JournalError, JournalUnavailable
+from queue_daemon.journal.format import parse_segment_name, segment_name
 
 LOCK_FILE = "lock"
 

@@ -56,12 +56,12 @@ from queue_daemon.placement import (
     raise_open_files_limit,
     runner_work_root,
 )
+from queue_daemon.runners.pool import RunnerPool, RunnerSettings
+from queue_daemon.runners.sandbox import TenantUids
 from queue_daemon.settings import Settings
-from runners.pool import RunnerPool, RunnerSettings
-from runners.sandbox import TenantUids
-from store.embedded import EmbeddedPostgres
-from store.errors import StoreError, StoreUnavailable
-from store.pg import PgStore
+from queue_daemon.store.embedded import EmbeddedPostgres
+from queue_daemon.store.errors import StoreError, StoreUnavailable
+from queue_daemon.store.pg import PgStore
 
 logger = logging.getLogger(__name__)
 

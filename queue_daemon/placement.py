@@ -4,7 +4,7 @@ too and come before handlers as the daemon does), its open-files limit, and the
 permissions of its files.
 
 The app owns these decisions; the cgroup and scheduling-class mechanics are the
-sandbox's (``runners.sandbox.cpuplace``). Real-time priority while a tenant is busy
+sandbox's (``queue_daemon.runners.sandbox.cpuplace``). Real-time priority while a tenant is busy
 is opt-in (``serve --realtime``, passed to the runners).
 """
 
@@ -16,8 +16,8 @@ import os
 import resource
 from pathlib import Path
 
-from runners.sandbox.cpuplace import DaemonPlace
-from store.embedded import host_home, open_to_others
+from queue_daemon.runners.sandbox.cpuplace import DaemonPlace
+from queue_daemon.store.embedded import host_home, open_to_others
 
 logger = logging.getLogger(__name__)
 
@@ -76,7 +76,7 @@ def runner_work_root(data_dir: Path) -> Path:
     """Where handler processes get their private directories: ``data_dir/run``,
     unless the daemon is root and ``data_dir``'s path does not let other users
     (the tenants' uids) through; then a directory of the daemon's own below
-    ``/var/lib/queue-daemon`` (``store.embedded.host_home``), since no directory
+    ``/var/lib/queue-daemon`` (``queue_daemon.store.embedded.host_home``), since no directory
     the daemon did not make is widened for them."""
     if os.geteuid() != 0 or open_to_others(data_dir.resolve()):
         return (data_dir / "run").resolve()

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from queue_daemon.engine.limits import TenantLimits
-from runners.sandbox.addresses import Network
+from queue_daemon.runners.sandbox.addresses import Network
 
 MIB = 1 << 20
 

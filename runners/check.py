@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from runners.http import url_problem
-from runners.models import LANGS
+from queue_daemon.runners.http import url_problem
+from queue_daemon.runners.models import LANGS
 
 TOP_LEVEL_AWAIT = 0x2000  # ast.PyCF_ALLOW_TOP_LEVEL_AWAIT: hooks may use await
 
@@ -22,7 +22,7 @@ def check_handler(
             problem = problem or (_python(source, name, TOP_LEVEL_AWAIT) if source else None)
         return problem
     if lang == "node":
-        from runners.node import check_node
+        from queue_daemon.runners.node import check_node
 
         problem = check_node(body)
         if problem is not None:

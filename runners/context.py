@@ -10,7 +10,7 @@ kills the process tree; the read loop then sees the end of the stream.
 
 What a job starts in the background lives on after the job returns, while its
 context stays warm (it is the same tenant's, under the same limits), and is
-killed with the context: with a cgroup (``runners.sandbox.cgroups``) even if it left
+killed with the context: with a cgroup (``queue_daemon.runners.sandbox.cgroups``) even if it left
 the process group.
 """
 
@@ -25,15 +25,15 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from runners import framing
-from runners.budget import Spend, no_limit
-from runners.codes import ERROR, TIMEOUT
-from runners.errors import ContextFailed, FrameTooLarge, ProtocolError
-from runners.models import HandlerSpec, JobInput, JobResult, ResultSink
-from runners.output import OutputLimits
-from runners.results import failed, job_result, not_run
-from runners.ring import LineRing, drain
-from runners.sandbox import Child, Sandbox, describe_exit
+from queue_daemon.runners import framing
+from queue_daemon.runners.budget import Spend, no_limit
+from queue_daemon.runners.codes import ERROR, TIMEOUT
+from queue_daemon.runners.errors import ContextFailed, FrameTooLarge, ProtocolError
+from queue_daemon.runners.models import HandlerSpec, JobInput, JobResult, ResultSink
+from queue_daemon.runners.output import OutputLimits
+from queue_daemon.runners.results import failed, job_result, not_run
+from queue_daemon.runners.ring import LineRing, drain
+from queue_daemon.runners.sandbox import Child, Sandbox, describe_exit
 
 logger = logging.getLogger(__name__)
 

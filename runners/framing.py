@@ -9,7 +9,7 @@ from typing import Any
 
 import orjson
 
-from runners.errors import FrameTooLarge, ProtocolError
+from queue_daemon.runners.errors import FrameTooLarge, ProtocolError
 
 MAX_FRAME = 64 << 20
 HEADER = struct.Struct(">I")

@@ -6,7 +6,7 @@ an endpoint that cannot be reached is 502, one that does not answer in time
 reads the daemon's environment (no proxy settings, no netrc).
 
 The daemon connects only to addresses its ``AddressPolicy`` allows
-(``runners.sandbox.addresses``): a host name is refused when any address it resolves
+(``queue_daemon.runners.sandbox.addresses``): a host name is refused when any address it resolves
 to is refused, and every socket is checked again right before it connects
 (the address actually used: no DNS rebinding, IP literals and every redirect
 hop included). A refused address ends the job with 403 (failed, not retried)
@@ -25,10 +25,10 @@ import aiohttp
 from aiohttp.abc import AbstractResolver, ResolveResult
 from aiohttp.resolver import DefaultResolver
 
-from runners.codes import BAD_GATEWAY, ERROR, FORBIDDEN, TIMEOUT, valid_exitcode
-from runners.models import HandlerSpec, JobInput, JobResult
-from runners.output import clip
-from runners.sandbox.addresses import AddressPolicy, AddressRefused
+from queue_daemon.runners.codes import BAD_GATEWAY, ERROR, FORBIDDEN, TIMEOUT, valid_exitcode
+from queue_daemon.runners.models import HandlerSpec, JobInput, JobResult
+from queue_daemon.runners.output import clip
+from queue_daemon.runners.sandbox.addresses import AddressPolicy, AddressRefused
 
 SCHEMES = ("http", "https")
 

@@ -16,7 +16,7 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from runners.codes import valid_exitcode
+from queue_daemon.runners.codes import valid_exitcode
 
 TYPE_RE = re.compile(r"[A-Za-z0-9_.:-]{1,100}")
 MAX_LINE_CHARS = 2000  # one log line longer than this is cut

@@ -26,20 +26,20 @@ from collections.abc import Sequence, Set
 from dataclasses import dataclass
 from pathlib import Path
 
-from runners.budget import OutputBudget
-from runners.codes import ERROR
-from runners.context import Context
-from runners.errors import ContextFailed, SandboxError
-from runners.http import HttpRunner
-from runners.models import LANGS, HandlerSpec, JobInput, JobResult, ResultSink
-from runners.output import OutputLimits
-from runners.results import failed, not_run
-from runners.sandbox import Limits, Sandbox, TenantUids
-from runners.sandbox.addresses import AddressPolicy
-from runners.sandbox.cpuplace import RT_HOLD_S
-from runners.sandbox.users import NoUidYet
-from runners.settings import RunnerSettings
-from runners.shell import ShellRunner
+from queue_daemon.runners.budget import OutputBudget
+from queue_daemon.runners.codes import ERROR
+from queue_daemon.runners.context import Context
+from queue_daemon.runners.errors import ContextFailed, SandboxError
+from queue_daemon.runners.http import HttpRunner
+from queue_daemon.runners.models import LANGS, HandlerSpec, JobInput, JobResult, ResultSink
+from queue_daemon.runners.output import OutputLimits
+from queue_daemon.runners.results import failed, not_run
+from queue_daemon.runners.sandbox import Limits, Sandbox, TenantUids
+from queue_daemon.runners.sandbox.addresses import AddressPolicy
+from queue_daemon.runners.sandbox.cpuplace import RT_HOLD_S
+from queue_daemon.runners.sandbox.users import NoUidYet
+from queue_daemon.runners.settings import RunnerSettings
+from queue_daemon.runners.shell import ShellRunner
 
 __all__ = ["RunnerPool", "RunnerSettings"]
 
@@ -280,7 +280,7 @@ class RunnerPool:
     async def _command(self, spec: HandlerSpec) -> list[str]:
         if spec.lang == "python":
             return [self.sandbox.python, "-I", self.sandbox.bootstrap("python_boot.py")]
-        from runners.node import bootstrap_command, node_command
+        from queue_daemon.runners.node import bootstrap_command, node_command
 
         try:
             node = await asyncio.to_thread(node_command)

@@ -7,9 +7,9 @@ from typing import Any
 
 import orjson
 
-from runners.codes import ERROR, NOT_RUN, valid_exitcode
-from runners.models import JobInput, JobResult
-from runners.output import OutputLimits, clip, parse_output
+from queue_daemon.runners.codes import ERROR, NOT_RUN, valid_exitcode
+from queue_daemon.runners.models import JobInput, JobResult
+from queue_daemon.runners.output import OutputLimits, clip, parse_output
 
 
 def job_result(

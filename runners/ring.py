@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 
-from runners.budget import Spend, no_limit
+from queue_daemon.runners.budget import Spend, no_limit
 
 MAX_LINE = 1000  # characters kept of one line
 READ_SIZE = 1 << 18  # bytes taken from a pipe at a time
@@ -58,7 +58,7 @@ def _text(raw: bytes) -> str:
 
 async def drain(stream: asyncio.StreamReader, ring: LineRing, spend: Spend = no_limit) -> None:
     """Read ``stream`` into ``ring`` until end of stream, ``spend`` after each read
-    (``runners.budget``: it waits while the tenant's output budget is spent)."""
+    (``queue_daemon.runners.budget``: it waits while the tenant's output budget is spent)."""
     while True:
         data = await stream.read(READ_SIZE)
         if not data:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from runners.sandbox.addresses import Network
+from queue_daemon.runners.sandbox.addresses import Network
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

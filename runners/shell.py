@@ -3,7 +3,7 @@
 Exit status 0 is 200 and any other 500, unless the command printed an
 ``S: <exitcode> [result]`` line. The jobs of a batch share one private
 directory and run a few at a time; each job's process group (and cgroup, see
-``runners.sandbox.cgroups``) is killed when its shell exits (nothing it started in the
+``queue_daemon.runners.sandbox.cgroups``) is killed when its shell exits (nothing it started in the
 background survives the job) or when its time is up (504).
 """
 
@@ -15,12 +15,12 @@ import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 
-from runners.budget import OutputBudget
-from runners.codes import ERROR, OK, TIMEOUT
-from runners.models import HandlerSpec, JobInput, JobResult, ResultSink
-from runners.output import OutputLimits, parse_output
-from runners.ring import READ_SIZE, LineRing, drain
-from runners.sandbox import Sandbox, describe_exit
+from queue_daemon.runners.budget import OutputBudget
+from queue_daemon.runners.codes import ERROR, OK, TIMEOUT
+from queue_daemon.runners.models import HandlerSpec, JobInput, JobResult, ResultSink
+from queue_daemon.runners.output import OutputLimits, parse_output
+from queue_daemon.runners.ring import READ_SIZE, LineRing, drain
+from queue_daemon.runners.sandbox import Sandbox, describe_exit
 
 SHELL = "/bin/sh"
 STDERR_LINES = 20  # last lines of a job's stderr kept as log lines

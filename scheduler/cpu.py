@@ -4,12 +4,12 @@ A running batch is one context process, which keeps at most about one core
 busy. A tenant's share is the cores divided among the tenants that have a
 batch running, and never less than one context: a tenant running one batch at
 a time is never busy. The daemon puts busy tenants' handlers behind the others'
-when a handler wakes (``runners.sandbox.cpushare``), so a flooding tenant's contexts
+when a handler wakes (``queue_daemon.runners.sandbox.cpushare``), so a flooding tenant's contexts
 do not delay another tenant's job by a time slice each; the other tenants run
 at most their share between them, so busy tenants still get theirs. When
 every tenant with a batch running is over its share, none is busy: there is
 no one for them to yield to, and marked busy they would also wait behind
-every other process on the machine (``runners.sandbox.cpushare``).
+every other process on the machine (``queue_daemon.runners.sandbox.cpushare``).
 """
 
 from __future__ import annotations

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Set
 
-from scheduler.errors import SchedulerError
-from scheduler.models import Pick
+from queue_daemon.scheduler.errors import SchedulerError
+from queue_daemon.scheduler.models import Pick
 
 _NEVER = -1  # pick sequence of a tenant or type never picked: it sorts first on ties
 

@@ -6,7 +6,7 @@ import base64
 import binascii
 from datetime import datetime
 
-from store.errors import BadCursor
+from queue_daemon.store.errors import BadCursor
 
 _SEP = "|"  # never in an ISO-8601 timestamp, so the id may contain it
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from urllib.parse import parse_qs, urlsplit
 
-from store.errors import StoreError
+from queue_daemon.store.errors import StoreError
 
 TLS_FILES = ("sslrootcert", "sslcert", "sslkey", "sslcrl")
 

@@ -16,9 +16,9 @@ from typing import Any, Protocol
 
 import asyncpg
 
-from store import queries
-from store.notes import parse_payload
-from store.translate import is_unavailable
+from queue_daemon.store import queries
+from queue_daemon.store.notes import parse_payload
+from queue_daemon.store.translate import is_unavailable
 
 logger = logging.getLogger(__name__)
 

@@ -14,13 +14,13 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import TYPE_CHECKING, TypeAlias
 
-from store import queries
+from queue_daemon.store import queries
 
 if TYPE_CHECKING:
     import asyncpg
     from asyncpg.pool import PoolConnectionProxy
 
-    from store.pg import PgStore
+    from queue_daemon.store.pg import PgStore
 
     Connection: TypeAlias = asyncpg.Connection | PoolConnectionProxy[asyncpg.Record]
 
@@ -46,7 +46,7 @@ class Migration:
 def available_migrations() -> list[Migration]:
     """The migration files shipped in ``store/migrations``, by version."""
     found: list[Migration] = []
-    for entry in (resources.files("store") / "migrations").iterdir():
+    for entry in (resources.files("queue_daemon.store") / "migrations").iterdir():
         match = _NAME.match(entry.name)
         if match:
             found.append(
@@ -67,7 +67,7 @@ async def _versions(conn: Connection) -> list[int]:
 
 async def applied_migrations(target: Connection | PgStore) -> list[int]:
     """Versions recorded in ``schema_migrations`` (empty before the first run)."""
-    from store.pg import PgStore  # pg imports this module
+    from queue_daemon.store.pg import PgStore  # pg imports this module
 
     if isinstance(target, PgStore):
         return await target.applied_migrations()

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from datetime import UTC, datetime
 
-from store.models import NewJob
+from queue_daemon.store.models import NewJob
 
 # PostgreSQL refuses payloads of 8000 bytes or more; beyond this, say "re-read"
 MAX_PAYLOAD = 7000

@@ -16,17 +16,17 @@ from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
 import asyncpg
 import orjson
 
-from store import queries
-from store.dsn import check_tls_files
-from store.migrate import applied_migrations as _applied_versions
-from store.migrate import migrate as apply_migrations
-from store.models import (
+from queue_daemon.store import queries
+from queue_daemon.store.dsn import check_tls_files
+from queue_daemon.store.migrate import applied_migrations as _applied_versions
+from queue_daemon.store.migrate import migrate as apply_migrations
+from queue_daemon.store.models import (
     HandlerRecord,
     Job,
     JobState,
     Resolution,
 )
-from store.translate import is_unavailable, translate
+from queue_daemon.store.translate import is_unavailable, translate
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -109,7 +109,7 @@ class PgBase:
     """The job store on PostgreSQL: the pool, its life, and the helpers every part uses.
 
     Every call takes a connection from the pool and returns it; asyncpg errors
-    leave as ``store.errors`` (``StoreUnavailable`` when the server cannot be
+    leave as ``queue_daemon.store.errors`` (``StoreUnavailable`` when the server cannot be
     reached). The pool replaces dead connections on its own, so the first call
     after PostgreSQL comes back works without any reconnect by the caller.
     """
@@ -205,7 +205,7 @@ class PgBase:
                     raise
 
     async def resolve(self, ids: Sequence[str], conn: Connection | None = None) -> Resolution:
-        """Resolve the dependents of done jobs ``ids`` (``store.pg_graph``)."""
+        """Resolve the dependents of done jobs ``ids`` (``queue_daemon.store.pg_graph``)."""
         raise NotImplementedError
 
     async def _fetch(self, query: str, *args: Any) -> list[asyncpg.Record]:

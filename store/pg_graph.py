@@ -7,13 +7,13 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
-from store import queries
-from store.models import NewJob, OptedJobs, Resolution
-from store.notes import MAX_PAYLOAD
-from store.pg_base import PgBase
+from queue_daemon.store import queries
+from queue_daemon.store.models import NewJob, OptedJobs, Resolution
+from queue_daemon.store.notes import MAX_PAYLOAD
+from queue_daemon.store.pg_base import PgBase
 
 if TYPE_CHECKING:
-    from store.pg_base import Connection
+    from queue_daemon.store.pg_base import Connection
 
 logger = logging.getLogger(__name__)
 

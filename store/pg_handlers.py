@@ -9,9 +9,9 @@ from typing import Any
 
 import orjson
 
-from store import queries
-from store.errors import LimitReached, NotFound
-from store.models import (
+from queue_daemon.store import queries
+from queue_daemon.store.errors import LimitReached, NotFound
+from queue_daemon.store.models import (
     DaemonLease,
     FailedJob,
     HandlerRecord,
@@ -19,7 +19,7 @@ from store.models import (
     RunningJob,
     RunningJobs,
 )
-from store.pg_base import PgBase, handler_of
+from queue_daemon.store.pg_base import PgBase, handler_of
 
 logger = logging.getLogger(__name__)
 

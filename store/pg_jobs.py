@@ -11,18 +11,18 @@ from typing import cast
 
 import asyncpg
 
-from store import queries
-from store.cursor import decode_cursor, encode_cursor
-from store.errors import Conflict, NotFound
-from store.models import (
+from queue_daemon.store import queries
+from queue_daemon.store.cursor import decode_cursor, encode_cursor
+from queue_daemon.store.errors import Conflict, NotFound
+from queue_daemon.store.models import (
     Job,
     JobPage,
     JobState,
     NewJob,
     TypeStats,
 )
-from store.notes import added_payload
-from store.pg_base import PgBase, job_of, state_of
+from queue_daemon.store.notes import added_payload
+from queue_daemon.store.pg_base import PgBase, job_of, state_of
 
 logger = logging.getLogger(__name__)
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
 
-from store import queries
-from store.models import (
+from queue_daemon.store import queries
+from queue_daemon.store.models import (
     DaemonSeen,
     HeldJob,
     PulledJob,
@@ -15,7 +15,7 @@ from store.models import (
     ReleaseHow,
     WorkerSeen,
 )
-from store.pg_base import PgBase, row_as
+from queue_daemon.store.pg_base import PgBase, row_as
 
 # (job id, the whole lock value its claim put on it)
 Claim = tuple[str, str]

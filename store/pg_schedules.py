@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from store import queries
-from store.errors import LimitReached, NotFound
-from store.models import DueSchedule, Schedule, TickAdded
-from store.pg_base import PgBase, row_as
+from queue_daemon.store import queries
+from queue_daemon.store.errors import LimitReached, NotFound
+from queue_daemon.store.models import DueSchedule, Schedule, TickAdded
+from queue_daemon.store.pg_base import PgBase, row_as
 
 
 class SchedulesPart(PgBase):

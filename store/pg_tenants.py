@@ -7,12 +7,12 @@ import logging
 import asyncpg
 import orjson
 
-from store import queries
-from store.errors import Conflict, NotFound, StoreError
-from store.models import (
+from queue_daemon.store import queries
+from queue_daemon.store.errors import Conflict, NotFound, StoreError
+from queue_daemon.store.models import (
     Tenant,
 )
-from store.pg_base import PgBase
+from queue_daemon.store.pg_base import PgBase
 
 logger = logging.getLogger(__name__)
 

@@ -1,5 +1,5 @@
 """The store's ports: one small protocol per consumer, so each part of the daemon
-depends on the few calls it makes. ``store.pg.PgStore`` implements them all
+depends on the few calls it makes. ``queue_daemon.store.pg.PgStore`` implements them all
 (``Store``); ``tests/fakes/store.py`` implements the ones the engine's
 decisions are unit-tested against, in memory.
 
@@ -23,8 +23,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
 from typing import Protocol
 
-from store.listen import Delays
-from store.models import (
+from queue_daemon.store.listen import Delays
+from queue_daemon.store.models import (
     ClaimedJob,
     DaemonLease,
     DaemonSeen,

@@ -1,4 +1,4 @@
-"""The edge where asyncpg's exceptions become ``store.errors``."""
+"""The edge where asyncpg's exceptions become ``queue_daemon.store.errors``."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from contextlib import contextmanager
 
 import asyncpg
 
-from store.errors import StoreError, StoreUnavailable
+from queue_daemon.store.errors import StoreError, StoreUnavailable
 
 # SQLSTATE classes that mean "the server is not there for us right now":
 # 08 connection exception, 53 insufficient resources (too many connections),

@@ -14,7 +14,7 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from store.embedded import orphaned_homes, stop_server
+from queue_daemon.store.embedded import orphaned_homes, stop_server
 from tests.pgserver import PgServer
 
 TEMPLATE = "qd_template"
@@ -102,7 +102,7 @@ def scratch_database(admin_dsn: str, prefix: str, template: str | None = None) -
 @pytest.fixture(scope="session")
 def pg_template(pg_admin_dsn: str) -> str:
     """A database with every migration applied, cloned by each test."""
-    from store.pg import PgStore
+    from queue_daemon.store.pg import PgStore
 
     async def build() -> None:
         conn = await asyncpg.connect(pg_admin_dsn)

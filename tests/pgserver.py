@@ -10,7 +10,7 @@ import os
 import warnings
 from pathlib import Path
 
-from store.embedded import stop_server
+from queue_daemon.store.embedded import stop_server
 
 
 def _pg_user() -> str | None:

@@ -24,7 +24,7 @@ from bench.faults import checks, plan
 from bench.faults.plan import Fault
 from bench.faults.procs import children
 from bench.faults.world import LEASE, World
-from journal.format import Frame, scan
+from queue_daemon.journal.format import Frame, scan
 
 Injector = Callable[[World, Fault], Awaitable[float]]
 WAIT = 20.0  # seconds to wait for the moment a fault needs (a run in flight, …)

@@ -8,7 +8,7 @@ import signal
 from pathlib import Path
 
 from bench.procs import proc_stats
-from runners.sandbox import cgroups
+from queue_daemon.runners.sandbox import cgroups
 
 
 def children(pid: int) -> list[int]:
@@ -46,7 +46,7 @@ def alive(pids: list[int]) -> list[int]:
 
 def own_cgroup_dir() -> Path | None:
     """The directory of this process's cgroup, where daemons it starts make theirs
-    (found as the daemon finds its own: ``runners.sandbox.cgroups``)."""
+    (found as the daemon finds its own: ``queue_daemon.runners.sandbox.cgroups``)."""
     mount, own = cgroups._mount_point(), cgroups._own_path()
     if mount is None or own is None:
         return None

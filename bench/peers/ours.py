@@ -30,8 +30,8 @@ from bench.api import Api
 from bench.e2e import PY_CLOCK, PY_NOOP, bulk_body
 from bench.pg import vacuum_analyze
 from bench.procs import BenchError
-from journal import Journal
 from queue_daemon.engine.ids import IdGenerator
+from queue_daemon.journal import Journal
 
 if TYPE_CHECKING:
     from bench.cli import Run

@@ -31,8 +31,8 @@ from queue_daemon.api import errors
 from queue_daemon.api.errors import ApiError
 from queue_daemon.engine.limits import Limits
 from queue_daemon.names import valid_client
-from store.errors import StoreError
-from store.ports import TenantStore
+from queue_daemon.store.errors import StoreError
+from queue_daemon.store.ports import TenantStore
 
 if TYPE_CHECKING:
     from queue_daemon.api.web import Services

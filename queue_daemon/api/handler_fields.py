@@ -9,8 +9,8 @@ from typing import Any
 from queue_daemon.api import errors
 from queue_daemon.engine.pulled import PULLED_LANG
 from queue_daemon.names import JobType, iso, valid_type
-from runners.models import LANGS
-from store.models import HandlerRecord
+from queue_daemon.runners.models import LANGS
+from queue_daemon.store.models import HandlerRecord
 
 MAX_SOURCE_BYTES = 1 << 20  # default limit of each of body, before, beforeEach, afterEach
 MAX_TIMEOUT_S = 3600.0

@@ -13,8 +13,8 @@ from queue_daemon.api.handler_fields import bad_handler, handler_body, parse_han
 from queue_daemon.api.web import SERVICES, jobtype_of, json_response, read_body
 from queue_daemon.engine.pulled import PULLED_LANG
 from queue_daemon.names import JobType
-from runners.check import check_handler
-from store.errors import LimitReached, NotFound
+from queue_daemon.runners.check import check_handler
+from queue_daemon.store.errors import LimitReached, NotFound
 
 
 async def add_handler(request: web.Request) -> web.Response:

@@ -21,7 +21,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from queue_daemon.api.auth import authorize_admin
 from queue_daemon.api.web import SERVICES, Services, json_response
-from store.errors import StoreError
+from queue_daemon.store.errors import StoreError
 
 PING_TIMEOUT_S = 2.0  # a store that takes longer to answer a ping counts as unreachable
 

@@ -10,7 +10,6 @@ from typing import Any
 
 from aiohttp import web
 
-from journal import JournalError
 from queue_daemon.api import errors
 from queue_daemon.api.auth import authorize
 from queue_daemon.api.errors import ApiError
@@ -29,9 +28,10 @@ from queue_daemon.engine.ids import MAX_KEY, keyed_ids
 from queue_daemon.engine.limits import TenantLimits
 from queue_daemon.engine.options import ID_RE, MAX_AFTER, JobOptions
 from queue_daemon.engine.quotas import rate_cost
+from queue_daemon.journal import JournalError
 from queue_daemon.names import JobType, iso, valid_type
-from store.errors import BadCursor, Conflict, NotFound
-from store.models import Job, JobState, TypeStats
+from queue_daemon.store.errors import BadCursor, Conflict, NotFound
+from queue_daemon.store.models import Job, JobState, TypeStats
 
 logger = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ line by line in review, and needs no code to build. It is loaded once and
 checked as it loads, so a document that drifted from the code fails the
 daemon's start and the tests rather than misleading a client: it must be
 OpenAPI 3, every ``$ref`` must resolve, and every list of handler languages in
-it must be the runners' own (``runners.models.LANGS``).
+it must be the runners' own (``queue_daemon.runners.models.LANGS``).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from runners.models import LANGS
+from queue_daemon.runners.models import LANGS
 
 
 class DocumentError(ValueError):

@@ -23,8 +23,8 @@ from queue_daemon.api.web import SERVICES, json_response, read_body
 from queue_daemon.engine.cron import Cron, CronError, zone
 from queue_daemon.engine.schedules import MAX_SCHEDULES
 from queue_daemon.names import iso, valid_type
-from store.errors import LimitReached, NotFound
-from store.models import Schedule
+from queue_daemon.store.errors import LimitReached, NotFound
+from queue_daemon.store.models import Schedule
 
 NEXT_SHOWN = 3  # next fire times in a listing
 _FIELDS = {"type", "cron", "payload", "tz"}

@@ -19,7 +19,6 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from journal import Journal
 from queue_daemon.api import bodies, errors
 from queue_daemon.api.auth import TokenCache
 from queue_daemon.api.bodies import BodyBudget
@@ -34,13 +33,14 @@ from queue_daemon.engine.quotas import RateLimiter, WaitingLimiter
 from queue_daemon.engine.schedules import Ticker
 from queue_daemon.engine.sysid import Identity
 from queue_daemon.engine.waits import DoneWaits
+from queue_daemon.journal import Journal
 from queue_daemon.names import valid_type
 from queue_daemon.observe.metrics import Metrics
 from queue_daemon.observe.overview import Overview
 from queue_daemon.observe.queuelog import QueueLog
 from queue_daemon.settings import Settings
-from store.errors import StoreError, StoreUnavailable
-from store.ports import Store
+from queue_daemon.store.errors import StoreError, StoreUnavailable
+from queue_daemon.store.ports import Store
 
 logger = logging.getLogger(__name__)
 

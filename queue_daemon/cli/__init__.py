@@ -16,14 +16,14 @@ import sys
 from collections.abc import Sequence
 from urllib.parse import urlsplit
 
-from journal import JournalError
 from queue_daemon import app
 from queue_daemon.cli.commands import admin_command, journal_check, stats_command, tenant_command
 from queue_daemon.cli.config import CliError, event_loop, settings_from
 from queue_daemon.cli.parser import build_parser
 from queue_daemon.cli.tenant_client import tenant_client_command
 from queue_daemon.engine.sysid import SysidError
-from store.errors import StoreError
+from queue_daemon.journal import JournalError
+from queue_daemon.store.errors import StoreError
 
 __all__ = ["CliError", "build_parser", "main", "password_in_argv", "settings_from"]
 

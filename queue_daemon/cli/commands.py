@@ -18,7 +18,7 @@ from queue_daemon.cli.config import CliError, number
 from queue_daemon.engine.limits import LIMIT_KEYS, LimitsError, validate_overrides
 from queue_daemon.names import valid_client
 from queue_daemon.settings import Settings
-from store.errors import Conflict, NotFound
+from queue_daemon.store.errors import Conflict, NotFound
 
 RESERVED_CLIENTS = frozenset({"admin"})  # its paths would collide with /admin/... routes
 
@@ -175,7 +175,7 @@ async def tenant_command(args: argparse.Namespace) -> int:
 
 
 def journal_check(args: argparse.Namespace) -> int:
-    from journal import check
+    from queue_daemon.journal import check
 
     path = Path(args.path)
     if not path.is_dir():

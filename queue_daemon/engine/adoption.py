@@ -20,7 +20,7 @@ from pathlib import Path
 from queue_daemon.engine.ingester import Ingester
 from queue_daemon.engine.sysid import candidates, open_journal
 from queue_daemon.settings import Settings
-from store.ports import JobIntake
+from queue_daemon.store.ports import JobIntake
 
 logger = logging.getLogger(__name__)
 

@@ -20,15 +20,15 @@ from queue_daemon.engine.quotas import Admission
 from queue_daemon.names import JobType
 from queue_daemon.observe.metrics import Metrics
 from queue_daemon.observe.queuelog import QueueLog
-from runners.models import HandlerSpec, JobInput, JobResult, ResultSink
-from runners.output import clip
-from store.models import ClaimedJob, Release
+from queue_daemon.runners.models import HandlerSpec, JobInput, JobResult, ResultSink
+from queue_daemon.runners.output import clip
+from queue_daemon.store.models import ClaimedJob, Release
 
 logger = logging.getLogger(__name__)
 
 
 class Runners(Protocol):
-    """What the worker uses of the runner pool (``runners.pool.RunnerPool``)."""
+    """What the worker uses of the runner pool (``queue_daemon.runners.pool.RunnerPool``)."""
 
     @property
     def busy_remark_s(self) -> float:

@@ -8,13 +8,13 @@ take every context: another tenant's job still gets one at once (and keeps
 its warm context instead of a cold start per job).
 
 A tenant that ran more contexts at once than its share of the cores since the
-last check is busy (``scheduler.busy_tenants``): its handlers are put behind
+last check is busy (``queue_daemon.scheduler.busy_tenants``): its handlers are put behind
 the others' on the CPU. Pure: the clock is passed in.
 """
 
 from __future__ import annotations
 
-from scheduler import busy_tenants
+from queue_daemon.scheduler import busy_tenants
 
 RESERVED_BATCHES_SHARE = 8  # 1/8: 8 of the default 64
 

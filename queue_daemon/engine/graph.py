@@ -6,7 +6,7 @@ from __future__ import annotations
 from queue_daemon.names import JobType
 from queue_daemon.observe.metrics import Metrics
 from queue_daemon.observe.queuelog import QueueLog
-from store.models import Release, ReleaseHow, Resolution
+from queue_daemon.store.models import Release, ReleaseHow, Resolution
 
 DEPENDENCY_FAILED = 424
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import time
 
 from queue_daemon.names import JobType
-from runners.models import HandlerSpec
-from store.errors import NotFound
-from store.models import HandlerRecord
-from store.ports import HandlerLookup
+from queue_daemon.runners.models import HandlerSpec
+from queue_daemon.store.errors import NotFound
+from queue_daemon.store.models import HandlerRecord
+from queue_daemon.store.ports import HandlerLookup
 
 
 def spec_of(record: HandlerRecord) -> HandlerSpec:

@@ -1,6 +1,6 @@
 """Moves acknowledged jobs from the journal into the store.
 
-Each pipeline loops reserve → read → ``store.add_jobs`` and hands the batch on
+Each pipeline loops reserve → read → ``queue_daemon.store.add_jobs`` and hands the batch on
 as soon as its rows are in (seen and notified, not yet flushed): one settling
 task waits until everything handed to it is durable (one WAL flush for all
 the batches that came meanwhile) and only then advances the journal's read
@@ -21,12 +21,12 @@ import asyncio
 import logging
 from datetime import UTC, datetime, timedelta
 
-from journal import Entry, Journal, Reservation
 from queue_daemon.engine.backoff import Backoff
 from queue_daemon.engine.options import JobOptions
-from store.errors import StoreError, StoreUnavailable
-from store.models import NewJob, OptedJobs
-from store.ports import JobIntake
+from queue_daemon.journal import Entry, Journal, Reservation
+from queue_daemon.store.errors import StoreError, StoreUnavailable
+from queue_daemon.store.models import NewJob, OptedJobs
+from queue_daemon.store.ports import JobIntake
 
 logger = logging.getLogger(__name__)
 

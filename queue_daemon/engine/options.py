@@ -1,5 +1,5 @@
 """An add's options that travel with its jobs through the journal (after the
-dt field of each line, ``journal.format``): the jobs they wait for, how those
+dt field of each line, ``queue_daemon.journal.format``): the jobs they wait for, how those
 must end, and a deadline. Adds without options write none, so the common
 line and its parsing are as they were.
 

@@ -30,10 +30,10 @@ from queue_daemon.engine.waits import RECHECK_S, JobWaits
 from queue_daemon.names import JobType
 from queue_daemon.observe.metrics import Metrics
 from queue_daemon.observe.queuelog import QueueLog
-from runners.models import HandlerSpec, JobResult
-from runners.output import clip
-from store.models import ClaimedJob, HeldJob, PulledJob, Release
-from store.ports import Claim, PulledJobs
+from queue_daemon.runners.models import HandlerSpec, JobResult
+from queue_daemon.runners.output import clip
+from queue_daemon.store.models import ClaimedJob, HeldJob, PulledJob, Release
+from queue_daemon.store.ports import Claim, PulledJobs
 
 PULLED_LANG = "worker"  # a handler of this lang marks its type as pulled
 MAX_ITEMS = 1000  # jobs per claim, and items per batch request

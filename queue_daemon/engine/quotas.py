@@ -24,8 +24,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from store.errors import StoreError
-from store.ports import TenantStore
+from queue_daemon.store.errors import StoreError
+from queue_daemon.store.ports import TenantStore
 
 logger = logging.getLogger(__name__)
 

@@ -16,11 +16,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from journal import Journal, JournalError
+from queue_daemon.journal import Journal, JournalError
 from queue_daemon.names import valid_sysid
 from queue_daemon.settings import Settings
-from store.errors import StoreError, SysidTaken
-from store.ports import SysidLeases
+from queue_daemon.store.errors import StoreError, SysidTaken
+from queue_daemon.store.ports import SysidLeases
 
 logger = logging.getLogger(__name__)
 

@@ -9,8 +9,8 @@ from collections.abc import Sequence
 from queue_daemon.names import JobType
 from queue_daemon.observe.metrics import Metrics
 from queue_daemon.observe.queuelog import QueueLog
-from store.models import Release, ReleaseHow
-from store.ports import JobQueue
+from queue_daemon.store.models import Release, ReleaseHow
+from queue_daemon.store.ports import JobQueue
 
 NO_HANDLER_RESULT = "no handler for this type before the job's time ran out"
 LEASE_EXPIRED_EXIT = 500  # store.queries.queue's: every run's lease ran out

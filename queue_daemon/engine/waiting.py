@@ -8,8 +8,8 @@ import asyncio
 import time
 from collections.abc import Mapping, Set
 
-from scheduler import tenant_of
-from store.ports import JobQueue
+from queue_daemon.scheduler import tenant_of
+from queue_daemon.store.ports import JobQueue
 
 POLL_S = 1.0  # re-read the waiting jobtypes at least this often (delayed jobs come due)
 # The store lists only types with a live handler; one whose handler went since

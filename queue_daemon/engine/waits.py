@@ -15,7 +15,7 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Collection, Mapping
 
-from store.errors import StoreError
+from queue_daemon.store.errors import StoreError
 
 logger = logging.getLogger(__name__)
 

@@ -37,10 +37,10 @@ from queue_daemon.engine.waiting import POLL_S, WaitingTypes, claimable
 from queue_daemon.names import JobType
 from queue_daemon.observe.metrics import Metrics
 from queue_daemon.observe.queuelog import QueueLog
-from scheduler import Pick, Scheduler, tenant_of
-from store.errors import StoreError
-from store.models import ClaimedJob, Release
-from store.ports import JobQueue
+from queue_daemon.scheduler import Pick, Scheduler, tenant_of
+from queue_daemon.store.errors import StoreError
+from queue_daemon.store.models import ClaimedJob, Release
+from queue_daemon.store.ports import JobQueue
 
 logger = logging.getLogger(__name__)
 

@@ -42,9 +42,9 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from queue_daemon.names import JobType
-from store.errors import StoreError
-from store.models import QueueDepth, Release
-from store.ports import Dashboard
+from queue_daemon.store.errors import StoreError
+from queue_daemon.store.models import QueueDepth, Release
+from queue_daemon.store.ports import Dashboard
 
 logger = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 recent failures and daemons, as one JSON body.
 
 Every list is bounded and every count is read from an index or a counter
-table (``store.queries``, "the dashboard"), so a page polling every two
+table (``queue_daemon.store.queries``, "the dashboard"), so a page polling every two
 seconds costs the store the same with a thousand or a billion archived jobs.
 Bodies are kept for ``CACHE_S`` per scope, so any number of open pages cost
 one set of queries a second.
@@ -17,8 +17,8 @@ from typing import Any
 
 from queue_daemon.names import JobType, iso
 from queue_daemon.observe.throughput import Throughput
-from store.models import DaemonLease, FailedJob, QueueDepth, RunningJob, WorkerSeen
-from store.ports import Dashboard
+from queue_daemon.store.models import DaemonLease, FailedJob, QueueDepth, RunningJob, WorkerSeen
+from queue_daemon.store.ports import Dashboard
 
 MAX_QUEUES = 1000  # types listed at most; "queues_cut" says when there were more
 COUNT_CAP = 10_000  # waiting (and scheduled) jobs counted per type at most; "capped" beyond

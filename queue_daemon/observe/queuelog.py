@@ -32,7 +32,7 @@ import orjson
 
 from queue_daemon.names import JobType
 from queue_daemon.observe.records import Ev, record_head
-from store.models import ClaimedJob, ExpiredLock, Release, ReleaseHow
+from queue_daemon.store.models import ClaimedJob, ExpiredLock, Release, ReleaseHow
 
 logger = logging.getLogger(__name__)
 

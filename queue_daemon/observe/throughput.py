@@ -17,8 +17,8 @@ import time
 from collections import deque
 from collections.abc import Callable
 
-from store.errors import StoreError
-from store.ports import Dashboard
+from queue_daemon.store.errors import StoreError
+from queue_daemon.store.ports import Dashboard
 
 logger = logging.getLogger(__name__)
 

@@ -15,10 +15,10 @@
 Only this package touches cgroups and scheduling classes.
 """
 
-from runners.sandbox.jail import Limits, Sandbox
-from runners.sandbox.probes import SAFE_PATH, scrubbed_env
-from runners.sandbox.process import Child, describe_exit, kill_group
-from runners.sandbox.users import RunAs, TenantUids, resolve_run_as, tenant_ids
+from queue_daemon.runners.sandbox.jail import Limits, Sandbox
+from queue_daemon.runners.sandbox.probes import SAFE_PATH, scrubbed_env
+from queue_daemon.runners.sandbox.process import Child, describe_exit, kill_group
+from queue_daemon.runners.sandbox.users import RunAs, TenantUids, resolve_run_as, tenant_ids
 
 __all__ = [
     "SAFE_PATH",

@@ -11,7 +11,7 @@ Layout: ``<the daemon's own cgroup>/queue-daemon-<pid>.<k>/run-<n>``, one
 ``run-<n>`` per context or shell job (``k`` numbers the runner pools of one
 process). The process enters its cgroup before it runs any
 handler code: the first wrapper, run as root, writes its own pid into
-``cgroup.procs`` and then execs the rest (see ``runners.sandbox``). Cgroups
+``cgroup.procs`` and then execs the rest (see ``queue_daemon.runners.sandbox``). Cgroups
 of daemons that died (``queue-daemon-<pid>.<k>`` whose pid no longer exists) are
 killed and removed when the next daemon prepares its sandbox.
 

@@ -1,5 +1,5 @@
 """The daemon's own CPU group (its place), shared by its handlers' groups, and the
-real-time hold of that place while a tenant is busy (see ``runners.sandbox.cpushare``
+real-time hold of that place while a tenant is busy (see ``queue_daemon.runners.sandbox.cpushare``
 for the handlers' groups).
 
 Idle-class, a busy tenant's handlers still fill every core, and then the
@@ -35,7 +35,7 @@ import threading
 import time
 from pathlib import Path
 
-from runners.sandbox.cgroups import pid_alive
+from queue_daemon.runners.sandbox.cgroups import pid_alive
 
 logger = logging.getLogger(__name__)
 

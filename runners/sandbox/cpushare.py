@@ -34,7 +34,7 @@ part of the CPU and another tenant's single job still gets the other part at
 once. Processes cannot leave these groups (their ``cgroup.procs`` are
 root's), ``setsid()`` or not. The daemon marks the groups of busy tenants
 (``mark_busy``: those running more contexts at once than their share of the
-cores, see ``scheduler.busy_tenants``) ``cpu.idle`` as well: a handler of
+cores, see ``queue_daemon.scheduler.busy_tenants``) ``cpu.idle`` as well: a handler of
 another tenant that wakes then takes the core from a busy tenant's handler
 at once, as the daemon does, instead of waiting for the kernel to end that
 handler's time slice (up to a few scheduler ticks). Busy tenants share
@@ -51,10 +51,10 @@ idle-class beside every other (``mark_busy``; they move back when the mark
 goes, and a tenant's contexts that start while it is busy start there).
 There they run on CPU time no other process on the machine wants. Unlike all
 handlers idle machine-wide (above), this costs only tenants over their share
-while another tenant runs within its share (``scheduler.busy_tenants``).
+while another tenant runs within its share (``queue_daemon.scheduler.busy_tenants``).
 
 A handler process enters its group in the same root wrapper that enters its
-cgroup v2 (see ``runners.sandbox``). The daemon moves back, and its group is
+cgroup v2 (see ``queue_daemon.runners.sandbox``). The daemon moves back, and its group is
 removed, when its last handlers' group closes; groups of daemons that died are
 removed by the next daemon (their processes move up to the parent). Only as
 root and where the ``cpu`` controller is mounted as cgroup v1 (as on hybrid
@@ -65,7 +65,7 @@ no ``cpu.idle`` (before Linux 5.15) the handlers' group gets the daemon's
 weight instead.
 
 The daemon's own group, its place at start-up and its real-time hold are in
-``runners.sandbox.cpuplace``. Blocking: call through ``asyncio.to_thread``.
+``queue_daemon.runners.sandbox.cpuplace``. Blocking: call through ``asyncio.to_thread``.
 """
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ import threading
 from collections.abc import Set
 from pathlib import Path
 
-from runners.sandbox.cpuplace import (
+from queue_daemon.runners.sandbox.cpuplace import (
     HANDLER_SHARES,
     HOME_LOCK,
     Home,

@@ -34,7 +34,7 @@ namespaces:
         unshare --setgid=G --setuid=U --
 
 A process group does not hold a tree whose members call ``setsid()``: when the
-daemon is root and cgroup v2 is there (``runners.sandbox.cgroups``), every context and
+daemon is root and cgroup v2 is there (``queue_daemon.runners.sandbox.cgroups``), every context and
 shell job also gets a cgroup of its own, which the very first wrapper (root)
 enters before anything of the handler runs; killing a tree then also writes
 ``cgroup.kill``, which nothing in the cgroup can leave or escape. With cgroups
@@ -69,10 +69,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from runners.errors import SandboxError
-from runners.sandbox.cgroups import CgroupTree
-from runners.sandbox.cpushare import CpuGroup
-from runners.sandbox.probes import (
+from queue_daemon.runners.errors import SandboxError
+from queue_daemon.runners.sandbox.cgroups import CgroupTree
+from queue_daemon.runners.sandbox.cpushare import CpuGroup
+from queue_daemon.runners.sandbox.probes import (
     SAFE_PATH,
     find_ip,
     find_private_mounts,
@@ -80,9 +80,9 @@ from runners.sandbox.probes import (
     find_unshare,
     scrubbed_env,
 )
-from runners.sandbox.process import Child, _Protocol
-from runners.sandbox.users import RunAs, TenantUids, resolve_run_as, tenant_ids
-from runners.sandbox.workdirs import OwnPart
+from queue_daemon.runners.sandbox.process import Child, _Protocol
+from queue_daemon.runners.sandbox.users import RunAs, TenantUids, resolve_run_as, tenant_ids
+from queue_daemon.runners.sandbox.workdirs import OwnPart
 
 logger = logging.getLogger(__name__)
 
@@ -344,7 +344,7 @@ class Sandbox:
 
     def make_dir(self, prefix: str, client: str) -> Path:
         """A new private directory (0700, owned by the client's user) in this sandbox's part
-        of the work root (``runners.sandbox.workdirs``)."""
+        of the work root (``queue_daemon.runners.sandbox.workdirs``)."""
         if self._part is None:
             raise SandboxError("the sandbox is closed")
         path = Path(tempfile.mkdtemp(prefix=prefix, dir=self._part.path))

@@ -10,8 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from runners.errors import SandboxError
-from runners.sandbox.users import RunAs
+from queue_daemon.runners.errors import SandboxError
+from queue_daemon.runners.sandbox.users import RunAs
 
 logger = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ import os
 import signal
 from pathlib import Path
 
-from runners.sandbox.cgroups import CgroupTree
+from queue_daemon.runners.sandbox.cgroups import CgroupTree
 
 
 class _Protocol(asyncio.subprocess.SubprocessStreamProtocol):

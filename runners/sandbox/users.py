@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from runners.errors import SandboxError
+from queue_daemon.runners.errors import SandboxError
 
 logger = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ contains ``-``, so ``a`` never sees ``ab``'s jobs). STATS scopes by the range
 instead, the same set, so that it can read the partial indexes and type_counts.
 """
 
-from store.queries import (
+from queue_daemon.store.queries import (
     counts,
     dashboard,
     graph,

@@ -13,7 +13,7 @@ set on a done job: ``PENDING`` finds it and the resolution is run then.
 
 from __future__ import annotations
 
-from store.queries.queue import BY_OF, NOTE_DONE, RUN_ENTRY
+from queue_daemon.store.queries.queue import BY_OF, NOTE_DONE, RUN_ENTRY
 
 # $1..$5 the new jobs' columns as arrays (as intake.INSERT_FEW), $6 the ids of
 # their dependencies, $7 resolve_any (all-resolved), $8 deadline or NULL.

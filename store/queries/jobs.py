@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from store.queries import counts
+from queue_daemon.store.queries import counts
 
 _JOB_COLUMNS = """
     id,

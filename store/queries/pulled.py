@@ -10,7 +10,7 @@ the holder of a claim can act on it. Every statement is scoped to the client
 
 from __future__ import annotations
 
-from store.queries.queue import BY_OF, CLAIM_IDS, NOTE_DONE, REASON_OF, RUN_ENTRY
+from queue_daemon.store.queries.queue import BY_OF, CLAIM_IDS, NOTE_DONE, REASON_OF, RUN_ENTRY
 
 DONE_CHANNEL = "qd_done"
 LOCK_PREFIX_LEN = 35  # len('w:') + 32 hex + len(':'): substr(lock, 36) is the worker name

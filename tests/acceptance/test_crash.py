@@ -16,7 +16,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from store.embedded import stop_server
+from queue_daemon.store.embedded import stop_server
 from tests.acceptance.client import Api, until
 from tests.acceptance.daemon import (
     DaemonFactory,

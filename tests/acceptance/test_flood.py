@@ -23,7 +23,7 @@ import aiohttp
 import asyncpg
 import pytest
 
-from runners.sandbox.users import TENANT_UID_BASE
+from queue_daemon.runners.sandbox.users import TENANT_UID_BASE
 from tests.acceptance.client import Api, Handlers, until, wait_done
 from tests.acceptance.daemon import DaemonFactory, deploy
 
@@ -49,7 +49,7 @@ CLOCK_HANDLER = (
 def _cpu_marks(calm_group: str, uids: dict[str, int]) -> dict[str, str] | None:
     """The ``cpu.idle`` of the calm tenant's CPU group (``calm_group``, as its handler
     saw it in /proc/self/cgroup) and of the flood's beside it; None without them."""
-    from runners.sandbox.cpuplace import v1_cpu_mount
+    from queue_daemon.runners.sandbox.cpuplace import v1_cpu_mount
 
     mount = v1_cpu_mount()
     if mount is None or os.geteuid() != 0 or not calm_group.startswith("/"):

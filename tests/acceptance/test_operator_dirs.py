@@ -20,7 +20,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from store.embedded import host_home, stop_server
+from queue_daemon.store.embedded import host_home, stop_server
 from tests.acceptance.client import Api, Handlers, wait_done
 from tests.acceptance.daemon import DaemonFactory, add_tenant, run_cli, store_args
 

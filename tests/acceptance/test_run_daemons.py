@@ -25,7 +25,7 @@ import aiohttp
 import asyncpg
 import pytest
 
-from runners.sandbox.cgroups import pid_alive
+from queue_daemon.runners.sandbox.cgroups import pid_alive
 from tests.acceptance.client import Api, Handlers, until, wait_all_done, wait_done
 from tests.acceptance.daemon import DaemonFactory, DaemonProcess, add_tenant, shared_dir
 from tests.acceptance.scrape import scrape, value

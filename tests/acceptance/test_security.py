@@ -19,7 +19,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from store.embedded import stop_server
+from queue_daemon.store.embedded import stop_server
 from tests.acceptance.client import Api, Handlers, until, wait_done
 from tests.acceptance.daemon import (
     DaemonFactory,

@@ -19,8 +19,8 @@ import aiohttp
 import asyncpg
 import pytest
 
-from runners.sandbox.users import TENANT_UID_SPAN
-from store import queries
+from queue_daemon.runners.sandbox.users import TENANT_UID_SPAN
+from queue_daemon.store import queries
 from tests.acceptance.client import Handlers, wait_done
 from tests.acceptance.daemon import DaemonFactory, Deployment, deploy, reachable_dir
 

@@ -16,8 +16,8 @@ import aiohttp
 import asyncpg
 import pytest
 
-from runners.sandbox.cpuplace import DAEMON, PREFIX, _v1_cpu_dir
-from store.embedded import stop_server
+from queue_daemon.runners.sandbox.cpuplace import DAEMON, PREFIX, _v1_cpu_dir
+from queue_daemon.store.embedded import stop_server
 from tests.acceptance.client import Api, until
 from tests.acceptance.daemon import (
     DaemonFactory,

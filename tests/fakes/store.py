@@ -1,6 +1,6 @@
 """An in-memory store implementing the ports the engine's decisions use:
 ``JobIntake`` (the ingester), ``JobQueue`` (the worker) and ``HandlerLookup``
-(the handler cache), with the semantics of ``store.pg.PgStore`` that the engine
+(the handler cache), with the semantics of ``queue_daemon.store.pg.PgStore`` that the engine
 relies on: eligible means ``lock == ''`` and ``dt <= now``; a claim takes the
 oldest due first up to its limit, leases, and counts an attempt; releases retry,
 unget or archive; expired leases unlock; adds are idempotent by id.
@@ -16,9 +16,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
-from store.errors import NotFound, StoreUnavailable
-from store.listen import Delays
-from store.models import (
+from queue_daemon.store.errors import NotFound, StoreUnavailable
+from queue_daemon.store.listen import Delays
+from queue_daemon.store.models import (
     ClaimedJob,
     ExpiredLock,
     HandlerRecord,

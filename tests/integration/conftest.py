@@ -12,7 +12,7 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from store.pg import PgStore
+from queue_daemon.store.pg import PgStore
 
 
 @pytest.fixture

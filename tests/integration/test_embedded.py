@@ -14,7 +14,7 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from store.embedded import EmbeddedPostgres, stop_server
+from queue_daemon.store.embedded import EmbeddedPostgres, stop_server
 
 
 @pytest.fixture

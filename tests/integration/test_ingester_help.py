@@ -14,11 +14,11 @@ import asyncpg
 import pytest
 
 import queue_daemon.engine.ingester as ingester_module
-from journal import Journal
 from queue_daemon.engine.ingester import Ingester
-from store.models import NewJob
-from store.pg import PgStore
-from store.ports import Store
+from queue_daemon.journal import Journal
+from queue_daemon.store.models import NewJob
+from queue_daemon.store.pg import PgStore
+from queue_daemon.store.ports import Store
 
 
 class SlowBatchStore:

@@ -12,12 +12,12 @@ from typing import Any, cast
 
 import asyncpg
 
-from journal import Journal
 from queue_daemon.engine.ingester import Ingester
-from store.errors import StoreUnavailable
-from store.models import NewJob
-from store.pg import PgStore
-from store.ports import Store
+from queue_daemon.journal import Journal
+from queue_daemon.store.errors import StoreUnavailable
+from queue_daemon.store.models import NewJob
+from queue_daemon.store.pg import PgStore
+from queue_daemon.store.ports import Store
 
 
 class FlushStore:

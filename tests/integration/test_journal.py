@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from journal import Entry, Journal, JournalError, JournalUnavailable, check
-from journal.format import Frame, scan, segment_name
+from queue_daemon.journal import Entry, Journal, JournalError, JournalUnavailable, check
+from queue_daemon.journal.format import Frame, scan, segment_name
 
 REPO = Path(__file__).resolve().parents[2]
 NASTY = [
@@ -237,7 +237,7 @@ async def test_corrupt_middle_batch_is_skipped(
     assert not report.ok
     assert [(p.kind, p.offset) for p in report.problems] == [("corrupt", start)]
 
-    with caplog.at_level(logging.ERROR, logger="journal"):
+    with caplog.at_level(logging.ERROR, logger="queue_daemon.journal"):
         async with await Journal.open(path) as j:
             assert await drain(j) == one + three
             assert await write_batch(j, "four") == await drain(j)
@@ -282,7 +282,7 @@ async def test_crash_after_ack_and_before_rsync(tmp_path: Path) -> None:
     script = f"""
 import asyncio, sys
 from pathlib import Path
-from journal import Journal
+from queue_daemon.journal import Journal
 
 async def main():
     j = await Journal.open(Path({str(path)!r}))

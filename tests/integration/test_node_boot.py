@@ -20,8 +20,8 @@ from typing import Any
 
 import pytest
 
-from runners import node as node_mod
-from runners.node import check_node, node_command, wheel_node
+from queue_daemon.runners import node as node_mod
+from queue_daemon.runners.node import check_node, node_command, wheel_node
 
 Frame = dict[str, Any]
 

@@ -11,9 +11,9 @@ from urllib.parse import quote
 import pytest
 from aiohttp import web
 
-from runners.models import HandlerSpec, JobInput, JobResult
-from runners.pool import RunnerPool, RunnerSettings
-from runners.sandbox.addresses import parse_networks
+from queue_daemon.runners.models import HandlerSpec, JobInput, JobResult
+from queue_daemon.runners.pool import RunnerPool, RunnerSettings
+from queue_daemon.runners.sandbox.addresses import parse_networks
 
 
 @pytest.fixture

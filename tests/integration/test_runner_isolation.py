@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 
 from queue_daemon.placement import protect_daemon_files
-from runners.models import HandlerSpec, JobInput
-from runners.pool import RunnerPool, RunnerSettings
-from runners.sandbox import tenant_ids
-from store.embedded import host_home
+from queue_daemon.runners.models import HandlerSpec, JobInput
+from queue_daemon.runners.pool import RunnerPool, RunnerSettings
+from queue_daemon.runners.sandbox import tenant_ids
+from queue_daemon.store.embedded import host_home
 from tests.integration.test_runner_python import jobs
 
 ROOT = os.geteuid() == 0

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import time
 
-from runners.models import HandlerSpec
-from runners.pool import RunnerPool
+from queue_daemon.runners.models import HandlerSpec
+from queue_daemon.runners.pool import RunnerPool
 from tests.integration.test_runner_python import jobs, pool
 
 __all__ = ["pool"]  # a fixture

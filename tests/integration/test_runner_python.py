@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from runners.models import HandlerSpec, JobInput, JobResult
-from runners.pool import RunnerPool, RunnerSettings
+from queue_daemon.runners.models import HandlerSpec, JobInput, JobResult
+from queue_daemon.runners.pool import RunnerPool, RunnerSettings
 
 # RLIMIT_NPROC counts every process and thread of the shared run-as uid, including
 # other contexts on this machine: the default 64 is too tight for tests that fork.

@@ -22,11 +22,11 @@ from pathlib import Path
 
 import pytest
 
-from runners.errors import SandboxError
-from runners.models import HandlerSpec
-from runners.pool import RunnerPool, RunnerSettings
-from runners.sandbox import SAFE_PATH, Limits, Sandbox, tenant_ids
-from runners.sandbox.cpuplace import (
+from queue_daemon.runners.errors import SandboxError
+from queue_daemon.runners.models import HandlerSpec
+from queue_daemon.runners.pool import RunnerPool, RunnerSettings
+from queue_daemon.runners.sandbox import SAFE_PATH, Limits, Sandbox, tenant_ids
+from queue_daemon.runners.sandbox.cpuplace import (
     BUSY,
     DAEMON,
     DAEMON_SHARES,
@@ -36,7 +36,7 @@ from runners.sandbox.cpuplace import (
     remove,
     v1_cpu_mount,
 )
-from runners.sandbox.cpushare import CpuGroup
+from queue_daemon.runners.sandbox.cpushare import CpuGroup
 from tests.integration.test_runner_python import jobs, pid_gone, spec, until
 
 ROOT = os.geteuid() == 0
@@ -433,7 +433,7 @@ async def test_shell_background_session_dies_with_its_job(
 def test_cgroups_of_a_dead_daemon_are_swept() -> None:
     if not ROOT:
         pytest.skip("cgroups need root")
-    from runners.sandbox import cgroups
+    from queue_daemon.runners.sandbox import cgroups
 
     mount, own = cgroups._mount_point(), cgroups._own_path()
     if mount is None or own is None:
@@ -474,7 +474,7 @@ async def test_a_pool_sweeps_a_dead_daemons_cgroups_when_it_starts(work_root: Pa
     daemons) still removes what a daemon killed before it left."""
     if not ROOT:
         pytest.skip("cgroups need root")
-    from runners.sandbox import cgroups
+    from queue_daemon.runners.sandbox import cgroups
 
     mount, own = cgroups._mount_point(), cgroups._own_path()
     if mount is None or own is None:
@@ -547,7 +547,7 @@ async def test_private_dirs_of_a_dead_daemon_are_swept(work_root: Path, shared_d
 
 
 def _cpu_group_root() -> Path | None:
-    from runners.sandbox.cpuplace import _v1_cpu_dir
+    from queue_daemon.runners.sandbox.cpuplace import _v1_cpu_dir
 
     parent = _v1_cpu_dir()
     return parent if os.geteuid() == 0 and parent and (parent / "cpu.shares").exists() else None
@@ -566,7 +566,7 @@ CPU_LINE = (
 
 def _own_cpu_group() -> Path:
     """This process's cgroup on the v1 cpu controller."""
-    from runners.sandbox.cpuplace import _v1_cpu_dir
+    from queue_daemon.runners.sandbox.cpuplace import _v1_cpu_dir
 
     path = _v1_cpu_dir()
     assert path is not None
@@ -694,7 +694,7 @@ async def test_the_daemon_runs_real_time_while_a_tenant_is_busy(
     core at once instead of queueing behind whatever normal process last ran there;
     every handler context (one started meanwhile too) and any other process in the
     daemon's place stay normal; all are normal again once the mark's hold ends."""
-    import runners.sandbox.cpuplace as cpushare
+    import queue_daemon.runners.sandbox.cpuplace as cpushare
 
     if int(cpushare.RT_THROTTLE.read_text()) <= 0:
         pytest.skip("real-time throttling is off: the daemon does not use real-time")
@@ -757,7 +757,7 @@ async def test_no_real_time_where_the_kernel_does_not_throttle_it(
 ) -> None:
     """With real-time throttling off (``kernel.sched_rt_runtime_us`` = -1) a real-time
     daemon could starve the machine: it stays a normal process, busy tenants or not."""
-    import runners.sandbox.cpuplace as cpushare
+    import queue_daemon.runners.sandbox.cpuplace as cpushare
 
     (tmp_path / "sched_rt_runtime_us").write_text("-1\n")
     monkeypatch.setattr(cpushare, "RT_THROTTLE", tmp_path / "sched_rt_runtime_us")
@@ -799,7 +799,7 @@ def test_no_real_time_without_a_real_time_budget(
 ) -> None:
     """Where the kernel budgets real-time time per cgroup and the daemon's parent group
     has none to give, the daemon stays a normal process and logs why."""
-    import runners.sandbox.cpuplace as cpushare
+    import queue_daemon.runners.sandbox.cpuplace as cpushare
 
     (tmp_path / "sched_rt_runtime_us").write_text("950000\n")
     monkeypatch.setattr(cpushare, "RT_THROTTLE", tmp_path / "sched_rt_runtime_us")
@@ -807,7 +807,7 @@ def test_no_real_time_without_a_real_time_budget(
     home = origin / f"{PREFIX}{os.getpid()}"
     (home / DAEMON).mkdir(parents=True)
     (origin / "cpu.rt_runtime_us").write_text("0\n")
-    with caplog.at_level(logging.INFO, logger="runners.sandbox.cpuplace"):
+    with caplog.at_level(logging.INFO, logger="queue_daemon.runners.sandbox.cpuplace"):
         cpushare.Home(home, origin).realtime(object(), True)
     assert _policies(os.getpid()) == {os.SCHED_OTHER}
     assert "no real-time budget" in caplog.text
@@ -878,7 +878,7 @@ def test_a_daemon_takes_its_cpu_place_before_it_starts_its_postgresql() -> None:
 
 
 def test_no_cpu_place_without_root_or_the_cpu_controller(monkeypatch: pytest.MonkeyPatch) -> None:
-    import runners.sandbox.cpuplace as cpushare
+    import queue_daemon.runners.sandbox.cpuplace as cpushare
 
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
     assert DaemonPlace.take() is None

@@ -16,11 +16,11 @@ import asyncpg
 import pytest
 
 from bench import storefill
-from store import queries
-from store.errors import BadCursor, Conflict, NotFound, StoreUnavailable, SysidTaken
-from store.migrate import applied_migrations, available_migrations, migrate
-from store.models import JobState, NewJob
-from store.pg import PgStore
+from queue_daemon.store import queries
+from queue_daemon.store.errors import BadCursor, Conflict, NotFound, StoreUnavailable, SysidTaken
+from queue_daemon.store.migrate import applied_migrations, available_migrations, migrate
+from queue_daemon.store.models import JobState, NewJob
+from queue_daemon.store.pg import PgStore
 from tests.pgserver import PgServer
 
 T0 = datetime(2025, 1, 1, tzinfo=UTC)
@@ -327,7 +327,7 @@ async def test_migrations_twice_is_noop(pg_empty_dsn: str) -> None:
 async def test_concurrent_startup_migrates_once(
     pg_empty_dsn: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="store.migrate")
+    caplog.set_level(logging.INFO, logger="queue_daemon.store.migrate")
     stores = await asyncio.gather(
         *(PgStore.connect(pg_empty_dsn, min_size=1, max_size=2) for _ in range(5))
     )

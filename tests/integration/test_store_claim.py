@@ -14,11 +14,18 @@ import pytest
 
 from bench import storefill
 from queue_daemon.engine.backoff import Backoff
-from store import queries
-from store.errors import NotFound
-from store.migrate import available_migrations
-from store.models import ExpiredLock, JobState, NewJob, Release, ReleaseHow, UnhandledRound
-from store.pg import PgStore
+from queue_daemon.store import queries
+from queue_daemon.store.errors import NotFound
+from queue_daemon.store.migrate import available_migrations
+from queue_daemon.store.models import (
+    ExpiredLock,
+    JobState,
+    NewJob,
+    Release,
+    ReleaseHow,
+    UnhandledRound,
+)
+from queue_daemon.store.pg import PgStore
 
 LEASE = 60.0
 
@@ -275,7 +282,7 @@ async def test_purge_only_old_archived_jobs(store: PgStore, conn: asyncpg.Connec
 async def test_purge_goes_in_chunks(
     store: PgStore, conn: asyncpg.Connection, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("store.pg_queue.PURGE_CHUNK", 7)
+    monkeypatch.setattr("queue_daemon.store.pg_queue.PURGE_CHUNK", 7)
     await store.add_jobs([job(f"j{i:02d}") for i in range(30)])
     await conn.execute(
         "UPDATE jobs SET lock = '__done', done_dt = now() - interval '1 day' WHERE id < 'j21'"
@@ -507,7 +514,7 @@ async def test_listen_keeps_retrying_while_unreachable(
     # a store whose DSN points at a port where nothing listens
     unreachable = PgStore(store._pool, acquire_timeout=1.0, dsn="postgresql://u@127.0.0.1:1/x")
     calls: list[int] = []
-    with caplog.at_level(logging.WARNING, logger="store.listen"):
+    with caplog.at_level(logging.WARNING, logger="queue_daemon.store.listen"):
         task = asyncio.create_task(
             unreachable.listen(lambda _a: calls.append(1), lambda _t: None, retry=Backoff(0.1, 5.0))
         )

@@ -10,9 +10,9 @@ import asyncpg
 import pytest
 
 from bench import storefill
-from store import queries
-from store.models import NewJob, QueueDepth, Release, ReleaseHow
-from store.pg import PgStore
+from queue_daemon.store import queries
+from queue_daemon.store.models import NewJob, QueueDepth, Release, ReleaseHow
+from queue_daemon.store.pg import PgStore
 from tests.integration.plans import pages_read
 
 LEASE = 600.0

@@ -10,9 +10,9 @@ from datetime import UTC, datetime, timedelta
 import asyncpg
 import pytest
 
-from store.errors import LimitReached, NotFound
-from store.models import NewJob, Schedule, TickAdded
-from store.pg import PgStore
+from queue_daemon.store.errors import LimitReached, NotFound
+from queue_daemon.store.models import NewJob, Schedule, TickAdded
+from queue_daemon.store.pg import PgStore
 
 
 def schedule(

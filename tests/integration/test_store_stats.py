@@ -12,10 +12,10 @@ import asyncpg
 import pytest
 
 from bench import storefill
-from store import queries
-from store.migrate import available_migrations
-from store.models import NewJob, Release, ReleaseHow, TypeStats
-from store.pg import PgStore
+from queue_daemon.store import queries
+from queue_daemon.store.migrate import available_migrations
+from queue_daemon.store.models import NewJob, Release, ReleaseHow, TypeStats
+from queue_daemon.store.pg import PgStore
 from tests.integration.plans import pages_read
 
 LEASE = 600.0

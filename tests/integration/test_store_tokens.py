@@ -10,10 +10,10 @@ import asyncpg
 import pytest
 
 from queue_daemon.api.auth import hash_token, legacy_hash_token
-from store import queries
-from store.errors import NotFound
-from store.migrate import available_migrations
-from store.pg import PgStore
+from queue_daemon.store import queries
+from queue_daemon.store.errors import NotFound
+from queue_daemon.store.migrate import available_migrations
+from queue_daemon.store.pg import PgStore
 
 
 async def _until_only(store: PgStore, expected: dict[bytes, str], within: float = 10) -> None:

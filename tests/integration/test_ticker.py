@@ -13,18 +13,18 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from journal import Journal
 from queue_daemon.engine.ids import IdGenerator, tick_id
 from queue_daemon.engine.ingester import Ingester
 from queue_daemon.engine.intake import Intake
 from queue_daemon.engine.limits import Limits, TenantLimits
 from queue_daemon.engine.quotas import Admission, RateLimiter, WaitingLimiter
 from queue_daemon.engine.schedules import Ticker
+from queue_daemon.journal import Journal
 from queue_daemon.observe.metrics import Metrics
 from queue_daemon.observe.queuelog import QueueLog
-from store.errors import StoreUnavailable
-from store.models import NewJob, Schedule, TickAdded
-from store.pg import PgStore
+from queue_daemon.store.errors import StoreUnavailable
+from queue_daemon.store.models import NewJob, Schedule, TickAdded
+from queue_daemon.store.pg import PgStore
 
 YEARLY = "0 0 1 1 *"
 

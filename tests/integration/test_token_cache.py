@@ -9,7 +9,7 @@ import asyncio
 import pytest
 
 from queue_daemon.api.auth import TokenCache, hash_token, new_token
-from store.pg import PgStore
+from queue_daemon.store.pg import PgStore
 
 
 class CountingStore:

@@ -25,11 +25,11 @@ from queue_daemon.engine.handlers import HandlerCache
 from queue_daemon.engine.intake import Intake
 from queue_daemon.engine.worker import Worker, WorkerSettings
 from queue_daemon.observe.queuelog import QueueLog
-from runners.models import HandlerSpec, JobInput, JobResult, ResultSink
-from runners.pool import RunnerPool
-from store.models import ClaimedJob, NewJob
-from store.pg import PgStore
-from store.ports import Store
+from queue_daemon.runners.models import HandlerSpec, JobInput, JobResult, ResultSink
+from queue_daemon.runners.pool import RunnerPool
+from queue_daemon.store.models import ClaimedJob, NewJob
+from queue_daemon.store.pg import PgStore
+from queue_daemon.store.ports import Store
 
 
 class GatedStore:

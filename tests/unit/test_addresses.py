@@ -7,7 +7,7 @@ import argparse
 import pytest
 
 from queue_daemon.cli import CliError, build_parser, settings_from
-from runners.sandbox.addresses import AddressPolicy, AddressRefused, parse_networks
+from queue_daemon.runners.sandbox.addresses import AddressPolicy, AddressRefused, parse_networks
 
 
 @pytest.mark.parametrize(

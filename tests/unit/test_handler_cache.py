@@ -13,10 +13,10 @@ from datetime import UTC, datetime
 from typing import cast
 
 from queue_daemon.engine.handlers import HandlerCache
-from runners.models import HandlerSpec
-from store.errors import NotFound
-from store.models import HandlerRecord
-from store.ports import Store
+from queue_daemon.runners.models import HandlerSpec
+from queue_daemon.store.errors import NotFound
+from queue_daemon.store.models import HandlerRecord
+from queue_daemon.store.ports import Store
 
 
 class Versions:

@@ -7,8 +7,8 @@ import zlib
 
 import pytest
 
-from journal import Entry
-from journal.format import (
+from queue_daemon.journal import Entry
+from queue_daemon.journal.format import (
     INCOMPLETE,
     TRAILER,
     Damage,
@@ -21,7 +21,7 @@ from journal.format import (
     scan,
     segment_name,
 )
-from journal.readpoint import ReadPoint, _encode, parse_read_point_file
+from queue_daemon.journal.readpoint import ReadPoint, _encode, parse_read_point_file
 
 NASTY = [
     "plain",

@@ -10,10 +10,12 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ["journal", "store", "scheduler", "runners", "queue_daemon"]
 
+# the rooms that live in folders of their own, linked into queue_daemon/
+LINKED = ["journal", "store", "scheduler", "runners"]
 # package -> module prefixes it must never import
 FORBIDDEN = {
-    "journal": ["aiohttp", "asyncpg", "store", "queue_daemon", "runners", "scheduler"],
-    "store": ["aiohttp", "journal", "queue_daemon", "runners", "scheduler", "subprocess"],
+    "journal": ["aiohttp", "asyncpg", "queue_daemon"],
+    "store": ["aiohttp", "queue_daemon", "subprocess"],
     "scheduler": [
         "aiohttp",
         "asyncpg",
@@ -21,14 +23,13 @@ FORBIDDEN = {
         "asyncio",
         "socket",
         "subprocess",
-        "journal",
-        "store",
-        "runners",
         "queue_daemon",
     ],
-    "runners": ["asyncpg", "aiohttp.web", "store", "queue_daemon"],
+    "runners": ["asyncpg", "aiohttp.web", "queue_daemon"],
     "queue_daemon": ["asyncpg"],
 }
+# package -> the parts of queue_daemon it may import all the same (its own modules)
+OWN = {package: [f"queue_daemon.{package}"] for package in LINKED}
 # the exceptions, each with its reason
 ALLOWED = {
     # the embedded server's control runs the server's own binaries (initdb, pg_ctl)
@@ -40,9 +41,19 @@ for _package in ("journal", "store", "scheduler", "runners"):
     FORBIDDEN[_package].append("prometheus_client")
 
 
+def sources_of(package: str) -> list[Path]:
+    """The package's own files (queue_daemon's without the linked rooms)."""
+    base = ROOT / package
+    return sorted(
+        path
+        for path in base.rglob("*.py")
+        if not any((base / part).is_symlink() for part in path.relative_to(base).parts[:1])
+    )
+
+
 def imports_of(package: str) -> list[tuple[str, str]]:
     found = []
-    for path in sorted((ROOT / package).rglob("*.py")):
+    for path in sources_of(package):
         tree = ast.parse(path.read_text(), str(path))
         for node in ast.walk(tree):
             if isinstance(node, ast.Import):
@@ -58,9 +69,25 @@ def test_package_imports_respect_boundaries(package: str) -> None:
         (where, name)
         for where, name in imports_of(package)
         for prefix in FORBIDDEN[package]
-        if (name == prefix or name.startswith(prefix + ".")) and (where, name) not in ALLOWED
+        if (name == prefix or name.startswith(prefix + "."))
+        and (where, name) not in ALLOWED
+        and not any(name == own or name.startswith(own + ".") for own in OWN.get(package, []))
     ]
     assert bad == []
+
+
+@pytest.mark.parametrize("package", [*PACKAGES, "bench", "tests"])
+def test_one_import_namespace(package: str) -> None:
+    """The linked rooms are imported as queue_daemon.journal and so on, never bare:
+    nothing is installed as a top-level journal, store, runners or scheduler."""
+    bad = [(where, name) for where, name in imports_of(package) if name.split(".")[0] in LINKED]
+    assert bad == []
+
+
+def test_the_linked_rooms_are_links() -> None:
+    for package in LINKED:
+        link = ROOT / "queue_daemon" / package
+        assert link.is_symlink() and link.resolve() == (ROOT / package).resolve()
 
 
 def test_sql_lives_in_store_only() -> None:
@@ -69,7 +96,7 @@ def test_sql_lives_in_store_only() -> None:
     for package in PACKAGES:
         if package == "store":
             continue
-        for path in (ROOT / package).rglob("*.py"):
+        for path in sources_of(package):
             text = path.read_text()
             offenders += [(str(path), k) for k in keywords if k in text]
     assert offenders == []

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from queue_daemon.api.openapi import DocumentError, check, document
-from runners.models import LANGS
+from queue_daemon.runners.models import LANGS
 
 ROOT = Path(__file__).resolve().parents[2]
 ROUTE = re.compile(r'router\.add_(get|post)\("([^"]+)"')

@@ -16,7 +16,7 @@ from queue_daemon.engine.outcomes import (
     release_for,
     retry_delay,
 )
-from store.models import ClaimedJob, ReleaseHow
+from queue_daemon.store.models import ClaimedJob, ReleaseHow
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 

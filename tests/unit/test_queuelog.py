@@ -15,7 +15,7 @@ import pytest
 
 from queue_daemon.cli import CliError, build_parser, settings_from
 from queue_daemon.observe.queuelog import QueueLog, Rotation, payload_size
-from store.models import ClaimedJob, ExpiredLock, Release, ReleaseHow
+from queue_daemon.store.models import ClaimedJob, ExpiredLock, Release, ReleaseHow
 
 T0 = 1_700_000_000_000
 

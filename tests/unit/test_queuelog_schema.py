@@ -11,7 +11,7 @@ import orjson
 
 from queue_daemon.observe.queuelog import QueueLog
 from queue_daemon.observe.records import FIELDS, HEAD, Ev, read_head
-from store.models import ClaimedJob, ExpiredLock, Release, ReleaseHow
+from queue_daemon.store.models import ClaimedJob, ExpiredLock, Release, ReleaseHow
 
 
 async def test_every_kind_written_has_exactly_its_declared_fields(tmp_path: Path) -> None:

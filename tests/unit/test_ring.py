@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from runners.budget import OutputBudget
-from runners.ring import MAX_LINE, LineRing
+from queue_daemon.runners.budget import OutputBudget
+from queue_daemon.runners.ring import MAX_LINE, LineRing
 
 
 def test_lines_across_reads_are_joined_and_only_the_last_are_kept() -> None:

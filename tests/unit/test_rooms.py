@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.unit.test_layering import PACKAGES, ROOT, imports_of
+from tests.unit.test_layering import PACKAGES, ROOT, imports_of, sources_of
 
 # the rooms inside queue_daemon: room -> rooms (and packages) it must never import
 ROOMS = {
@@ -31,10 +31,10 @@ ROOMS = {
         "queue_daemon.tools",
         "queue_daemon.cli",
         "queue_daemon.app",
-        "store",
-        "journal",
-        "runners",
-        "scheduler",
+        "queue_daemon.store",
+        "queue_daemon.journal",
+        "queue_daemon.runners",
+        "queue_daemon.scheduler",
         "asyncpg",
     ],
 }
@@ -70,7 +70,7 @@ def test_only_the_sandbox_touches_cgroups_and_scheduling_classes() -> None:
     marks = ("/sys/fs/cgroup", "cgroup.procs", "sched_setscheduler", "cpu.shares", "cpu.idle")
     offenders = []
     for package in PACKAGES:
-        for path in (ROOT / package).rglob("*.py"):
+        for path in sources_of(package):
             relative = str(path.relative_to(ROOT))
             if relative.startswith("runners/sandbox/"):
                 continue

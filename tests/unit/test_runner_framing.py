@@ -8,8 +8,8 @@ from typing import Any
 import orjson
 import pytest
 
-from runners import framing
-from runners.errors import FrameTooLarge, ProtocolError
+from queue_daemon.runners import framing
+from queue_daemon.runners.errors import FrameTooLarge, ProtocolError
 
 ODD: list[dict[str, Any]] = [
     {"op": "result", "id": "1", "output": '\x00\x01\x7f\r\n\t\\"', "result": None},

@@ -6,9 +6,9 @@ import random
 
 import pytest
 
-from runners.check import check_handler
-from runners.codes import code_of, valid_exitcode
-from runners.output import (
+from queue_daemon.runners.check import check_handler
+from queue_daemon.runners.codes import code_of, valid_exitcode
+from queue_daemon.runners.output import (
     STATUS_TRIES,
     OutputLimits,
     Parsed,

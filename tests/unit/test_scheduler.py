@@ -9,7 +9,7 @@ from collections.abc import Mapping
 
 import pytest
 
-from scheduler import Pick, Scheduler, SchedulerError, busy_tenants, tenant_of
+from queue_daemon.scheduler import Pick, Scheduler, SchedulerError, busy_tenants, tenant_of
 
 STEPS = 10_000
 TOLERANCE = 0.10  # a share may be off its fair value by 10% of that value

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from store.dsn import check_tls_files
-from store.errors import StoreError, StoreUnavailable
-from store.translate import is_unavailable, translate
+from queue_daemon.store.dsn import check_tls_files
+from queue_daemon.store.errors import StoreError, StoreUnavailable
+from queue_daemon.store.translate import is_unavailable, translate
 
 DSN = "postgresql://queue:s3cret@db.example.net:5432/queue"
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from store.models import NewJob
-from store.notes import MAX_PAYLOAD, added_payload, parse_payload
+from queue_daemon.store.models import NewJob
+from queue_daemon.store.notes import MAX_PAYLOAD, added_payload, parse_payload
 
 
 def _job(jobtype: str, *, later: bool = False) -> NewJob:

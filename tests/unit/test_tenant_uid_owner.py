@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from runners.sandbox.users import host_owner
+from queue_daemon.runners.sandbox.users import host_owner
 
 
 def test_users_and_groups_own_their_ids() -> None:
