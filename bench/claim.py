@@ -25,7 +25,7 @@ import asyncpg
 from bench import storefill
 from bench.pg import Databases, PrivatePostgres
 from bench.procs import BenchError
-from queue_daemon.store.models import Release, ReleaseHow
+from queue_daemon.domain.jobs import Release, ReleaseHow
 from queue_daemon.store.pg import PgStore
 
 SIZES = (10_000, 100_000, 1_000_000)

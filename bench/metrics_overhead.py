@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import time
 
+from queue_daemon.domain.jobs import Release, ReleaseHow
 from queue_daemon.observe.metrics import Metrics
-from queue_daemon.store.models import Release, ReleaseHow
 
 ROUNDS = 200_000
 ONE_LINE_REQUEST_S = 1 / 5000  # ~5k 1-line adds/s (docs/benchmark.md)

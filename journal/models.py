@@ -14,7 +14,7 @@ class Entry:
     dt_ms: int  # epoch milliseconds: first eligible time
     type: str  # "client-type"
     payload: str
-    opts: str = ""  # the job's options, opaque to the journal (queue_daemon.engine.options)
+    opts: str = ""  # the job's options, opaque to the journal (queue_daemon.domain.options)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

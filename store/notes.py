@@ -5,7 +5,7 @@ asking the store again (one round trip less between an add and its start).
 An empty payload means "anything may have changed": read the waiting types
 again. Jobs that are not due yet are left out; a daemon finds them when it
 next reads the waiting types (at least once a second). Jobtype names hold no
-spaces or ``=`` (``queue_daemon.names.TYPE_RE``).
+spaces or ``=`` (``queue_daemon.domain.names.TYPE_RE``).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from datetime import UTC, datetime
 
-from queue_daemon.store.models import NewJob
+from queue_daemon.domain.jobs import NewJob
 
 # PostgreSQL refuses payloads of 8000 bytes or more; beyond this, say "re-read"
 MAX_PAYLOAD = 7000

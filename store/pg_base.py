@@ -16,16 +16,12 @@ from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
 import asyncpg
 import orjson
 
+from queue_daemon.domain.jobs import Job, JobState, Resolution
+from queue_daemon.domain.tenants import HandlerRecord
 from queue_daemon.store import queries
 from queue_daemon.store.dsn import check_tls_files
 from queue_daemon.store.migrate import applied_migrations as _applied_versions
 from queue_daemon.store.migrate import migrate as apply_migrations
-from queue_daemon.store.models import (
-    HandlerRecord,
-    Job,
-    JobState,
-    Resolution,
-)
 from queue_daemon.store.translate import is_unavailable, translate
 
 if TYPE_CHECKING:

@@ -7,8 +7,9 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
+from queue_daemon.domain.jobs import NewJob, Resolution
+from queue_daemon.domain.pulled import OptedJobs
 from queue_daemon.store import queries
-from queue_daemon.store.models import NewJob, OptedJobs, Resolution
 from queue_daemon.store.notes import MAX_PAYLOAD
 from queue_daemon.store.pg_base import PgBase
 

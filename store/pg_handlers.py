@@ -9,16 +9,10 @@ from typing import Any
 
 import orjson
 
+from queue_daemon.domain.tenants import HandlerRecord
+from queue_daemon.domain.views import DaemonLease, FailedJob, QueueDepth, RunningJob, RunningJobs
 from queue_daemon.store import queries
 from queue_daemon.store.errors import LimitReached, NotFound
-from queue_daemon.store.models import (
-    DaemonLease,
-    FailedJob,
-    HandlerRecord,
-    QueueDepth,
-    RunningJob,
-    RunningJobs,
-)
 from queue_daemon.store.pg_base import PgBase, handler_of
 
 logger = logging.getLogger(__name__)

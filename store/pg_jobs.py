@@ -11,16 +11,11 @@ from typing import cast
 
 import asyncpg
 
+from queue_daemon.domain.jobs import Job, JobPage, JobState, NewJob
+from queue_daemon.domain.views import TypeStats
 from queue_daemon.store import queries
 from queue_daemon.store.cursor import decode_cursor, encode_cursor
 from queue_daemon.store.errors import Conflict, NotFound
-from queue_daemon.store.models import (
-    Job,
-    JobPage,
-    JobState,
-    NewJob,
-    TypeStats,
-)
 from queue_daemon.store.notes import added_payload
 from queue_daemon.store.pg_base import PgBase, job_of, state_of
 

@@ -6,15 +6,10 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
 
+from queue_daemon.domain.jobs import Release, ReleaseHow
+from queue_daemon.domain.pulled import HeldJob, PulledJob
+from queue_daemon.domain.views import DaemonSeen, WorkerSeen
 from queue_daemon.store import queries
-from queue_daemon.store.models import (
-    DaemonSeen,
-    HeldJob,
-    PulledJob,
-    Release,
-    ReleaseHow,
-    WorkerSeen,
-)
 from queue_daemon.store.pg_base import PgBase, row_as
 
 # (job id, the whole lock value its claim put on it)

@@ -5,16 +5,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 
+from queue_daemon.domain.jobs import ClaimedJob, ExpiredLock, Release, ReleaseHow, UnhandledRound
 from queue_daemon.store import queries
 from queue_daemon.store.errors import StoreError, SysidTaken
 from queue_daemon.store.listen import Delays, listen_forever
-from queue_daemon.store.models import (
-    ClaimedJob,
-    ExpiredLock,
-    Release,
-    ReleaseHow,
-    UnhandledRound,
-)
 from queue_daemon.store.pg_base import PgBase
 
 logger = logging.getLogger(__name__)

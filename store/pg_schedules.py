@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from queue_daemon.domain.schedules import DueSchedule, Schedule, TickAdded
 from queue_daemon.store import queries
 from queue_daemon.store.errors import LimitReached, NotFound
-from queue_daemon.store.models import DueSchedule, Schedule, TickAdded
 from queue_daemon.store.pg_base import PgBase, row_as
 
 

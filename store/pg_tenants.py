@@ -7,11 +7,9 @@ import logging
 import asyncpg
 import orjson
 
+from queue_daemon.domain.tenants import Tenant
 from queue_daemon.store import queries
 from queue_daemon.store.errors import Conflict, NotFound, StoreError
-from queue_daemon.store.models import (
-    Tenant,
-)
 from queue_daemon.store.pg_base import PgBase
 
 logger = logging.getLogger(__name__)

@@ -23,32 +23,29 @@ from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
 from typing import Protocol
 
-from queue_daemon.store.listen import Delays
-from queue_daemon.store.models import (
+from queue_daemon.domain.jobs import (
     ClaimedJob,
-    DaemonLease,
-    DaemonSeen,
-    DueSchedule,
     ExpiredLock,
-    FailedJob,
-    HandlerRecord,
-    HeldJob,
     Job,
     JobPage,
     JobState,
     NewJob,
-    OptedJobs,
-    PulledJob,
-    QueueDepth,
     Release,
-    RunningJobs,
-    Schedule,
-    Tenant,
-    TickAdded,
-    TypeStats,
     UnhandledRound,
+)
+from queue_daemon.domain.pulled import HeldJob, OptedJobs, PulledJob
+from queue_daemon.domain.schedules import DueSchedule, Schedule, TickAdded
+from queue_daemon.domain.tenants import HandlerRecord, Tenant
+from queue_daemon.domain.views import (
+    DaemonLease,
+    DaemonSeen,
+    FailedJob,
+    QueueDepth,
+    RunningJobs,
+    TypeStats,
     WorkerSeen,
 )
+from queue_daemon.store.listen import Delays
 
 
 class JobIntake(Protocol):

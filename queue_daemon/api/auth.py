@@ -29,8 +29,8 @@ from aiohttp import web
 
 from queue_daemon.api import errors
 from queue_daemon.api.errors import ApiError
+from queue_daemon.domain.names import valid_client
 from queue_daemon.engine.limits import Limits
-from queue_daemon.names import valid_client
 from queue_daemon.store.errors import StoreError
 from queue_daemon.store.ports import TenantStore
 

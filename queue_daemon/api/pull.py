@@ -17,11 +17,11 @@ from queue_daemon.api.auth import authorize, authorize_admin
 from queue_daemon.api.errors import ApiError
 from queue_daemon.api.jobs import get_job_body, job_id_of
 from queue_daemon.api.web import SERVICES, jobtype_of, json_response, read_body
+from queue_daemon.domain.names import JobType, iso, valid_type
+from queue_daemon.domain.views import WorkerSeen
 from queue_daemon.engine.pulled import MAX_ITEMS, Completion, FollowOnsNotWritten, NotPulled
 from queue_daemon.journal import JournalError
-from queue_daemon.names import JobType, iso, valid_type
 from queue_daemon.runners.output import emit_problem
-from queue_daemon.store.models import WorkerSeen
 
 MAX_WAIT_S = 60.0
 MAX_EXITCODE = 999

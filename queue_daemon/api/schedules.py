@@ -20,11 +20,11 @@ from cronsim import CronSimError
 from queue_daemon.api import errors
 from queue_daemon.api.auth import authorize
 from queue_daemon.api.web import SERVICES, json_response, read_body
+from queue_daemon.domain.names import iso, valid_type
+from queue_daemon.domain.schedules import Schedule
 from queue_daemon.engine.cron import Cron, CronError, zone
 from queue_daemon.engine.schedules import MAX_SCHEDULES
-from queue_daemon.names import iso, valid_type
 from queue_daemon.store.errors import LimitReached, NotFound
-from queue_daemon.store.models import Schedule
 
 NEXT_SHOWN = 3  # next fire times in a listing
 _FIELDS = {"type", "cron", "payload", "tz"}

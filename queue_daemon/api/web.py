@@ -24,6 +24,7 @@ from queue_daemon.api.auth import TokenCache
 from queue_daemon.api.bodies import BodyBudget
 from queue_daemon.api.errors import ApiError
 from queue_daemon.api.reads import CoalescedReads
+from queue_daemon.domain.names import valid_type
 from queue_daemon.engine.handlers import HandlerCache
 from queue_daemon.engine.ingester import Ingester
 from queue_daemon.engine.intake import Intake
@@ -34,7 +35,6 @@ from queue_daemon.engine.schedules import Ticker
 from queue_daemon.engine.sysid import Identity
 from queue_daemon.engine.waits import DoneWaits
 from queue_daemon.journal import Journal
-from queue_daemon.names import valid_type
 from queue_daemon.observe.metrics import Metrics
 from queue_daemon.observe.overview import Overview
 from queue_daemon.observe.queuelog import QueueLog

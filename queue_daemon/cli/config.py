@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from queue_daemon.cli.parser import flag
-from queue_daemon.names import valid_sysid
+from queue_daemon.domain.names import valid_sysid
 from queue_daemon.runners.sandbox.addresses import Network, parse_networks
 from queue_daemon.settings import Settings
 

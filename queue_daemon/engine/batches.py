@@ -10,19 +10,19 @@ from collections.abc import Awaitable, Callable, Sequence, Set
 from datetime import UTC, datetime
 from typing import Protocol
 
+from queue_daemon.domain.jobs import ClaimedJob, Release
+from queue_daemon.domain.names import JobType
+from queue_daemon.domain.outcomes import Policy, no_handler, put_back, release_for
 from queue_daemon.engine.batching import BatchSizes
 from queue_daemon.engine.followons import FollowOns
 from queue_daemon.engine.handlers import HandlerCache
 from queue_daemon.engine.intake import Intake
 from queue_daemon.engine.limits import Limits
-from queue_daemon.engine.outcomes import Policy, no_handler, put_back, release_for
 from queue_daemon.engine.quotas import Admission
-from queue_daemon.names import JobType
 from queue_daemon.observe.metrics import Metrics
 from queue_daemon.observe.queuelog import QueueLog
 from queue_daemon.runners.models import HandlerSpec, JobInput, JobResult, ResultSink
 from queue_daemon.runners.output import clip
-from queue_daemon.store.models import ClaimedJob, Release
 
 logger = logging.getLogger(__name__)
 

@@ -28,10 +28,10 @@ from collections import defaultdict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 
+from queue_daemon.domain.names import JobType
 from queue_daemon.engine.limits import TenantLimits
 from queue_daemon.engine.quotas import Admission, rate_cost
 from queue_daemon.journal import JournalError
-from queue_daemon.names import JobType
 from queue_daemon.runners.codes import code_of
 from queue_daemon.runners.models import HandlerSpec, JobResult
 from queue_daemon.runners.output import emit_problem

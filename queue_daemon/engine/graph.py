@@ -3,10 +3,10 @@ jobs now due (``unblocked``) and jobs failed because a dependency failed (424)."
 
 from __future__ import annotations
 
-from queue_daemon.names import JobType
+from queue_daemon.domain.jobs import Release, ReleaseHow, Resolution
+from queue_daemon.domain.names import JobType
 from queue_daemon.observe.metrics import Metrics
 from queue_daemon.observe.queuelog import QueueLog
-from queue_daemon.store.models import Release, ReleaseHow, Resolution
 
 DEPENDENCY_FAILED = 424
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import time
 
-from queue_daemon.names import JobType
+from queue_daemon.domain.names import JobType
+from queue_daemon.domain.tenants import HandlerRecord
 from queue_daemon.runners.models import HandlerSpec
 from queue_daemon.store.errors import NotFound
-from queue_daemon.store.models import HandlerRecord
 from queue_daemon.store.ports import HandlerLookup
 
 

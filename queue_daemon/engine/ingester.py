@@ -21,11 +21,12 @@ import asyncio
 import logging
 from datetime import UTC, datetime, timedelta
 
+from queue_daemon.domain.jobs import NewJob
+from queue_daemon.domain.options import JobOptions
+from queue_daemon.domain.pulled import OptedJobs
 from queue_daemon.engine.backoff import Backoff
-from queue_daemon.engine.options import JobOptions
 from queue_daemon.journal import Entry, Journal, Reservation
 from queue_daemon.store.errors import StoreError, StoreUnavailable
-from queue_daemon.store.models import NewJob, OptedJobs
 from queue_daemon.store.ports import JobIntake
 
 logger = logging.getLogger(__name__)

@@ -20,19 +20,20 @@ from collections.abc import Callable, Container, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
+from queue_daemon.domain.jobs import ClaimedJob, Release
+from queue_daemon.domain.names import JobType
+from queue_daemon.domain.outcomes import Policy, release_for
+from queue_daemon.domain.pulled import HeldJob, PulledJob
 from queue_daemon.engine.followons import FollowOns
 from queue_daemon.engine.handlers import HandlerCache
 from queue_daemon.engine.intake import Intake
 from queue_daemon.engine.limits import Limits
-from queue_daemon.engine.outcomes import Policy, release_for
 from queue_daemon.engine.quotas import Admission
 from queue_daemon.engine.waits import RECHECK_S, JobWaits
-from queue_daemon.names import JobType
 from queue_daemon.observe.metrics import Metrics
 from queue_daemon.observe.queuelog import QueueLog
 from queue_daemon.runners.models import HandlerSpec, JobResult
 from queue_daemon.runners.output import clip
-from queue_daemon.store.models import ClaimedJob, HeldJob, PulledJob, Release
 from queue_daemon.store.ports import Claim, PulledJobs
 
 PULLED_LANG = "worker"  # a handler of this lang marks its type as pulled

@@ -34,6 +34,8 @@ from datetime import datetime, timedelta
 
 from cronsim import CronSimError
 
+from queue_daemon.domain.names import JobType
+from queue_daemon.domain.schedules import DueSchedule, TickAdded
 from queue_daemon.engine.backoff import Backoff
 from queue_daemon.engine.cron import Cron, CronError, zone
 from queue_daemon.engine.ids import tick_id
@@ -41,11 +43,9 @@ from queue_daemon.engine.intake import Intake
 from queue_daemon.engine.limits import Limits
 from queue_daemon.engine.quotas import Admission, rate_cost
 from queue_daemon.journal import JournalError
-from queue_daemon.names import JobType
 from queue_daemon.observe.metrics import Metrics
 from queue_daemon.observe.queuelog import QueueLog
 from queue_daemon.store.errors import StoreError
-from queue_daemon.store.models import DueSchedule, TickAdded
 from queue_daemon.store.ports import ScheduleStore
 
 logger = logging.getLogger(__name__)

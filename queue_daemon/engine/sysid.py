@@ -16,8 +16,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from queue_daemon.domain.names import valid_sysid
 from queue_daemon.journal import Journal, JournalError
-from queue_daemon.names import valid_sysid
 from queue_daemon.settings import Settings
 from queue_daemon.store.errors import StoreError, SysidTaken
 from queue_daemon.store.ports import SysidLeases

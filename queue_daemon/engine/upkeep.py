@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from queue_daemon.names import JobType
+from queue_daemon.domain.jobs import Release, ReleaseHow
+from queue_daemon.domain.names import JobType
 from queue_daemon.observe.metrics import Metrics
 from queue_daemon.observe.queuelog import QueueLog
-from queue_daemon.store.models import Release, ReleaseHow
 from queue_daemon.store.ports import JobQueue
 
 NO_HANDLER_RESULT = "no handler for this type before the job's time ran out"

@@ -22,6 +22,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+from queue_daemon.domain.jobs import ClaimedJob, Release
+from queue_daemon.domain.names import JobType
+from queue_daemon.domain.outcomes import put_back
 from queue_daemon.engine.backoff import Backoff
 from queue_daemon.engine.batches import BatchRunner, Runners
 from queue_daemon.engine.batching import BatchSizes
@@ -29,17 +32,14 @@ from queue_daemon.engine.fairness import BusyMarks, TenantBatches
 from queue_daemon.engine.handlers import HandlerCache
 from queue_daemon.engine.intake import Intake
 from queue_daemon.engine.limits import Limits, TenantLimits
-from queue_daemon.engine.outcomes import put_back
 from queue_daemon.engine.pulled import PULLED_LANG
 from queue_daemon.engine.quotas import Admission
 from queue_daemon.engine.upkeep import Upkeep
 from queue_daemon.engine.waiting import POLL_S, WaitingTypes, claimable
-from queue_daemon.names import JobType
 from queue_daemon.observe.metrics import Metrics
 from queue_daemon.observe.queuelog import QueueLog
 from queue_daemon.scheduler import Pick, Scheduler, tenant_of
 from queue_daemon.store.errors import StoreError
-from queue_daemon.store.models import ClaimedJob, Release
 from queue_daemon.store.ports import JobQueue
 
 logger = logging.getLogger(__name__)

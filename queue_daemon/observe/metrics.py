@@ -41,9 +41,10 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from queue_daemon.names import JobType
+from queue_daemon.domain.jobs import Release
+from queue_daemon.domain.names import JobType
+from queue_daemon.domain.views import QueueDepth
 from queue_daemon.store.errors import StoreError
-from queue_daemon.store.models import QueueDepth, Release
 from queue_daemon.store.ports import Dashboard
 
 logger = logging.getLogger(__name__)

@@ -15,9 +15,9 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
-from queue_daemon.names import JobType, iso
+from queue_daemon.domain.names import JobType, iso
+from queue_daemon.domain.views import DaemonLease, FailedJob, QueueDepth, RunningJob, WorkerSeen
 from queue_daemon.observe.throughput import Throughput
-from queue_daemon.store.models import DaemonLease, FailedJob, QueueDepth, RunningJob, WorkerSeen
 from queue_daemon.store.ports import Dashboard
 
 MAX_QUEUES = 1000  # types listed at most; "queues_cut" says when there were more

@@ -30,9 +30,9 @@ from pathlib import Path
 
 import orjson
 
-from queue_daemon.names import JobType
+from queue_daemon.domain.jobs import ClaimedJob, ExpiredLock, Release, ReleaseHow
+from queue_daemon.domain.names import JobType
 from queue_daemon.observe.records import Ev, record_head
-from queue_daemon.store.models import ClaimedJob, ExpiredLock, Release, ReleaseHow
 
 logger = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import orjson
 
-from queue_daemon.names import JobType
+from queue_daemon.domain.names import JobType
 
 GZIP_MAGIC = b"\x1f\x8b"
 

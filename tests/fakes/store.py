@@ -16,18 +16,18 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
-from queue_daemon.store.errors import NotFound, StoreUnavailable
-from queue_daemon.store.listen import Delays
-from queue_daemon.store.models import (
+from queue_daemon.domain.jobs import (
     ClaimedJob,
     ExpiredLock,
-    HandlerRecord,
     NewJob,
-    OptedJobs,
     Release,
     ReleaseHow,
     UnhandledRound,
 )
+from queue_daemon.domain.pulled import OptedJobs
+from queue_daemon.domain.tenants import HandlerRecord
+from queue_daemon.store.errors import NotFound, StoreUnavailable
+from queue_daemon.store.listen import Delays
 
 DONE = "__done"
 

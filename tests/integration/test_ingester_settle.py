@@ -12,10 +12,10 @@ from typing import Any, cast
 
 import asyncpg
 
+from queue_daemon.domain.jobs import NewJob
 from queue_daemon.engine.ingester import Ingester
 from queue_daemon.journal import Journal
 from queue_daemon.store.errors import StoreUnavailable
-from queue_daemon.store.models import NewJob
 from queue_daemon.store.pg import PgStore
 from queue_daemon.store.ports import Store
 

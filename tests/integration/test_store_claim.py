@@ -13,11 +13,7 @@ import asyncpg
 import pytest
 
 from bench import storefill
-from queue_daemon.engine.backoff import Backoff
-from queue_daemon.store import queries
-from queue_daemon.store.errors import NotFound
-from queue_daemon.store.migrate import available_migrations
-from queue_daemon.store.models import (
+from queue_daemon.domain.jobs import (
     ExpiredLock,
     JobState,
     NewJob,
@@ -25,6 +21,10 @@ from queue_daemon.store.models import (
     ReleaseHow,
     UnhandledRound,
 )
+from queue_daemon.engine.backoff import Backoff
+from queue_daemon.store import queries
+from queue_daemon.store.errors import NotFound
+from queue_daemon.store.migrate import available_migrations
 from queue_daemon.store.pg import PgStore
 
 LEASE = 60.0

@@ -10,8 +10,9 @@ import asyncpg
 import pytest
 
 from bench import storefill
+from queue_daemon.domain.jobs import NewJob, Release, ReleaseHow
+from queue_daemon.domain.views import QueueDepth
 from queue_daemon.store import queries
-from queue_daemon.store.models import NewJob, QueueDepth, Release, ReleaseHow
 from queue_daemon.store.pg import PgStore
 from tests.integration.plans import pages_read
 

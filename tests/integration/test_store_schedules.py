@@ -10,8 +10,9 @@ from datetime import UTC, datetime, timedelta
 import asyncpg
 import pytest
 
+from queue_daemon.domain.jobs import NewJob
+from queue_daemon.domain.schedules import Schedule, TickAdded
 from queue_daemon.store.errors import LimitReached, NotFound
-from queue_daemon.store.models import NewJob, Schedule, TickAdded
 from queue_daemon.store.pg import PgStore
 
 

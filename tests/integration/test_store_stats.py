@@ -12,9 +12,10 @@ import asyncpg
 import pytest
 
 from bench import storefill
+from queue_daemon.domain.jobs import NewJob, Release, ReleaseHow
+from queue_daemon.domain.views import TypeStats
 from queue_daemon.store import queries
 from queue_daemon.store.migrate import available_migrations
-from queue_daemon.store.models import NewJob, Release, ReleaseHow, TypeStats
 from queue_daemon.store.pg import PgStore
 from tests.integration.plans import pages_read
 

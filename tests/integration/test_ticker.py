@@ -13,6 +13,8 @@ from pathlib import Path
 import asyncpg
 import pytest
 
+from queue_daemon.domain.jobs import NewJob
+from queue_daemon.domain.schedules import Schedule, TickAdded
 from queue_daemon.engine.ids import IdGenerator, tick_id
 from queue_daemon.engine.ingester import Ingester
 from queue_daemon.engine.intake import Intake
@@ -23,7 +25,6 @@ from queue_daemon.journal import Journal
 from queue_daemon.observe.metrics import Metrics
 from queue_daemon.observe.queuelog import QueueLog
 from queue_daemon.store.errors import StoreUnavailable
-from queue_daemon.store.models import NewJob, Schedule, TickAdded
 from queue_daemon.store.pg import PgStore
 
 YEARLY = "0 0 1 1 *"

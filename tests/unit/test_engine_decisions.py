@@ -16,6 +16,8 @@ import orjson
 import pytest
 from prometheus_client import generate_latest
 
+from queue_daemon.domain.jobs import NewJob
+from queue_daemon.domain.names import JobType
 from queue_daemon.engine.batching import BATCH_TARGET_S, FIRST_BATCH, LEARNING_BATCHES, BatchSizes
 from queue_daemon.engine.fairness import BusyMarks, TenantBatches
 from queue_daemon.engine.handlers import HandlerCache
@@ -24,11 +26,9 @@ from queue_daemon.engine.intake import Intake
 from queue_daemon.engine.waiting import NO_HANDLER_RECHECK_S, WaitingTypes, claimable
 from queue_daemon.engine.worker import Worker, WorkerSettings
 from queue_daemon.journal import Journal, JournalError
-from queue_daemon.names import JobType
 from queue_daemon.observe.metrics import Metrics
 from queue_daemon.observe.queuelog import QueueLog
 from queue_daemon.runners.models import HandlerSpec, JobInput, JobResult, ResultSink
-from queue_daemon.store.models import NewJob
 from tests.fakes.store import DONE, FakeStore
 
 

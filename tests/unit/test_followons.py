@@ -7,12 +7,12 @@ from typing import cast
 
 import pytest
 
+from queue_daemon.domain.names import JobType
 from queue_daemon.engine import followons
 from queue_daemon.engine.followons import OVER_LIMITS, FollowOns
 from queue_daemon.engine.limits import TenantLimits
 from queue_daemon.engine.quotas import Admission, RateLimiter, WaitingLimiter
 from queue_daemon.journal import JournalError
-from queue_daemon.names import JobType
 from queue_daemon.runners.models import HandlerSpec, JobResult
 from queue_daemon.store.ports import TenantStore
 

@@ -12,10 +12,10 @@ import asyncio
 from datetime import UTC, datetime
 from typing import cast
 
+from queue_daemon.domain.tenants import HandlerRecord
 from queue_daemon.engine.handlers import HandlerCache
 from queue_daemon.runners.models import HandlerSpec
 from queue_daemon.store.errors import NotFound
-from queue_daemon.store.models import HandlerRecord
 from queue_daemon.store.ports import Store
 
 

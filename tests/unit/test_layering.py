@@ -29,7 +29,8 @@ FORBIDDEN = {
     "queue_daemon": ["asyncpg"],
 }
 # package -> the parts of queue_daemon it may import all the same (its own modules)
-OWN = {package: [f"queue_daemon.{package}"] for package in LINKED}
+# and the domain leaf, which every room may import
+OWN = {package: [f"queue_daemon.{package}", "queue_daemon.domain"] for package in LINKED}
 # the exceptions, each with its reason
 ALLOWED = {
     # the embedded server's control runs the server's own binaries (initdb, pg_ctl)
@@ -81,6 +82,17 @@ def test_one_import_namespace(package: str) -> None:
     """The linked rooms are imported as queue_daemon.journal and so on, never bare:
     nothing is installed as a top-level journal, store, runners or scheduler."""
     bad = [(where, name) for where, name in imports_of(package) if name.split(".")[0] in LINKED]
+    assert bad == []
+
+
+def test_the_domain_is_a_leaf() -> None:
+    """The shared types import nothing of ours and no I/O library."""
+    ours_or_io = ("queue_daemon", "tests", "bench", "asyncpg", "aiohttp", "asyncio", "subprocess")
+    bad = [
+        (where, name)
+        for where, name in imports_of("queue_daemon/domain")
+        if name.split(".")[0] in ours_or_io and not name.startswith("queue_daemon.domain")
+    ]
     assert bad == []
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from queue_daemon.names import JobType, iso
+from queue_daemon.domain.names import JobType, iso
 
 
 def test_stored_form_round_trips_with_dashes_in_the_name() -> None:

@@ -7,7 +7,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from queue_daemon.engine.outcomes import (
+from queue_daemon.domain.jobs import ClaimedJob, ReleaseHow
+from queue_daemon.domain.outcomes import (
     RETRY_CAP_S,
     Policy,
     code_of,
@@ -16,7 +17,6 @@ from queue_daemon.engine.outcomes import (
     release_for,
     retry_delay,
 )
-from queue_daemon.store.models import ClaimedJob, ReleaseHow
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 

@@ -14,8 +14,8 @@ import orjson
 import pytest
 
 from queue_daemon.cli import CliError, build_parser, settings_from
+from queue_daemon.domain.jobs import ClaimedJob, ExpiredLock, Release, ReleaseHow
 from queue_daemon.observe.queuelog import QueueLog, Rotation, payload_size
-from queue_daemon.store.models import ClaimedJob, ExpiredLock, Release, ReleaseHow
 
 T0 = 1_700_000_000_000
 

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import orjson
 
+from queue_daemon.domain.jobs import ClaimedJob, ExpiredLock, Release, ReleaseHow
 from queue_daemon.observe.queuelog import QueueLog
 from queue_daemon.observe.records import FIELDS, HEAD, Ev, read_head
-from queue_daemon.store.models import ClaimedJob, ExpiredLock, Release, ReleaseHow
 
 
 async def test_every_kind_written_has_exactly_its_declared_fields(tmp_path: Path) -> None:

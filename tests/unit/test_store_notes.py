@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from queue_daemon.store.models import NewJob
+from queue_daemon.domain.jobs import NewJob
 from queue_daemon.store.notes import MAX_PAYLOAD, added_payload, parse_payload
 
 

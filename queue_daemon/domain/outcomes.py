@@ -9,7 +9,7 @@ import random
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from queue_daemon.store.models import ClaimedJob, Release, ReleaseHow
+from queue_daemon.domain.jobs import ClaimedJob, Release, ReleaseHow
 
 RETRY_BASE_S = 1.0  # first retry after about a second
 RETRY_CAP_S = 300.0  # never wait more than five minutes between runs

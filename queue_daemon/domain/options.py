@@ -5,7 +5,7 @@ line and its parsing are as they were.
 
 ``a<id>,<id>…`` the dependencies; ``r`` all-resolved (default all-completed);
 ``d<epoch ms>`` the deadline; joined by ``;``. Ids hold no ``;``, ``,`` or ``|``
-(``IDS_RE``); unknown parts are ignored, so an older daemon's lines still read.
+(``ID_RE``); unknown parts are ignored, so an older daemon's lines still read.
 """
 
 from __future__ import annotations

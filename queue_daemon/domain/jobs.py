@@ -1,0 +1,118 @@
+"""A job through its life: as added, stored, claimed, released and resolved."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from datetime import datetime
+from typing import NamedTuple
+
+
+class JobState(enum.StrEnum):
+    BLOCKED = "blocked"  # waits for other jobs (dt 'infinity')
+    WAITING = "waiting"
+    RUNNING = "running"
+    DONE = "done"
+
+
+class NewJob(NamedTuple):
+    """One job to insert: what the ingester read from the journal.
+
+    A NamedTuple rather than a dataclass: the ingester builds 100k of these a
+    second and the store hands them to COPY as rows without conversion (the
+    field order is the COPY column order).
+    """
+
+    id: str
+    type: str  # stored jobtype, "client-type"
+    dt: datetime  # first eligible time (aware, UTC)
+    data: str  # the payload line
+    create_dt: datetime  # when the daemon acknowledged it (aware, UTC)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Job:
+    """A job as stored, seen by its tenant (``type`` without the client prefix)."""
+
+    id: str
+    type: str
+    state: JobState
+    dt: datetime
+    create_dt: datetime
+    done_dt: datetime | None
+    attempts: int
+    code: str | None
+    exitcode: int | None
+    result: str | None
+    data: str
+    # its finished runs, oldest first (only ``get_job`` reads them; None elsewhere):
+    # {"started", "ended" (epoch ms), "by", "exitcode", "code", "reason"}
+    runs: list[dict[str, object]] | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobPage:
+    jobs: list[Job]
+    next: str | None  # opaque cursor for the following page, None at the end
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ClaimedJob:
+    """A job this daemon now owns (``lock = sysid``)."""
+
+    id: str
+    type: str  # stored jobtype, "client-type"
+    data: str
+    attempts: int  # including this run
+    create_dt: datetime
+    # epoch ms since when it was due, max(create_dt, dt before the claim); for the queue log
+    due_ms: int | None = None
+    # the type's live handler version when it was claimed (None: it had none)
+    handler: str | None = None
+    deadline: datetime | None = None  # it ends (408) if not done by then
+
+
+class ExpiredLock(NamedTuple):
+    """A running job whose lock ran out: eligible again, or done (error) when
+    that was its last attempt."""
+
+    id: str
+    type: str  # stored jobtype, "client-type"
+    attempts: int
+    ended: bool = False  # done: every attempt's lease ran out
+
+
+class ReleaseHow(enum.StrEnum):
+    RETRY = "retry"  # eligible again after ``delay`` seconds
+    UNGET = "unget"  # eligible again at once
+    ARCHIVE = "archive"  # done: lock '__done', dt = done_dt + 1000 years
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Release:
+    """The end of one run of one job, written by ``Store.release``."""
+
+    id: str
+    how: ReleaseHow
+    code: str | None = None  # ok | failed | retry | error (None keeps the previous)
+    exitcode: int | None = None
+    result: str | None = None
+    delay: float = 0.0  # seconds, for RETRY
+    refund_attempt: bool = False  # the run did not count (e.g. no handler, daemon shutdown)
+
+
+@dataclass(frozen=True, slots=True)
+class Resolution:
+    """What resolving done jobs' dependents changed: (id, stored type) of the
+    dependents now due, and of those failed (424) because a dependency failed."""
+
+    freed: list[tuple[str, str]]
+    failed: list[tuple[str, str]]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class UnhandledRound:
+    """A round of the sweep of types no daemon runs."""
+
+    expired: list[tuple[str, bool]]  # (stored type, pulled) with jobs past their time
+    next_after: str | None  # the type the next round goes on after; None: from the start
