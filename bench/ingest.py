@@ -15,8 +15,8 @@ from pathlib import Path
 
 from bench.pg import count_jobs
 from bench.procs import BenchError
-from queue_daemon.engine.ids import IdGenerator
-from queue_daemon.engine.ingester import Ingester
+from queue_daemon.engine.admit.ids import IdGenerator
+from queue_daemon.engine.ingest.ingester import Ingester
 from queue_daemon.journal import Journal
 from queue_daemon.store.pg import PgStore
 

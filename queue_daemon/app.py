@@ -33,19 +33,19 @@ from queue_daemon.api.routes import build_app
 from queue_daemon.api.server import AppRunner, ConnectionCaps, quiet_exhaustion
 from queue_daemon.api.web import Services
 from queue_daemon.engine import sysid as sysids
-from queue_daemon.engine.adoption import Adopter
+from queue_daemon.engine.admit.ids import IdGenerator
+from queue_daemon.engine.admit.intake import Intake
+from queue_daemon.engine.admit.limits import Limits
+from queue_daemon.engine.admit.quotas import Admission, RateLimiter, WaitingLimiter
 from queue_daemon.engine.backoff import Backoff
 from queue_daemon.engine.graph import Resolved
 from queue_daemon.engine.handlers import HandlerCache
-from queue_daemon.engine.ids import IdGenerator
-from queue_daemon.engine.ingester import Ingester
-from queue_daemon.engine.intake import Intake
-from queue_daemon.engine.limits import Limits
-from queue_daemon.engine.pulled import Pulls
-from queue_daemon.engine.quotas import Admission, RateLimiter, WaitingLimiter
-from queue_daemon.engine.schedules import Ticker
-from queue_daemon.engine.waits import DoneWaits
-from queue_daemon.engine.worker import Worker, WorkerSettings
+from queue_daemon.engine.ingest.adoption import Adopter
+from queue_daemon.engine.ingest.ingester import Ingester
+from queue_daemon.engine.pull.holds import DoneWaits
+from queue_daemon.engine.pull.pulls import Pulls
+from queue_daemon.engine.run.loop import Worker, WorkerSettings
+from queue_daemon.engine.schedule.ticker import Ticker
 from queue_daemon.observe.metrics import Metrics, Sources
 from queue_daemon.observe.overview import Overview
 from queue_daemon.observe.queuelog import QueueLog, Rotation

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from queue_daemon.engine.limits import TenantLimits
+from queue_daemon.engine.admit.limits import TenantLimits
 from queue_daemon.runners.sandbox.addresses import Network
 
 MIB = 1 << 20

@@ -30,7 +30,7 @@ from bench.api import Api
 from bench.e2e import PY_CLOCK, PY_NOOP, bulk_body
 from bench.pg import vacuum_analyze
 from bench.procs import BenchError
-from queue_daemon.engine.ids import IdGenerator
+from queue_daemon.engine.admit.ids import IdGenerator
 from queue_daemon.journal import Journal
 
 if TYPE_CHECKING:

@@ -12,7 +12,7 @@ from queue_daemon.api import errors
 from queue_daemon.api.auth import authorize_admin
 from queue_daemon.api.web import SERVICES, Services, json_response, read_body
 from queue_daemon.domain.names import iso, valid_client
-from queue_daemon.engine.limits import LimitsError, validate_overrides
+from queue_daemon.engine.admit.limits import LimitsError, validate_overrides
 from queue_daemon.store.errors import NotFound
 
 LIMITS_BODY_LIMIT = 64 << 10  # a limits object is a few dozen bytes

@@ -13,7 +13,7 @@ tries both digests.
 
 Operator (admin) tokens live in the same cache under the name ``ADMIN``, which
 no client can have: they pass every tenant's routes and the ``/admin`` ones.
-The reload also brings the tenants' limit overrides (``queue_daemon.engine.limits``).
+The reload also brings the tenants' limit overrides (``queue_daemon.engine.admit.limits``).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from aiohttp import web
 from queue_daemon.api import errors
 from queue_daemon.api.errors import ApiError
 from queue_daemon.domain.names import valid_client
-from queue_daemon.engine.limits import Limits
+from queue_daemon.engine.admit.limits import Limits
 from queue_daemon.store.errors import StoreError
 from queue_daemon.store.ports import TenantStore
 

@@ -27,10 +27,10 @@ from queue_daemon.domain.jobs import Job, JobState
 from queue_daemon.domain.names import JobType, iso, valid_type
 from queue_daemon.domain.options import ID_RE, MAX_AFTER, JobOptions
 from queue_daemon.domain.views import TypeStats
+from queue_daemon.engine.admit.ids import MAX_KEY, keyed_ids
+from queue_daemon.engine.admit.limits import TenantLimits
+from queue_daemon.engine.admit.quotas import rate_cost
 from queue_daemon.engine.backoff import Backoff
-from queue_daemon.engine.ids import MAX_KEY, keyed_ids
-from queue_daemon.engine.limits import TenantLimits
-from queue_daemon.engine.quotas import rate_cost
 from queue_daemon.journal import JournalError
 from queue_daemon.store.errors import BadCursor, Conflict, NotFound
 

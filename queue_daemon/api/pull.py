@@ -19,7 +19,7 @@ from queue_daemon.api.jobs import get_job_body, job_id_of
 from queue_daemon.api.web import SERVICES, jobtype_of, json_response, read_body
 from queue_daemon.domain.names import JobType, iso, valid_type
 from queue_daemon.domain.views import WorkerSeen
-from queue_daemon.engine.pulled import MAX_ITEMS, Completion, FollowOnsNotWritten, NotPulled
+from queue_daemon.engine.pull.pulls import MAX_ITEMS, Completion, FollowOnsNotWritten, NotPulled
 from queue_daemon.journal import JournalError
 from queue_daemon.runners.output import emit_problem
 

@@ -22,8 +22,8 @@ from queue_daemon.api.auth import authorize
 from queue_daemon.api.web import SERVICES, json_response, read_body
 from queue_daemon.domain.names import iso, valid_type
 from queue_daemon.domain.schedules import Schedule
-from queue_daemon.engine.cron import Cron, CronError, zone
-from queue_daemon.engine.schedules import MAX_SCHEDULES
+from queue_daemon.engine.schedule.cron import Cron, CronError, zone
+from queue_daemon.engine.schedule.ticker import MAX_SCHEDULES
 from queue_daemon.store.errors import LimitReached, NotFound
 
 NEXT_SHOWN = 3  # next fire times in a listing

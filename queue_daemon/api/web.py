@@ -25,15 +25,15 @@ from queue_daemon.api.bodies import BodyBudget
 from queue_daemon.api.errors import ApiError
 from queue_daemon.api.reads import CoalescedReads
 from queue_daemon.domain.names import valid_type
+from queue_daemon.engine.admit.intake import Intake
+from queue_daemon.engine.admit.limits import Limits
+from queue_daemon.engine.admit.quotas import RateLimiter, WaitingLimiter
 from queue_daemon.engine.handlers import HandlerCache
-from queue_daemon.engine.ingester import Ingester
-from queue_daemon.engine.intake import Intake
-from queue_daemon.engine.limits import Limits
-from queue_daemon.engine.pulled import Pulls
-from queue_daemon.engine.quotas import RateLimiter, WaitingLimiter
-from queue_daemon.engine.schedules import Ticker
+from queue_daemon.engine.ingest.ingester import Ingester
+from queue_daemon.engine.pull.holds import DoneWaits
+from queue_daemon.engine.pull.pulls import Pulls
+from queue_daemon.engine.schedule.ticker import Ticker
 from queue_daemon.engine.sysid import Identity
-from queue_daemon.engine.waits import DoneWaits
 from queue_daemon.journal import Journal
 from queue_daemon.observe.metrics import Metrics
 from queue_daemon.observe.overview import Overview

@@ -16,7 +16,7 @@ from queue_daemon import app
 from queue_daemon.api.auth import hash_token, new_token
 from queue_daemon.cli.config import CliError, number
 from queue_daemon.domain.names import valid_client
-from queue_daemon.engine.limits import LIMIT_KEYS, LimitsError, validate_overrides
+from queue_daemon.engine.admit.limits import LIMIT_KEYS, LimitsError, validate_overrides
 from queue_daemon.settings import Settings
 from queue_daemon.store.errors import Conflict, NotFound
 

@@ -13,9 +13,9 @@ from typing import Any, cast
 import asyncpg
 import pytest
 
-import queue_daemon.engine.ingester as ingester_module
+import queue_daemon.engine.ingest.ingester as ingester_module
 from queue_daemon.domain.jobs import NewJob
-from queue_daemon.engine.ingester import Ingester
+from queue_daemon.engine.ingest.ingester import Ingester
 from queue_daemon.journal import Journal
 from queue_daemon.store.pg import PgStore
 from queue_daemon.store.ports import Store

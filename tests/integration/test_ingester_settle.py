@@ -13,7 +13,7 @@ from typing import Any, cast
 import asyncpg
 
 from queue_daemon.domain.jobs import NewJob
-from queue_daemon.engine.ingester import Ingester
+from queue_daemon.engine.ingest.ingester import Ingester
 from queue_daemon.journal import Journal
 from queue_daemon.store.errors import StoreUnavailable
 from queue_daemon.store.pg import PgStore

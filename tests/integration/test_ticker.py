@@ -15,12 +15,12 @@ import pytest
 
 from queue_daemon.domain.jobs import NewJob
 from queue_daemon.domain.schedules import Schedule, TickAdded
-from queue_daemon.engine.ids import IdGenerator, tick_id
-from queue_daemon.engine.ingester import Ingester
-from queue_daemon.engine.intake import Intake
-from queue_daemon.engine.limits import Limits, TenantLimits
-from queue_daemon.engine.quotas import Admission, RateLimiter, WaitingLimiter
-from queue_daemon.engine.schedules import Ticker
+from queue_daemon.engine.admit.ids import IdGenerator, tick_id
+from queue_daemon.engine.admit.intake import Intake
+from queue_daemon.engine.admit.limits import Limits, TenantLimits
+from queue_daemon.engine.admit.quotas import Admission, RateLimiter, WaitingLimiter
+from queue_daemon.engine.ingest.ingester import Ingester
+from queue_daemon.engine.schedule.ticker import Ticker
 from queue_daemon.journal import Journal
 from queue_daemon.observe.metrics import Metrics
 from queue_daemon.observe.queuelog import QueueLog

@@ -22,9 +22,9 @@ from typing import Any, cast
 import pytest
 
 from queue_daemon.domain.jobs import ClaimedJob, NewJob
+from queue_daemon.engine.admit.intake import Intake
 from queue_daemon.engine.handlers import HandlerCache
-from queue_daemon.engine.intake import Intake
-from queue_daemon.engine.worker import Worker, WorkerSettings
+from queue_daemon.engine.run.loop import Worker, WorkerSettings
 from queue_daemon.observe.queuelog import QueueLog
 from queue_daemon.runners.models import HandlerSpec, JobInput, JobResult, ResultSink
 from queue_daemon.runners.pool import RunnerPool

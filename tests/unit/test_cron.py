@@ -10,9 +10,9 @@ from zoneinfo import ZoneInfo
 import pytest
 
 from queue_daemon.domain.schedules import DueSchedule
-from queue_daemon.engine.cron import Cron, CronError
-from queue_daemon.engine.ids import tick_id
-from queue_daemon.engine.schedules import plan_tick
+from queue_daemon.engine.admit.ids import tick_id
+from queue_daemon.engine.schedule.cron import Cron, CronError
+from queue_daemon.engine.schedule.ticker import plan_tick
 
 BERLIN = ZoneInfo("Europe/Berlin")
 NEW_YORK = ZoneInfo("America/New_York")

@@ -18,13 +18,13 @@ from prometheus_client import generate_latest
 
 from queue_daemon.domain.jobs import NewJob
 from queue_daemon.domain.names import JobType
-from queue_daemon.engine.batching import BATCH_TARGET_S, FIRST_BATCH, LEARNING_BATCHES, BatchSizes
-from queue_daemon.engine.fairness import BusyMarks, TenantBatches
+from queue_daemon.engine.admit.intake import Intake
 from queue_daemon.engine.handlers import HandlerCache
-from queue_daemon.engine.ingester import Ingester
-from queue_daemon.engine.intake import Intake
-from queue_daemon.engine.waiting import NO_HANDLER_RECHECK_S, WaitingTypes, claimable
-from queue_daemon.engine.worker import Worker, WorkerSettings
+from queue_daemon.engine.ingest.ingester import Ingester
+from queue_daemon.engine.run.fairness import BusyMarks, TenantBatches
+from queue_daemon.engine.run.loop import Worker, WorkerSettings
+from queue_daemon.engine.run.pick import NO_HANDLER_RECHECK_S, WaitingTypes, claimable
+from queue_daemon.engine.run.sizes import BATCH_TARGET_S, FIRST_BATCH, LEARNING_BATCHES, BatchSizes
 from queue_daemon.journal import Journal, JournalError
 from queue_daemon.observe.metrics import Metrics
 from queue_daemon.observe.queuelog import QueueLog

@@ -1,5 +1,5 @@
 """A batch's follow-on jobs: per-run limits, the add rate and waiting limit, and
-chunks journaled as results arrive (``queue_daemon.engine.followons``)."""
+chunks journaled as results arrive (``queue_daemon.engine.admit.followons``)."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ from typing import cast
 import pytest
 
 from queue_daemon.domain.names import JobType
-from queue_daemon.engine import followons
-from queue_daemon.engine.followons import OVER_LIMITS, FollowOns
-from queue_daemon.engine.limits import TenantLimits
-from queue_daemon.engine.quotas import Admission, RateLimiter, WaitingLimiter
+from queue_daemon.engine.admit import followons
+from queue_daemon.engine.admit.followons import OVER_LIMITS, FollowOns
+from queue_daemon.engine.admit.limits import TenantLimits
+from queue_daemon.engine.admit.quotas import Admission, RateLimiter, WaitingLimiter
 from queue_daemon.journal import JournalError
 from queue_daemon.runners.models import HandlerSpec, JobResult
 from queue_daemon.store.ports import TenantStore

@@ -7,7 +7,7 @@ import pytest
 from queue_daemon.api.errors import ApiError
 from queue_daemon.api.web import parse_when, split_payloads
 from queue_daemon.domain.names import valid_client, valid_type
-from queue_daemon.engine.ids import IdGenerator
+from queue_daemon.engine.admit.ids import IdGenerator
 
 LIMIT = 1 << 20
 

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from queue_daemon.engine.limits import Limits, LimitsError, TenantLimits, validate_overrides
+from queue_daemon.engine.admit.limits import Limits, LimitsError, TenantLimits, validate_overrides
 
 
 def test_valid_overrides_keep_integers_integral() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from queue_daemon.engine.quotas import RateLimiter
+from queue_daemon.engine.admit.quotas import RateLimiter
 
 
 class Clock:

@@ -77,3 +77,36 @@ def test_only_the_sandbox_touches_cgroups_and_scheduling_classes() -> None:
             text = path.read_text()
             offenders += [(relative, mark) for mark in marks if mark in text]
     assert offenders == []
+
+
+# the engine's phases: each may import itself, the shared modules at the
+# engine's top (backoff, handlers, graph, sysid, releases, ...) and the phases
+# named here; admission is the one way in for every kind of add
+PHASES = {
+    "admit": [],
+    "ingest": [],
+    "run": ["admit"],
+    "pull": ["admit"],
+    "schedule": ["admit"],
+    "upkeep": [],
+}
+
+
+@pytest.mark.parametrize("phase", sorted(PHASES))
+def test_engine_phases_import_one_way(phase: str) -> None:
+    others = [p for p in PHASES if p != phase and p not in PHASES[phase]]
+    bad = [
+        (where, name)
+        for where, name in imports_of(f"queue_daemon/engine/{phase}")
+        for other in others
+        if name == f"queue_daemon.engine.{other}"
+        or name.startswith(f"queue_daemon.engine.{other}.")
+    ]
+    assert bad == []
+
+
+def test_the_engine_is_its_phases() -> None:
+    """Every module of the engine lives in a phase, or is shared at its top."""
+    engine = ROOT / "queue_daemon" / "engine"
+    folders = {p.name for p in engine.iterdir() if p.is_dir() and p.name != "__pycache__"}
+    assert folders == set(PHASES)

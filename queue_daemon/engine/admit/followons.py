@@ -29,8 +29,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 
 from queue_daemon.domain.names import JobType
-from queue_daemon.engine.limits import TenantLimits
-from queue_daemon.engine.quotas import Admission, rate_cost
+from queue_daemon.engine.admit.limits import TenantLimits
+from queue_daemon.engine.admit.quotas import Admission, rate_cost
 from queue_daemon.journal import JournalError
 from queue_daemon.runners.codes import code_of
 from queue_daemon.runners.models import HandlerSpec, JobResult

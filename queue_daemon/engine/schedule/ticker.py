@@ -36,12 +36,12 @@ from cronsim import CronSimError
 
 from queue_daemon.domain.names import JobType
 from queue_daemon.domain.schedules import DueSchedule, TickAdded
+from queue_daemon.engine.admit.ids import tick_id
+from queue_daemon.engine.admit.intake import Intake
+from queue_daemon.engine.admit.limits import Limits
+from queue_daemon.engine.admit.quotas import Admission, rate_cost
 from queue_daemon.engine.backoff import Backoff
-from queue_daemon.engine.cron import Cron, CronError, zone
-from queue_daemon.engine.ids import tick_id
-from queue_daemon.engine.intake import Intake
-from queue_daemon.engine.limits import Limits
-from queue_daemon.engine.quotas import Admission, rate_cost
+from queue_daemon.engine.schedule.cron import Cron, CronError, zone
 from queue_daemon.journal import JournalError
 from queue_daemon.observe.metrics import Metrics
 from queue_daemon.observe.queuelog import QueueLog

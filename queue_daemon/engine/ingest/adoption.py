@@ -17,7 +17,7 @@ import contextlib
 import logging
 from pathlib import Path
 
-from queue_daemon.engine.ingester import Ingester
+from queue_daemon.engine.ingest.ingester import Ingester
 from queue_daemon.engine.sysid import candidates, open_journal
 from queue_daemon.settings import Settings
 from queue_daemon.store.ports import JobIntake

@@ -24,12 +24,12 @@ from queue_daemon.domain.jobs import ClaimedJob, Release
 from queue_daemon.domain.names import JobType
 from queue_daemon.domain.outcomes import Policy, release_for
 from queue_daemon.domain.pulled import HeldJob, PulledJob
-from queue_daemon.engine.followons import FollowOns
+from queue_daemon.engine.admit.followons import FollowOns
+from queue_daemon.engine.admit.intake import Intake
+from queue_daemon.engine.admit.limits import Limits
+from queue_daemon.engine.admit.quotas import Admission
 from queue_daemon.engine.handlers import HandlerCache
-from queue_daemon.engine.intake import Intake
-from queue_daemon.engine.limits import Limits
-from queue_daemon.engine.quotas import Admission
-from queue_daemon.engine.waits import RECHECK_S, JobWaits
+from queue_daemon.engine.pull.holds import RECHECK_S, JobWaits
 from queue_daemon.observe.metrics import Metrics
 from queue_daemon.observe.queuelog import QueueLog
 from queue_daemon.runners.models import HandlerSpec, JobResult

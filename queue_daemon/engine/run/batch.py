@@ -13,12 +13,12 @@ from typing import Protocol
 from queue_daemon.domain.jobs import ClaimedJob, Release
 from queue_daemon.domain.names import JobType
 from queue_daemon.domain.outcomes import Policy, no_handler, put_back, release_for
-from queue_daemon.engine.batching import BatchSizes
-from queue_daemon.engine.followons import FollowOns
+from queue_daemon.engine.admit.followons import FollowOns
+from queue_daemon.engine.admit.intake import Intake
+from queue_daemon.engine.admit.limits import Limits
+from queue_daemon.engine.admit.quotas import Admission
 from queue_daemon.engine.handlers import HandlerCache
-from queue_daemon.engine.intake import Intake
-from queue_daemon.engine.limits import Limits
-from queue_daemon.engine.quotas import Admission
+from queue_daemon.engine.run.sizes import BatchSizes
 from queue_daemon.observe.metrics import Metrics
 from queue_daemon.observe.queuelog import QueueLog
 from queue_daemon.runners.models import HandlerSpec, JobInput, JobResult, ResultSink

@@ -25,17 +25,17 @@ from datetime import UTC, datetime
 from queue_daemon.domain.jobs import ClaimedJob, Release
 from queue_daemon.domain.names import JobType
 from queue_daemon.domain.outcomes import put_back
+from queue_daemon.engine.admit.intake import Intake
+from queue_daemon.engine.admit.limits import Limits, TenantLimits
+from queue_daemon.engine.admit.quotas import Admission
 from queue_daemon.engine.backoff import Backoff
-from queue_daemon.engine.batches import BatchRunner, Runners
-from queue_daemon.engine.batching import BatchSizes
-from queue_daemon.engine.fairness import BusyMarks, TenantBatches
 from queue_daemon.engine.handlers import HandlerCache
-from queue_daemon.engine.intake import Intake
-from queue_daemon.engine.limits import Limits, TenantLimits
-from queue_daemon.engine.pulled import PULLED_LANG
-from queue_daemon.engine.quotas import Admission
-from queue_daemon.engine.upkeep import Upkeep
-from queue_daemon.engine.waiting import POLL_S, WaitingTypes, claimable
+from queue_daemon.engine.pull.pulls import PULLED_LANG
+from queue_daemon.engine.run.batch import BatchRunner, Runners
+from queue_daemon.engine.run.fairness import BusyMarks, TenantBatches
+from queue_daemon.engine.run.pick import POLL_S, WaitingTypes, claimable
+from queue_daemon.engine.run.sizes import BatchSizes
+from queue_daemon.engine.upkeep.leases import Upkeep
 from queue_daemon.observe.metrics import Metrics
 from queue_daemon.observe.queuelog import QueueLog
 from queue_daemon.scheduler import Pick, Scheduler, tenant_of

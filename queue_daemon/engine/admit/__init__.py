@@ -1,0 +1,1 @@
+"""Admitting jobs: quotas and limits, ids, and the intake into the journal."""

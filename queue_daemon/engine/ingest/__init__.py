@@ -1,0 +1,1 @@
+"""Ingesting: the journal into the store, and the journals of dead daemons."""

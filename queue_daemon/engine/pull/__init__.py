@@ -1,0 +1,1 @@
+"""Jobs of pulled types: claims by the tenants' own workers, completions, held waits."""

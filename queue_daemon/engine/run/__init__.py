@@ -1,0 +1,1 @@
+"""Running pushed jobs: what to claim, batches in contexts, results and follow-on jobs."""

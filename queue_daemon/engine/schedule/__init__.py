@@ -1,0 +1,1 @@
+"""Periodic jobs: cron expressions and the ticker that adds due ticks."""

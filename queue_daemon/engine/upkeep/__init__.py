@@ -1,0 +1,1 @@
+"""Upkeep: renewing, expiring and purging, each a service started by one supervisor."""
