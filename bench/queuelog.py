@@ -29,7 +29,8 @@ from pathlib import Path
 import orjson
 
 from queue_daemon.domain.jobs import ClaimedJob, Release, ReleaseHow
-from queue_daemon.observe.queuelog import QueueLog, Rotation
+from queue_daemon.observe.logfile import Rotation
+from queue_daemon.observe.queuelog import QueueLog
 from queue_daemon.tools.analytics import Analysis, analyze
 from queue_daemon.tools.readlog import LogFile
 

@@ -46,9 +46,11 @@ from queue_daemon.engine.pull.holds import DoneWaits
 from queue_daemon.engine.pull.pulls import Pulls
 from queue_daemon.engine.run.loop import Worker, WorkerSettings
 from queue_daemon.engine.schedule.ticker import Ticker
-from queue_daemon.observe.metrics import Metrics, Sources
+from queue_daemon.observe.collectors import Sources
+from queue_daemon.observe.logfile import Rotation
+from queue_daemon.observe.metrics import Metrics
 from queue_daemon.observe.overview import Overview
-from queue_daemon.observe.queuelog import QueueLog, Rotation
+from queue_daemon.observe.queuelog import QueueLog
 from queue_daemon.observe.throughput import Throughput
 from queue_daemon.placement import (
     CpuPlacement,

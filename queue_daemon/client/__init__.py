@@ -24,7 +24,8 @@ from queue_daemon.client.errors import (
     Unauthorized,
     Unavailable,
 )
-from queue_daemon.client.worker import Job, Worker, outcome
+from queue_daemon.client.job import Job, outcome
+from queue_daemon.client.worker import Worker
 
 __all__ = [
     "BadRequest",

@@ -25,13 +25,11 @@ import socket
 import threading
 import time
 from collections.abc import Awaitable, Callable
-from datetime import datetime
 from typing import Any
-
-import orjson
 
 from queue_daemon.client.client import Client, backoff
 from queue_daemon.client.errors import QueueError
+from queue_daemon.client.job import Job, epoch, failure, lease_seconds, outcome, sendable
 from queue_daemon.client.lanes import Lanes
 
 logger = logging.getLogger(__name__)
@@ -39,98 +37,7 @@ logger = logging.getLogger(__name__)
 MAX_ITEMS = 1000  # jobs per claim, complete, renew or hand-back request
 RENEW_TICK = 0.2  # seconds between looks at whether claims are due for renewal
 LEASE_SLACK = 5.0  # seconds a complete is still tried past its lease (clocks differ a little)
-Function = Callable[["Job"], Any]
-
-
-class Job:
-    """A claimed job, as the worker's function gets it."""
-
-    __slots__ = (
-        "_emits",
-        "_lease_end",
-        "attempts",
-        "claim",
-        "id",
-        "lease_until",
-        "payload",
-        "type",
-    )
-
-    def __init__(self, item: dict[str, Any]) -> None:
-        self.id: str = item["id"]
-        self.type: str = item["type"]
-        self.payload: str = item["payload"]
-        self.attempts: int = item["attempts"]
-        self.lease_until: str = item["lease_until"]
-        self.claim: str = item["claim"]
-        self._emits: list[dict[str, Any]] = []
-        self._lease_end = _epoch(self.lease_until)  # moved on by each renewal
-
-    @property
-    def attempt(self) -> int:
-        """The number of this run (1 for the first)."""
-        return self.attempts
-
-    def json(self) -> Any:
-        """The payload parsed as JSON."""
-        return orjson.loads(self.payload)
-
-    def emit(self, type: str, payload: Any) -> None:
-        """Add a follow-on job of this tenant when this one completes (a string,
-        or any JSON value)."""
-        self._emits.append({"type": type, "payload": payload})
-
-    def __repr__(self) -> str:
-        return f"<Job {self.id} {self.type} attempt {self.attempts}>"
-
-
-def outcome(value: Any) -> tuple[int, Any]:
-    """(exitcode, result) of what the function returned: None is 200; an int is
-    the exitcode; a string the result (200); a pair ``(exitcode, result)``; any
-    other value a JSON result (200)."""
-    if value is None:
-        return 200, None
-    if isinstance(value, bool):
-        return 200, value
-    if isinstance(value, int):
-        return value, None
-    if isinstance(value, str):
-        return 200, value
-    if (
-        isinstance(value, tuple | list)
-        and len(value) == 2
-        and isinstance(value[0], int)
-        and not isinstance(value[0], bool)
-    ):
-        return value[0], value[1]
-    return 200, value
-
-
-def _failure(exc: BaseException) -> tuple[int, str]:
-    return 500, f"{type(exc).__name__}: {exc}"
-
-
-def _sendable(item: dict[str, Any]) -> dict[str, Any]:
-    """``item``, or a 500 complete of its job when its result or follow-on jobs
-    cannot be sent as JSON."""
-    try:
-        orjson.dumps(item)
-    except TypeError as exc:
-        result = f"the result or a follow-on job is not JSON: {exc}"
-        return {"id": item["id"], "claim": item["claim"], "exitcode": 500, "result": result}
-    return item
-
-
-def _epoch(iso: str | None) -> float:
-    """Seconds since the epoch of an ISO-8601 time (a minute from now if it is not one)."""
-    try:
-        return datetime.fromisoformat(str(iso).replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return time.time() + 60.0
-
-
-def _lease_seconds(job: Job) -> float:
-    return max(1.0, job._lease_end - time.time())
+Function = Callable[[Job], Any]
 
 
 class Worker:
@@ -282,7 +189,7 @@ class Worker:
         return False
 
     def _start(self, jobs: list[Job]) -> None:
-        self._lease = _lease_seconds(jobs[-1])
+        self._lease = lease_seconds(jobs[-1])
         self._emptied.clear()
         if self._lanes is not None:
             for job in jobs:
@@ -318,7 +225,7 @@ class Worker:
             if inspect.iscoroutine(value):
                 value.close()
             error = TypeError("the function returned an awaitable: make it an async def")
-        exitcode, result = outcome(value) if error is None else _failure(error)
+        exitcode, result = outcome(value) if error is None else failure(error)
         item: dict[str, Any] = {"id": job.id, "claim": job.claim, "exitcode": exitcode}
         if result is not None:
             item["result"] = result
@@ -348,7 +255,7 @@ class Worker:
                 finally:
                     self._sending = []
             except TypeError:  # orjson: a result or follow-on payload that is not JSON
-                self._done[:0] = [(end, _sendable(item)) for end, item in held]
+                self._done[:0] = [(end, sendable(item)) for end, item in held]
                 continue
             except QueueError as exc:
                 # kept and sent again (a claim token makes that safe) while the lease may
@@ -419,7 +326,7 @@ class Worker:
                 for answer in answers:
                     job_id = answer["id"]
                     if answer["status"] == 200 and answer.get("lease_until"):
-                        renewed[(job_id, held[job_id])] = _epoch(answer["lease_until"])
+                        renewed[(job_id, held[job_id])] = epoch(answer["lease_until"])
                         job = running.get(job_id)
                         if job is not None:
                             job._lease_end = renewed[(job_id, job.claim)]

@@ -24,12 +24,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
-import time
-from bisect import bisect_left
 from collections import Counter as Tally
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Sequence
 from operator import attrgetter
 
 from prometheus_client import CollectorRegistry, generate_latest
@@ -39,17 +35,17 @@ from prometheus_client.core import (
     HistogramMetricFamily,
     Metric,
 )
-from prometheus_client.registry import Collector
 
 from queue_daemon.domain.jobs import Release
-from queue_daemon.domain.names import JobType
 from queue_daemon.domain.views import QueueDepth
+from queue_daemon.observe.collectors import EventCollector, Sources, StateCollector
+from queue_daemon.observe.histogram import Histogram
+from queue_daemon.observe.labels import LabelCap
 from queue_daemon.store.errors import StoreError
 from queue_daemon.store.ports import Dashboard
 
 logger = logging.getLogger(__name__)
 
-OTHER = "_other"  # the label value of tenants and types beyond the caps
 DEPTH_TTL_S = 5.0  # the queue depth is read from the store at most this often
 DEPTH_TIMEOUT_S = 5.0  # longer, and the scrape reports the last counts with queue_store_up 0
 DEPTH_CAP = 1_000_000  # waiting (and scheduled) jobs counted per type; the gauge saturates there
@@ -61,88 +57,6 @@ FAST_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
 RUN_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
 _code = attrgetter("code")
-
-
-class LabelCap:
-    """Label values for tenants and (tenant, type) pairs, at most ``tenants`` and
-    ``types`` of them of their own; the rest are ``OTHER``.
-
-    Only admitted values are remembered, so memory stays bounded however many
-    names come by.
-    """
-
-    def __init__(self, tenants: int, types: int) -> None:
-        self._tenant_cap = tenants
-        self._type_cap = types
-        self._tenants: set[str] = set()
-        self._pairs: dict[tuple[str, str], tuple[str, str]] = {}
-
-    def tenant(self, client: str) -> str:
-        if client in self._tenants:
-            return client
-        if len(self._tenants) < self._tenant_cap:
-            self._tenants.add(client)
-            return client
-        return OTHER
-
-    def pair(self, client: str, jobtype: str) -> tuple[str, str]:
-        """(tenant label, type label) of a tenant's jobtype."""
-        key = (client, jobtype)
-        known = self._pairs.get(key)
-        if known is not None:
-            return known
-        tenant = self.tenant(client)
-        if tenant == OTHER or len(self._pairs) >= self._type_cap:
-            return tenant, OTHER
-        self._pairs[key] = key
-        return key
-
-    def stored(self, stored_type: str) -> tuple[str, str]:
-        """Labels of a stored jobtype ``client-type`` (client names hold no ``-``)."""
-        jobtype = JobType.parse(stored_type)
-        return self.pair(jobtype.client, jobtype.name)
-
-
-@dataclass(slots=True, kw_only=True)
-class Sources:
-    """Readers of the state the collector reports at scrape time (wired by ``app``)."""
-
-    sysid: str
-    journal_lag: Callable[[], tuple[int, int, int | None]]  # lines, bytes, oldest create ms
-    journal_writable: Callable[[], bool]
-    ingested: Callable[[], int]
-    running: Callable[[], int]
-    contexts: Callable[[], Tally[str]]  # live contexts per lang
-    cold_starts: Callable[[], Tally[str]]
-    output_throttled: Callable[[], Mapping[str, float]]  # tenant -> seconds its reads waited
-    lease_age: Callable[[], float]  # seconds since the sysid lease was last taken or renewed
-    lease_lost: Callable[[], bool]
-    renew_failures: Callable[[], int]
-
-
-class _Histogram:
-    """A histogram kept as plain numbers on the event loop (the only thread that
-    touches it); the collector turns it into Prometheus' cumulative buckets."""
-
-    __slots__ = ("bounds", "counts", "total")
-
-    def __init__(self, bounds: Sequence[float]) -> None:
-        self.bounds = tuple(bounds)
-        self.counts = [0] * (len(self.bounds) + 1)  # the last one is +Inf
-        self.total = 0.0
-
-    def observe(self, seconds: float) -> None:
-        # bisect_left: the first bound >= seconds, as Prometheus' le is inclusive
-        self.counts[bisect_left(self.bounds, seconds)] += 1
-        self.total += seconds
-
-    def add_to(self, family: HistogramMetricFamily, labels: list[str]) -> None:
-        cumulative = 0
-        buckets: list[tuple[str, float]] = []
-        for bound, count in zip((*self.bounds, math.inf), self.counts, strict=True):
-            cumulative += count
-            buckets.append(("+Inf" if bound == math.inf else repr(float(bound)), cumulative))
-        family.add_metric(labels, buckets, self.total)
 
 
 class Metrics:
@@ -167,15 +81,15 @@ class Metrics:
         self._live_workers: dict[str, int] = {}
         self._ticks: dict[tuple[str, str], int] = {}
         self._ticks_deferred: dict[tuple[str, str], int] = {}
-        self._add_seconds = _Histogram(FAST_BUCKETS)
-        self._claim_seconds = _Histogram(FAST_BUCKETS)
-        self._run_seconds: dict[str, _Histogram] = {}
+        self._add_seconds = Histogram(FAST_BUCKETS)
+        self._claim_seconds = Histogram(FAST_BUCKETS)
+        self._run_seconds: dict[str, Histogram] = {}
         self._depth: dict[str, QueueDepth] = {}
         self._depth_at = -1e9
         self._depth_ok: bool | None = None  # None until the first read
         self._depth_task: asyncio.Future[None] | None = None
         self._store: Dashboard | None = None
-        self.registry.register(_EventCollector(self))
+        self.registry.register(EventCollector(self.event_families))
 
     # --- events: once per request or batch ------------------------------------
 
@@ -196,7 +110,7 @@ class Metrics:
     def ran(self, lang: str, seconds: float) -> None:
         histogram = self._run_seconds.get(lang)
         if histogram is None:
-            histogram = self._run_seconds[lang] = _Histogram(RUN_BUCKETS)
+            histogram = self._run_seconds[lang] = Histogram(RUN_BUCKETS)
         histogram.observe(seconds)
 
     def finished(self, stored_type: str, releases: Sequence[Release]) -> None:
@@ -336,7 +250,7 @@ class Metrics:
     def watch(self, store: Dashboard, sources: Sources) -> None:
         """Report ``sources`` and the store's queue depth from now on."""
         self._store = store
-        self.registry.register(_StateCollector(self, sources))
+        self.registry.register(StateCollector(sources, self.labels, self.depth_families))
 
     async def refresh(self) -> None:
         """Read the queue depth from the store unless read within ``DEPTH_TTL_S``;
@@ -412,98 +326,3 @@ class Metrics:
             )
             up.add_metric([], 1 if self._depth_ok else 0)
             yield up
-
-
-class _EventCollector(Collector):
-    """The event counts and histograms of ``Metrics``."""
-
-    def __init__(self, metrics: Metrics) -> None:
-        self._metrics = metrics
-
-    def collect(self) -> Iterable[Metric]:
-        return self._metrics.event_families()
-
-
-class _StateCollector(Collector):
-    """The scrape-time values of ``Sources`` and the cached queue depth."""
-
-    def __init__(self, metrics: Metrics, sources: Sources) -> None:
-        self._metrics = metrics
-        self._sources = sources
-
-    def collect(self) -> Iterable[Metric]:
-        src = self._sources
-        lines, unread_bytes, oldest_ms = src.journal_lag()
-        lag_s = 0.0 if oldest_ms is None else max(0.0, time.time() - oldest_ms / 1000)
-        yield _gauge("queue_journal_unread_lines", "Journal lines not yet in the store", lines)
-        yield _gauge(
-            "queue_journal_unread_bytes", "Journal bytes not yet in the store", unread_bytes
-        )
-        yield _gauge(
-            "queue_ingest_lag_seconds",
-            "Age of the oldest journal line not yet in the store (0 when caught up)",
-            lag_s,
-        )
-        yield _gauge(
-            "queue_journal_writable",
-            "1 while the journal accepts writes",
-            1 if src.journal_writable() else 0,
-        )
-        ingested = CounterMetricFamily(
-            "queue_jobs_ingested", "Jobs this daemon moved from its journal into the store"
-        )
-        ingested.add_metric([], src.ingested())
-        yield ingested
-        yield _gauge(
-            "queue_worker_running_jobs", "Jobs running (or claimed to run) here", src.running()
-        )
-        contexts = GaugeMetricFamily(
-            "queue_runner_contexts", "Live handler contexts, by language", labels=["lang"]
-        )
-        for lang, count in sorted(src.contexts().items()):
-            contexts.add_metric([lang], count)
-        yield contexts
-        cold = CounterMetricFamily(
-            "queue_runner_cold_starts",
-            "Contexts started while a batch waited for them, by language",
-            labels=["lang"],
-        )
-        for lang, count in sorted(src.cold_starts().items()):
-            cold.add_metric([lang], count)
-        yield cold
-        throttled = CounterMetricFamily(
-            "queue_handler_output_throttled_seconds",
-            "Seconds the daemon stopped reading a tenant's handler output, over its output"
-            " rate (the handlers' writes wait meanwhile), by tenant",
-            labels=["tenant"],
-        )
-        waited: dict[str, float] = {}
-        for client, seconds in list(src.output_throttled().items()):
-            label = self._metrics.labels.tenant(client)
-            waited[label] = waited.get(label, 0.0) + seconds
-        for label, seconds in sorted(waited.items()):
-            throttled.add_metric([label], seconds)
-        yield throttled
-        info = GaugeMetricFamily("queue_sysid_info", "This daemon's sysid", labels=["sysid"])
-        info.add_metric([src.sysid], 1)
-        yield info
-        yield _gauge(
-            "queue_sysid_lease_age_seconds",
-            "Seconds since the sysid lease was last taken or renewed",
-            src.lease_age(),
-        )
-        yield _gauge(
-            "queue_sysid_lease_lost",
-            "1 if another daemon took this daemon's sysid over",
-            1 if src.lease_lost() else 0,
-        )
-        failures = CounterMetricFamily(
-            "queue_sysid_renew_failures", "Sysid lease renewals that failed"
-        )
-        failures.add_metric([], src.renew_failures())
-        yield failures
-        yield from self._metrics.depth_families()
-
-
-def _gauge(name: str, documentation: str, value: float) -> GaugeMetricFamily:
-    return GaugeMetricFamily(name, documentation, value=value)

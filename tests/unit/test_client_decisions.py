@@ -8,7 +8,7 @@ import pytest
 from queue_daemon.client import Conflict, NotFound, QueueError, RateLimited, Unavailable, outcome
 from queue_daemon.client.client import backoff, nothing_done
 from queue_daemon.client.errors import error_of
-from queue_daemon.client.worker import Job, _failure
+from queue_daemon.client.job import Job, failure
 
 
 @pytest.mark.parametrize(
@@ -35,7 +35,7 @@ def test_an_exception_is_a_500_with_its_last_traceback_line() -> None:
     try:
         raise ValueError("cannot resize boom")
     except ValueError as exc:
-        assert _failure(exc) == (500, "ValueError: cannot resize boom")
+        assert failure(exc) == (500, "ValueError: cannot resize boom")
 
 
 def test_backoff_grows_to_its_cap_with_jitter() -> None:

@@ -7,7 +7,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from queue_daemon.cli import CliError, build_parser, settings_from
 from queue_daemon.domain.jobs import Release, ReleaseHow
-from queue_daemon.observe.metrics import OTHER, LabelCap, Metrics
+from queue_daemon.observe.labels import OTHER, LabelCap
+from queue_daemon.observe.metrics import Metrics
 
 
 def samples(metrics: Metrics) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

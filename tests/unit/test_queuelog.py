@@ -15,7 +15,8 @@ import pytest
 
 from queue_daemon.cli import CliError, build_parser, settings_from
 from queue_daemon.domain.jobs import ClaimedJob, ExpiredLock, Release, ReleaseHow
-from queue_daemon.observe.queuelog import QueueLog, Rotation, payload_size
+from queue_daemon.observe.logfile import Rotation
+from queue_daemon.observe.queuelog import QueueLog, payload_size
 
 T0 = 1_700_000_000_000
 

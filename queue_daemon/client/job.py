@@ -1,0 +1,100 @@
+"""A claimed job as a ``Worker``'s function gets it, and what its return value means."""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime
+from typing import Any
+
+import orjson
+
+
+class Job:
+    """A claimed job, as the worker's function gets it."""
+
+    __slots__ = (
+        "_emits",
+        "_lease_end",
+        "attempts",
+        "claim",
+        "id",
+        "lease_until",
+        "payload",
+        "type",
+    )
+
+    def __init__(self, item: dict[str, Any]) -> None:
+        self.id: str = item["id"]
+        self.type: str = item["type"]
+        self.payload: str = item["payload"]
+        self.attempts: int = item["attempts"]
+        self.lease_until: str = item["lease_until"]
+        self.claim: str = item["claim"]
+        self._emits: list[dict[str, Any]] = []
+        self._lease_end = epoch(self.lease_until)  # moved on by each renewal
+
+    @property
+    def attempt(self) -> int:
+        """The number of this run (1 for the first)."""
+        return self.attempts
+
+    def json(self) -> Any:
+        """The payload parsed as JSON."""
+        return orjson.loads(self.payload)
+
+    def emit(self, type: str, payload: Any) -> None:
+        """Add a follow-on job of this tenant when this one completes (a string,
+        or any JSON value)."""
+        self._emits.append({"type": type, "payload": payload})
+
+    def __repr__(self) -> str:
+        return f"<Job {self.id} {self.type} attempt {self.attempts}>"
+
+
+def outcome(value: Any) -> tuple[int, Any]:
+    """(exitcode, result) of what the function returned: None is 200; an int is
+    the exitcode; a string the result (200); a pair ``(exitcode, result)``; any
+    other value a JSON result (200)."""
+    if value is None:
+        return 200, None
+    if isinstance(value, bool):
+        return 200, value
+    if isinstance(value, int):
+        return value, None
+    if isinstance(value, str):
+        return 200, value
+    if (
+        isinstance(value, tuple | list)
+        and len(value) == 2
+        and isinstance(value[0], int)
+        and not isinstance(value[0], bool)
+    ):
+        return value[0], value[1]
+    return 200, value
+
+
+def failure(exc: BaseException) -> tuple[int, str]:
+    return 500, f"{type(exc).__name__}: {exc}"
+
+
+def sendable(item: dict[str, Any]) -> dict[str, Any]:
+    """``item``, or a 500 complete of its job when its result or follow-on jobs
+    cannot be sent as JSON."""
+    try:
+        orjson.dumps(item)
+    except TypeError as exc:
+        result = f"the result or a follow-on job is not JSON: {exc}"
+        return {"id": item["id"], "claim": item["claim"], "exitcode": 500, "result": result}
+    return item
+
+
+def epoch(iso: str | None) -> float:
+    """Seconds since the epoch of an ISO-8601 time (a minute from now if it is not one)."""
+    try:
+        return datetime.fromisoformat(str(iso).replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return time.time() + 60.0
+
+
+def lease_seconds(job: Job) -> float:
+    return max(1.0, job._lease_end - time.time())
