@@ -4,9 +4,7 @@ The daemon side of runners/PROTOCOL.md. The protocol pipes are the child's
 fds 3 and 4; its stdout and stderr are drained all the time into rings of
 recent lines (a full pipe would block the child), which explain a crash.
 
-Per-job timeouts need no task per frame: one timer holds the current
-deadline (moved on by every ``start``/``result`` frame) and, when it passes,
-kills the process tree; the read loop then sees the end of the stream.
+Per-job timeouts need no task per frame: one timer a batch (``runners.deadline``).
 
 What a job starts in the background lives on after the job returns, while its
 context stays warm (it is the same tenant's, under the same limits), and is
@@ -18,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import io
 import logging
 import os
 import time
@@ -28,10 +25,11 @@ from pathlib import Path
 from queue_daemon.runners import framing
 from queue_daemon.runners.budget import Spend, no_limit
 from queue_daemon.runners.codes import ERROR, TIMEOUT
-from queue_daemon.runners.errors import ContextFailed, FrameTooLarge, ProtocolError
+from queue_daemon.runners.deadline import JobDeadline
+from queue_daemon.runners.errors import ContextFailed, ProtocolError
 from queue_daemon.runners.models import HandlerSpec, JobInput, JobResult, ResultSink
 from queue_daemon.runners.output import OutputLimits
-from queue_daemon.runners.results import failed, job_result, not_run
+from queue_daemon.runners.results import job_result, not_run, stopped
 from queue_daemon.runners.ring import LineRing, drain
 from queue_daemon.runners.sandbox import Child, Sandbox, describe_exit
 
@@ -82,9 +80,7 @@ class Context:
         self._read_transport: asyncio.ReadTransport | None = None
         self._drains: list[asyncio.Task[None]] = []
         self._closed = False
-        self._timer: asyncio.TimerHandle | None = None
-        self._deadline = 0.0
-        self._timed_out = False
+        self._clock = JobDeadline(self._kill_tree)
 
     @property
     def pid(self) -> int | None:
@@ -120,7 +116,6 @@ class Context:
             raise
 
     async def _spawn(self) -> None:
-        loop = asyncio.get_running_loop()
         await self._sandbox.prepare()
         self._home = self._sandbox.make_dir(f"ctx-{self.spec.client}-", self.spec.client)
         to_child, to_daemon = os.pipe(), os.pipe()
@@ -138,14 +133,9 @@ class Context:
             raise ContextFailed(f"cannot start a {self.spec.lang} context: {exc}") from None
         os.close(to_child[0])
         os.close(to_daemon[1])
-        reader = asyncio.StreamReader(limit=1 << 20)
-        self._read_transport, _ = await loop.connect_read_pipe(
-            lambda: asyncio.StreamReaderProtocol(reader), pipe_file(to_daemon[0], "rb")
+        self._reader, self._writer, self._read_transport = await framing.open_pipes(
+            to_daemon[0], to_child[1]
         )
-        protocol = asyncio.StreamReaderProtocol(asyncio.StreamReader())
-        transport, _ = await loop.connect_write_pipe(lambda: protocol, pipe_file(to_child[1], "wb"))
-        self._writer = asyncio.StreamWriter(transport, protocol, None, loop)
-        self._reader = framing.FrameReader(reader)
         proc = self._proc
         assert proc.stderr is not None
         self._drains = [
@@ -215,7 +205,7 @@ class Context:
         """
         results: list[JobResult] = []
         limit = None if sink is None else sink.emit_limit
-        for frame, chunk in self._chunks(jobs, limit, type or self.spec.type):
+        for frame, chunk in framing.batch_frames(jobs, limit, type or self.spec.type):
             if self.broken:
                 results += [not_run(job, "the context stopped on an earlier job") for job in chunk]
                 continue
@@ -223,28 +213,6 @@ class Context:
         self.jobs_run += len(jobs)
         self.last_used = time.monotonic()
         return results
-
-    def _chunks(
-        self, jobs: Sequence[JobInput], emit_limit: int | None, type: str
-    ) -> list[tuple[bytes, Sequence[JobInput]]]:
-        """Batch frames of at most 64 MiB (a batch of big payloads is split), for the
-        handler of ``type``."""
-        message: dict[str, object] = {
-            "op": "batch",
-            "type": type,
-            "jobs": [{"id": j.id, "payload": j.payload, "attempt": j.attempt} for j in jobs],
-        }
-        if emit_limit is not None:
-            message["emit"] = emit_limit
-        try:
-            return [(framing.encode(message), jobs)]
-        except FrameTooLarge:
-            if len(jobs) == 1:
-                raise
-        half = len(jobs) // 2
-        return self._chunks(jobs[:half], emit_limit, type) + self._chunks(
-            jobs[half:], emit_limit, type
-        )
 
     async def _run_chunk(
         self,
@@ -261,10 +229,9 @@ class Context:
         running: JobInput | None = None
         index = 0
         problem: str | None = None
-        self._deadline = loop.time() + timeout
+        clock = self._clock
+        clock.start(timeout)
         began = loop.time()  # of the running job (a job without a start: since the last result)
-        self._timed_out = False
-        self._timer = loop.call_at(self._deadline, self._check_deadline)
         try:
             self._writer.write(frame)
             await self._writer.drain()
@@ -301,7 +268,7 @@ class Context:
                     if sink is not None:
                         del message  # what the result does not hold (its output) is freed
                         # the time the daemon takes is not the next job's
-                        self._deadline = loop.time() + timeout
+                        clock.move(timeout)
                         results[-1] = await sink.take(result)
                     if printed:
                         await self._spend_outside_the_clock(printed, timeout)
@@ -311,31 +278,23 @@ class Context:
                     return results
                 else:
                     raise ProtocolError(f"unexpected message {op!r}")
-                self._deadline = loop.time() + timeout
+                clock.move(timeout)
         except ProtocolError as exc:
             problem = f"the context broke the protocol: {exc}"
         except ConnectionError:
             pass  # the child is gone: its pipe broke while we wrote the batch
         finally:
-            self._timer.cancel()
-            self._timer = None
+            clock.stop()
         return await self._failed(jobs, results, running, index, timeout_per_job, problem)
 
     async def _spend_outside_the_clock(self, size: int, job_seconds: float) -> None:
         """What a job printed, from the tenant's output budget: a wait that is not the
         next job's time (meanwhile the child's frames wait in its pipe)."""
-        if self._timer is not None:
-            self._timer.cancel()
+        self._clock.pause()
         await self._spend(size)
-        self._deadline = asyncio.get_running_loop().time() + job_seconds
-        self._timer = asyncio.get_running_loop().call_at(self._deadline, self._check_deadline)
+        self._clock.resume(job_seconds)
 
-    def _check_deadline(self) -> None:
-        loop = asyncio.get_running_loop()
-        if loop.time() + 0.001 < self._deadline:
-            self._timer = loop.call_at(self._deadline, self._check_deadline)
-            return
-        self._timed_out = True
+    def _kill_tree(self) -> None:
         if self._proc is not None:
             self._proc.kill_tree()
 
@@ -351,7 +310,7 @@ class Context:
         """Results once the context stopped in the middle of a batch."""
         timeout = timeout_per_job
         self.broken = True
-        timed_out = self._timed_out
+        timed_out = self._clock.timed_out
         if timed_out:
             reason = f"timed out after {seconds(timeout)}"
             code = TIMEOUT
@@ -369,16 +328,7 @@ class Context:
             reason,
             extra={"action": "context_failed", "tenant": self.spec.client, "pid": self.pid},
         )
-        if not results and running is None and index == 0:
-            # stopped before the first job: beforeEach hung or crashed; count it as a run
-            # of every job, so a broken hook cannot requeue the batch for ever
-            where = "beforeEach " + reason if timed_out else reason
-            return [failed(job, code, where) for job in jobs]
-        out = list(results)
-        if running is not None:
-            out.append(failed(running, code, reason))
-        out += [not_run(job, f"an earlier job of the batch: {reason}") for job in jobs[len(out) :]]
-        return out
+        return stopped(jobs, results, running, index, code, reason, timed_out=timed_out)
 
     async def _stop(self) -> None:
         """Kill the whole tree and reap the child."""
@@ -438,8 +388,3 @@ class Context:
 
 def _length(text: object) -> int:
     return len(text) if isinstance(text, str) else 0
-
-
-def pipe_file(fd: int, mode: str) -> io.FileIO:
-    """An unbuffered file object owning ``fd``, for the event loop's pipe transports."""
-    return io.FileIO(fd, mode[0], closefd=True)

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import io
 import struct
 from collections import deque
+from collections.abc import Sequence
 from typing import Any
 
 import orjson
 
 from queue_daemon.runners.errors import FrameTooLarge, ProtocolError
+from queue_daemon.runners.models import JobInput
 
 MAX_FRAME = 64 << 20
 HEADER = struct.Struct(">I")
@@ -22,6 +25,27 @@ def encode(message: dict[str, Any]) -> bytes:
     if len(data) > MAX_FRAME:
         raise FrameTooLarge(f"frame of {len(data)} bytes is over the {MAX_FRAME} byte limit")
     return HEADER.pack(len(data)) + data
+
+
+def batch_frames(
+    jobs: Sequence[JobInput], emit_limit: int | None, type: str
+) -> list[tuple[bytes, Sequence[JobInput]]]:
+    """``batch`` frames of at most ``MAX_FRAME`` (a batch of big payloads is split),
+    for the handler of ``type``; each with the jobs it holds."""
+    message: dict[str, object] = {
+        "op": "batch",
+        "type": type,
+        "jobs": [{"id": j.id, "payload": j.payload, "attempt": j.attempt} for j in jobs],
+    }
+    if emit_limit is not None:
+        message["emit"] = emit_limit
+    try:
+        return [(encode(message), jobs)]
+    except FrameTooLarge:
+        if len(jobs) == 1:
+            raise
+    half = len(jobs) // 2
+    return batch_frames(jobs[:half], emit_limit, type) + batch_frames(jobs[half:], emit_limit, type)
 
 
 def decode(data: bytes | bytearray | memoryview) -> dict[str, Any]:
@@ -119,3 +143,24 @@ class FrameReader:
             self._buffer = bytearray()  # a big frame's room is given back
         elif offset:
             del buffer[:offset]
+
+
+async def open_pipes(
+    read_fd: int, write_fd: int
+) -> tuple[FrameReader, asyncio.StreamWriter, asyncio.ReadTransport]:
+    """Frames read from ``read_fd`` and written to ``write_fd`` (both then owned
+    here), on the running loop; and the read transport, to close."""
+    loop = asyncio.get_running_loop()
+    stream = asyncio.StreamReader(limit=1 << 20)
+    read_transport, _ = await loop.connect_read_pipe(
+        lambda: asyncio.StreamReaderProtocol(stream), _pipe_file(read_fd, "rb")
+    )
+    protocol = asyncio.StreamReaderProtocol(asyncio.StreamReader())
+    transport, _ = await loop.connect_write_pipe(lambda: protocol, _pipe_file(write_fd, "wb"))
+    writer = asyncio.StreamWriter(transport, protocol, None, loop)
+    return FrameReader(stream), writer, read_transport
+
+
+def _pipe_file(fd: int, mode: str) -> io.FileIO:
+    """An unbuffered file object owning ``fd``, for the event loop's pipe transports."""
+    return io.FileIO(fd, mode[0], closefd=True)

@@ -3,6 +3,7 @@ failed or never ran."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import orjson
@@ -74,3 +75,28 @@ def failed(job: JobInput, exitcode: int, reason: str) -> JobResult:
 
 def not_run(job: JobInput, reason: str) -> JobResult:
     return JobResult(id=job.id, exitcode=NOT_RUN, result=f"not started: {reason}", ran=False)
+
+
+def stopped(
+    jobs: Sequence[JobInput],
+    results: list[JobResult],
+    running: JobInput | None,
+    started: int,
+    code: int,
+    reason: str,
+    *,
+    timed_out: bool,
+) -> list[JobResult]:
+    """Every job's result once a context stopped in the middle of a batch: the
+    ``results`` it gave, ``running`` failed, the rest not run; ``started`` jobs
+    had begun."""
+    if not results and running is None and started == 0:
+        # stopped before the first job: beforeEach hung or crashed; count it as a run
+        # of every job, so a broken hook cannot requeue the batch for ever
+        where = "beforeEach " + reason if timed_out else reason
+        return [failed(job, code, where) for job in jobs]
+    out = list(results)
+    if running is not None:
+        out.append(failed(running, code, reason))
+    out += [not_run(job, f"an earlier job of the batch: {reason}") for job in jobs[len(out) :]]
+    return out

@@ -28,7 +28,6 @@ OUT_FD = 4
 MAX_FRAME = 64 << 20
 MAX_TEXT = 16 << 20  # characters of a job's output or result carried in one frame
 TOP_LEVEL_AWAIT = 0x2000  # ast.PyCF_ALLOW_TOP_LEVEL_AWAIT, without importing ast
-CO_COROUTINE = 0x80  # inspect.CO_COROUTINE
 
 _encode = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
 _loads = json.loads
@@ -97,16 +96,17 @@ def remember_source(name: str, source: str) -> None:
 
 
 def run_hook(code: CodeType, namespace: dict[str, Any]) -> None:
-    result = eval(code, namespace)
-    if code.co_flags & CO_COROUTINE:
-        event_loop().run_until_complete(result)
+    resolve(eval(code, namespace))  # a hook that awaits at its top level is a coroutine
 
 
-def compile_hook(source: str, name: str) -> CodeType | None:
-    if not source.strip():
+def compile_part(part: str, source: str) -> CodeType | None:
+    """The code of the ``body`` (always), or of a hook (None when it is empty; a
+    hook may ``await`` at its top level)."""
+    if part != "body" and not source.strip():
         return None
+    name, flags = ("<handler>", 0) if part == "body" else (f"<{part}>", TOP_LEVEL_AWAIT)
     remember_source(name, source)
-    code: CodeType = compile(source, name, "exec", flags=TOP_LEVEL_AWAIT, dont_inherit=True)
+    code: CodeType = compile(source, name, "exec", flags=flags, dont_inherit=True)
     return code
 
 
@@ -135,16 +135,12 @@ def log_traceback(exc: BaseException, out: io.TextIOWrapper) -> None:
         return
 
 
-def dumps_value(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
-
-
 def shape(value: Any) -> tuple[Any, str | None]:
     """(exitcode, result) of a handler's return value, per PROTOCOL.md."""
     if value is None:
         return 200, None
     if isinstance(value, bool):
-        return 200, dumps_value(value)
+        return 200, _encode(value)
     if isinstance(value, int):
         return value, None
     if isinstance(value, str):
@@ -158,8 +154,8 @@ def shape(value: Any) -> tuple[Any, str | None]:
         code, result = value
         if result is None or isinstance(result, str):
             return code, result
-        return code, dumps_value(result)
-    return 200, dumps_value(value)
+        return code, _encode(result)
+    return 200, _encode(value)
 
 
 class BoundedBuffer(io.BytesIO):
@@ -194,45 +190,34 @@ class BoundedBuffer(io.BytesIO):
         return text
 
 
-class Emits:
-    """A job's ``ctx.emit`` calls, up to ``limit`` bytes of payloads (the daemon's
-    emit limit for the tenant); the ones past it are counted, not kept."""
+class Ctx:
+    """The ``ctx`` a handler gets: id, attempt, type, emit(type, payload). Its
+    ``emit`` calls are kept up to ``limit`` bytes of payloads (the daemon's emit
+    limit for the tenant); the ones past it are counted, not kept."""
 
-    __slots__ = ("over", "pairs", "room")
+    __slots__ = ("_over", "_pairs", "_room", "attempt", "client", "id", "type")
 
-    def __init__(self, limit: int | None) -> None:
-        self.pairs: list[list[str]] = []
-        self.room = limit
-        self.over = 0
-
-    def add(self, type_: str, payload: str) -> None:
-        if self.room is not None:
-            size = len(payload) if payload.isascii() else len(payload.encode("utf-8", "replace"))
-            if size > self.room:
-                self.over += 1
-                return
-            self.room -= size
-        self.pairs.append([type_, payload])
-
-
-class Context:
-    """The ``ctx`` a handler gets: id, attempt, type, emit(type, payload)."""
-
-    __slots__ = ("_emits", "attempt", "client", "id", "type")
-
-    def __init__(self, job: Message, type_: str, client: str, emits: Emits) -> None:
+    def __init__(self, job: Message, type_: str, client: str, limit: int | None) -> None:
         self.id = job["id"]
         self.attempt = job.get("attempt", 1)
         self.type = type_
         self.client = client
-        self._emits = emits
+        self._pairs: list[list[str]] = []
+        self._room = limit
+        self._over = 0
 
     def emit(self, type: str, payload: Any) -> None:
         if not isinstance(type, str):
             raise TypeError("ctx.emit: type must be a string")
         if not isinstance(payload, str):
-            payload = dumps_value(payload)
-        self._emits.add(type, payload)
+            payload = _encode(payload)
+        if self._room is not None:
+            size = len(payload) if payload.isascii() else len(payload.encode("utf-8", "replace"))
+            if size > self._room:
+                self._over += 1
+                return
+            self._room -= size
+        self._pairs.append([type, payload])
 
     def __repr__(self) -> str:
         return f"<ctx id={self.id!r} attempt={self.attempt!r} type={self.type!r}>"
@@ -260,31 +245,18 @@ class Handler:
     def load(self, init: Message) -> str | None:
         """None when the handler is ready, else the ``fatal`` message."""
         parts: dict[str, CodeType | None] = {}
-        for part, key in (
-            ("body", "body"),
-            ("before", "before"),
-            ("beforeEach", "beforeEach"),
-            ("afterEach", "afterEach"),
-        ):
-            source = init.get(key) or ""
+        for part in ("body", "before", "beforeEach", "afterEach"):
             try:
-                if part == "body":
-                    remember_source("<handler>", source)
-                    parts[part] = compile(source, "<handler>", "exec", dont_inherit=True)
-                else:
-                    parts[part] = compile_hook(source, f"<{part}>")
+                parts[part] = compile_part(part, init.get(part) or "")
             except (SyntaxError, ValueError, RecursionError, MemoryError, OverflowError) as exc:
                 return compile_message(part, exc)
-        try:
-            exec(parts["body"], self.namespace)  # type: ignore[arg-type]
-        except BaseException as exc:
-            return f"body failed: {describe(exc)}"
-        before = parts["before"]
-        if before is not None:
+        for part in ("body", "before"):  # the body's code is never a coroutine's
+            code = parts[part]
             try:
-                run_hook(before, self.namespace)
+                if code is not None:
+                    run_hook(code, self.namespace)
             except BaseException as exc:
-                return f"before failed: {describe(exc)}"
+                return f"{part} failed: {describe(exc)}"
         function = self.namespace.get("handler")
         if not callable(function):
             return "the body does not define handler(payload, ctx)"
@@ -304,14 +276,12 @@ class Handler:
 
     def run_job(self, job: Message, emit_limit: int | None = None) -> Message:
         """The job's ``result`` message (with the output the handler printed)."""
-        emits = Emits(emit_limit)
+        ctx = Ctx(job, self.type, self.client, emit_limit)
         capture, out = self.capture()
         message: Message = {"op": "result", "id": job["id"]}
         sys.stdout = out
         try:
-            value = resolve(
-                self.function(job["payload"], Context(job, self.type, self.client, emits))
-            )
+            value = resolve(self.function(job["payload"], ctx))
             code, result = shape(value)
         except BaseException as exc:
             code, result = 500, describe(exc)
@@ -327,13 +297,11 @@ class Handler:
         else:
             output = capture.take()
         message["exitcode"] = code
-        message["result"] = (
-            result if result is None or len(result) <= MAX_TEXT else result[:MAX_TEXT]
-        )
-        message["output"] = output if len(output) <= MAX_TEXT else output[:MAX_TEXT]
-        message["emits"] = emits.pairs
-        if emits.over:
-            message["emit_over"] = emits.over
+        message["result"] = None if result is None else result[:MAX_TEXT]
+        message["output"] = output[:MAX_TEXT]
+        message["emits"] = ctx._pairs
+        if ctx._over:
+            message["emit_over"] = ctx._over
         return message
 
     def run_batch(self, jobs: list[Message], emit_limit: int | None = None) -> None:

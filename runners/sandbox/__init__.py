@@ -2,7 +2,10 @@
 
 | module       | holds                                                                 |
 |--------------|-----------------------------------------------------------------------|
-| jail         | ``Sandbox``: argv wrappers for uids, namespaces, cgroups and limits   |
+| jail         | ``Sandbox``: starts handler processes under all of the below          |
+| wrappers     | the exec wrappers for uids, namespaces, cgroups and the protocol fds  |
+| rlimits      | ``ProcessLimits``: each handler process's resource limits             |
+| bootstraps   | the language bootstraps, copied where handlers can read them          |
 | users        | who handlers run as (a uid per tenant as root, or the run-as user)    |
 | process      | a handler's process: exit seen at once, its whole tree killed         |
 | probes       | what the machine offers (unshare, ip, python) and the scrubbed env    |
@@ -15,15 +18,16 @@
 Only this package touches cgroups and scheduling classes.
 """
 
-from queue_daemon.runners.sandbox.jail import Limits, Sandbox
+from queue_daemon.runners.sandbox.jail import Sandbox
 from queue_daemon.runners.sandbox.probes import SAFE_PATH, scrubbed_env
 from queue_daemon.runners.sandbox.process import Child, describe_exit, kill_group
+from queue_daemon.runners.sandbox.rlimits import ProcessLimits
 from queue_daemon.runners.sandbox.users import RunAs, TenantUids, resolve_run_as, tenant_ids
 
 __all__ = [
     "SAFE_PATH",
     "Child",
-    "Limits",
+    "ProcessLimits",
     "RunAs",
     "Sandbox",
     "TenantUids",

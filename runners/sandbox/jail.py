@@ -1,54 +1,6 @@
 """How a handler process is started: scrubbed environment, private directory,
-resource limits, its own process group, an unprivileged user.
-
-A handler process is started through two tiny exec wrappers, never through a
-``preexec_fn`` (which is unsafe in a threaded daemon and forbids vfork):
-
-    /bin/sh -c 'exec 3<&0 4>&1 0</dev/null 1>&2; exec "$@"'     (contexts only: the
-        protocol pipes, started as stdin/stdout, become fds 3 and 4 (PROTOCOL.md);
-        the child's stdout and stderr then share one pipe of context-level output)
-    prlimit --as=… --cpu=… --nofile=… --nproc=… --fsize=… --core=0 --
-        (``--data`` instead of ``--as`` for runtimes that reserve huge address
-        ranges up front: node/V8 cannot start under a 1 GiB RLIMIT_AS)
-        (util-linux; where it is missing, ``bootstrap/limits.py`` does the same)
-    the command itself
-
-``subprocess`` starts a new session, so the whole tree can be killed with
-one ``killpg``. The switch to the run-as user is util-linux ``unshare``'s
-(``--setgid --setuid``, clearing supplementary groups), run as root after the
-wrappers that need root; only where there is no ``unshare`` does the loop's
-``subprocess_exec`` switch (``user=``, ``group=``, ``extra_groups=[]``: asyncio's
-loop, not uvloop's). When handlers get no network (the default when the daemon
-is root and ``unshare`` works), that first wrapper also puts the process in a
-new network namespace (only a loopback interface of its own: no route to the
-host's loopback or anywhere else):
-
-    unshare --net --setgid=G --setuid=U --    (before everything above)
-
-When iproute2's ``ip`` works there, the namespace's loopback is brought up
-first (still as root, inside the namespace), so a handler can use 127.0.0.1
-within its own tree; the user switch is then a second ``unshare`` without
-namespaces:
-
-    unshare --net -- /bin/sh -c '"$1" link set lo up; …; exec "$@"' sh IP
-        unshare --setgid=G --setuid=U --
-
-A process group does not hold a tree whose members call ``setsid()``: when the
-daemon is root and cgroup v2 is there (``queue_daemon.runners.sandbox.cgroups``), every context and
-shell job also gets a cgroup of its own, which the very first wrapper (root)
-enters before anything of the handler runs; killing a tree then also writes
-``cgroup.kill``, which nothing in the cgroup can leave or escape. With cgroups
-but no network namespace (``network=True``), ``unshare`` without ``--net``
-still does the user switch, since the wrapper must run as root:
-
-    /bin/sh -c 'echo 1000 >/proc/self/oom_score_adj; echo $$ >"$1"; shift; exec "$@"'
-        sh CGROUP/cgroup.procs
-
-That first wrapper runs for every handler process, with or without cgroups:
-its ``oom_score_adj`` of 1000 makes a handler the kernel's first choice when
-memory runs out, before the daemon or PostgreSQL (set by root with
-``CAP_SYS_RESOURCE``, a handler cannot lower it again; without that
-capability it can, down to 0).
+resource limits (``rlimits``), its own process group, an unprivileged user, a
+cgroup and namespaces, through the exec wrappers ``wrappers`` describes.
 
 A namespace does not cover unix sockets, which are files: the daemon's own
 files are kept from handlers by permissions (``queue_daemon.app``).
@@ -65,11 +17,11 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Mapping, Set
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from queue_daemon.runners.errors import SandboxError
+from queue_daemon.runners.sandbox.bootstraps import copy_bootstraps
 from queue_daemon.runners.sandbox.cgroups import CgroupTree
 from queue_daemon.runners.sandbox.cpushare import CpuGroup
 from queue_daemon.runners.sandbox.probes import (
@@ -81,45 +33,12 @@ from queue_daemon.runners.sandbox.probes import (
     scrubbed_env,
 )
 from queue_daemon.runners.sandbox.process import Child, _Protocol
+from queue_daemon.runners.sandbox.rlimits import ProcessLimits, limits_argv
 from queue_daemon.runners.sandbox.users import RunAs, TenantUids, resolve_run_as, tenant_ids
 from queue_daemon.runners.sandbox.workdirs import OwnPart
+from queue_daemon.runners.sandbox.wrappers import fd_argv, first_argv, switch_argv
 
 logger = logging.getLogger(__name__)
-
-BOOTSTRAP_SOURCE = Path(__file__).resolve().parents[1] / "bootstrap"
-# moves the protocol pipes from fds 0/1 to 3/4 (dash only knows fds 0-9 in redirections)
-_FD_WRAPPER = 'unset PWD OLDPWD; exec 3<&0 4>&1 0</dev/null 1>&2; exec "$@"'
-# the first wrapper, as root when the daemon is: makes the process the kernel's
-# first choice when memory runs out (``OOM_SCORE_ADJ``; set by root, a handler
-# cannot lower it again), enters the cgroups whose cgroup.procs files come
-# before ``--``, then becomes the rest
-OOM_SCORE_ADJ = 1000
-_FIRST_WRAPPER = (
-    f"unset PWD OLDPWD; echo {OOM_SCORE_ADJ} >/proc/self/oom_score_adj 2>/dev/null;"
-    ' while [ "$1" != -- ]; do echo $$ >"$1" || exit 126; shift; done; shift; exec "$@"'
-)
-# run as root in the new namespaces: brings the loopback up with ip ($1, if any),
-# mounts a private tmpfs of $2 bytes on /dev/shm and, when $3 is 1, on /tmp
-_NAMESPACE_WRAPPER = (
-    'unset PWD OLDPWD; if [ -n "$1" ]; then "$1" link set lo up || exit 126; fi;'
-    ' if [ -n "$2" ]; then'
-    ' mount -t tmpfs -o "size=$2,mode=1777,nosuid,nodev" tmpfs /dev/shm || exit 126;'
-    ' if [ "$3" = 1 ]; then'
-    ' mount -t tmpfs -o "size=$2,mode=1777,nosuid,nodev" tmpfs /tmp || exit 126; fi; fi;'
-    ' shift 3; exec "$@"'
-)
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Limits:
-    """Resource limits of every handler process (setrlimit, soft = hard)."""
-
-    memory_bytes: int = 1 << 30  # RLIMIT_AS (node: RLIMIT_DATA, see Sandbox.spawn)
-    cpu_seconds: int = 3600  # RLIMIT_CPU, over the life of a context
-    open_files: int = 256  # RLIMIT_NOFILE
-    processes: int = 64  # RLIMIT_NPROC: counts every process and thread of the uid
-    file_bytes: int = 64 << 20  # RLIMIT_FSIZE
-    shm_bytes: int = 64 << 20  # the private /dev/shm (and /tmp) of each process tree
 
 
 class Sandbox:
@@ -129,7 +48,7 @@ class Sandbox:
         self,
         *,
         work_root: Path,
-        limits: Limits,
+        limits: ProcessLimits,
         run_as: str | None = None,
         prlimit: str | None = "auto",
         python: str | None = None,
@@ -194,7 +113,7 @@ class Sandbox:
                         f"handlers cannot reach the work root {root}: {parent} "
                         "is not searchable by other users"
                     )
-        self._copy_bootstraps()
+        copy_bootstraps(self.bootstrap_dir)
         self._part = OwnPart.claim(root)
         prlimit = self._prlimit_setting
         if prlimit == "auto":
@@ -293,40 +212,12 @@ class Sandbox:
         """Whether handler processes run in a network namespace of their own."""
         return self._unshare is not None
 
-    def _copy_bootstraps(self) -> None:
-        """Bootstraps live where the run-as user can read them, whatever the install path."""
-        target = self.bootstrap_dir
-        target.mkdir(mode=0o755, exist_ok=True)
-        os.chmod(target, 0o755)
-        for source in BOOTSTRAP_SOURCE.iterdir():
-            if not source.is_file() or source.suffix not in (".py", ".js"):
-                continue
-            data = source.read_bytes()
-            dest = target / source.name
-            if dest.is_file() and dest.read_bytes() == data:
-                continue
-            fd, tmp = tempfile.mkstemp(dir=target, prefix=".tmp-")
-            with os.fdopen(fd, "wb") as out:
-                out.write(data)
-            os.chmod(tmp, 0o644)
-            os.replace(tmp, dest)
-
     def limits_argv(self, *, memory: str = "as") -> list[str]:
         """The wrapper that applies the limits; ``memory`` "as" (address space) or "data"."""
-        lim = self.limits
-        values = {
-            memory: lim.memory_bytes,
-            "cpu": lim.cpu_seconds,
-            "nofile": lim.open_files,
-            "nproc": lim.processes,
-            "fsize": lim.file_bytes,
-            "core": 0,
-        }
-        if self._prlimit:
-            return [self._prlimit, *(f"--{name}={value}" for name, value in values.items()), "--"]
         script = str(self.bootstrap_dir / "limits.py")
-        pairs = (f"{name}={value}" for name, value in values.items())
-        return [self.python, "-I", "-S", script, *pairs, "--"]
+        return limits_argv(
+            self.limits, memory=memory, prlimit=self._prlimit, python=self.python, script=script
+        )
 
     def bootstrap(self, name: str) -> str:
         return str(self.bootstrap_dir / name)
@@ -379,7 +270,7 @@ class Sandbox:
         argv = [*self.limits_argv(memory=memory), *command]
         stdout: int = subprocess.PIPE
         if pipes is not None:
-            argv = ["/bin/sh", "-c", _FD_WRAPPER, "sh", *argv]
+            argv = [*fd_argv(), *argv]
             stdin, stdout = pipes
         run_as = self.owner(client)
         cgroup: Path | None = None
@@ -390,25 +281,18 @@ class Sandbox:
         if run_as is not None and self._cpu is not None and self._switch_user is not None:
             procs.append(self._cpu.procs(run_as.uid))
         if run_as is not None and self._switch_user is not None:
-            # unshare needs root: it switches to the run-as user itself, after the namespace
-            # (and after the cgroup wrapper, which must write to root's cgroup files)
-            unshare = self._unshare or self._switch_user
-            assert unshare is not None
-            switch = [unshare, f"--setgid={run_as.gid}", f"--setuid={run_as.uid}", "--"]
-            if self._unshare is None:
-                argv = [*switch, *argv]
-            elif self._ip is None and not self._private_mounts:
-                argv = [unshare, "--net", *switch[1:], *argv]
-            else:
-                spaces = ["--net"]
-                shm = tmp = ""
-                if self._private_mounts:
-                    spaces += ["--ipc", "--mount", "--propagation", "private"]
-                    shm, tmp = str(self.limits.shm_bytes), "1" if self._private_tmp else ""
-                inner = ["/bin/sh", "-c", _NAMESPACE_WRAPPER, "sh", self._ip or "", shm, tmp]
-                argv = [unshare, *spaces, "--", *inner, *switch, *argv]
+            switch = switch_argv(
+                run_as,
+                switch_user=self._switch_user,
+                unshare=self._unshare,
+                ip=self._ip,
+                private_mounts=self._private_mounts,
+                private_tmp=self._private_tmp,
+                tmp_size=self.limits.tmp_size,
+            )
+            argv = [*switch, *argv]
             run_as = None
-        argv = ["/bin/sh", "-c", _FIRST_WRAPPER, "sh", *map(str, procs), "--", *argv]
+        argv = [*first_argv(procs), *argv]
         # without unshare, subprocess switches the user (uvloop's loop cannot: it
         # takes no user=, so the daemon runs on it only when unshare is there)
         switch_by_subprocess: dict[str, Any] = (

@@ -25,7 +25,7 @@ import pytest
 from queue_daemon.runners.errors import SandboxError
 from queue_daemon.runners.models import HandlerSpec
 from queue_daemon.runners.pool import RunnerPool, RunnerSettings
-from queue_daemon.runners.sandbox import SAFE_PATH, Limits, Sandbox, tenant_ids
+from queue_daemon.runners.sandbox import SAFE_PATH, ProcessLimits, Sandbox, tenant_ids
 from queue_daemon.runners.sandbox.cpuplace import (
     BUSY,
     DAEMON,
@@ -214,7 +214,7 @@ def _capable(cap: int) -> bool:
 
 
 async def test_python_fallback_wrapper_sets_the_same_limits(work_root: Path) -> None:
-    sandbox = Sandbox(work_root=work_root, limits=Limits(open_files=77), prlimit=None)
+    sandbox = Sandbox(work_root=work_root, limits=ProcessLimits(open_files=77), prlimit=None)
     await sandbox.prepare()
     home = sandbox.make_dir("t-", "acme")
     try:
@@ -893,7 +893,7 @@ async def test_close_waits_for_a_making_whose_caller_was_cancelled(
     """The making runs in a thread that goes on when its caller is cancelled (a daemon
     stopped just after it started); ``close`` waits for it and removes what it made,
     rather than leaving it behind (cgroups, the daemon's CPU group)."""
-    sandbox = Sandbox(work_root=work_root, limits=Limits(), prlimit=None)
+    sandbox = Sandbox(work_root=work_root, limits=ProcessLimits(), prlimit=None)
     made: list[str] = []
     release = threading.Event()
     real = sandbox._prepare
