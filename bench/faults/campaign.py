@@ -19,7 +19,7 @@ from bench.faults.inject import INJECTORS
 from bench.faults.plan import RoundPlan, plan_round
 from bench.faults.procs import alive, cgroup_names, cgroup_table
 from bench.faults.world import World
-from tests.pgserver import PgServer
+from harness.pgserver import PgServer
 
 DRAIN_WITHIN = 120.0  # seconds for the acknowledged jobs to be done once the load stops
 GONE_WITHIN = 15.0  # seconds for a round's processes and cgroups to go once it stopped

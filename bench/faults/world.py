@@ -1,6 +1,6 @@
 """One round's world: a fresh database, two or three daemons, tenants and their load.
 
-The daemons are started as an operator starts them (``tests/acceptance/daemon.py``),
+The daemons are started as an operator starts them (``harness/daemons.py``),
 each with a data directory and a fixed port of its own, so a daemon restarted
 after a kill comes back at the same address and adopts its journal. Three
 tenants add jobs over HTTP all the time: two of daemon-run python handlers,
@@ -30,17 +30,17 @@ import asyncpg
 
 from bench.faults import checks
 from bench.faults.plan import RoundPlan
-from queue_daemon.client import Job, Worker
-from tests.acceptance.client import Api, Handlers
-from tests.acceptance.daemon import (
+from harness.api import Api, Handlers
+from harness.daemons import (
     DaemonFactory,
     DaemonProcess,
     add_tenant,
     reachable_dir,
     shared_dir,
 )
-from tests.conftest import with_database
-from tests.pgserver import PgServer
+from harness.databases import with_database
+from harness.pgserver import PgServer
+from queue_daemon.client import Job, Worker
 
 LEASE = 3.0
 DAEMON_ARGS = ("--lease", "3", "--max-batch", "10", "--concurrency", "16", "--drain-timeout", "2")

@@ -9,7 +9,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from tests.acceptance.daemon import DaemonFactory, reachable_dir
+from harness.daemons import DaemonFactory, reachable_dir
 from tests.conftest import scratch_database
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.acceptance.client import Api
+from harness.api import Api
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 

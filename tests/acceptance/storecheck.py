@@ -7,7 +7,7 @@ from collections.abc import Collection
 
 import asyncpg
 
-from tests.acceptance.client import until
+from harness.api import until
 
 
 async def fetch_counts(dsn: str) -> dict[str, int]:

@@ -13,8 +13,8 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from tests.acceptance.client import JOB_FIELDS, STAT_FIELDS, Api, Handlers, assert_error, wait_done
-from tests.acceptance.daemon import DaemonFactory, Deployment, add_tenant, deploy
+from harness.api import JOB_FIELDS, STAT_FIELDS, Api, Handlers, assert_error, wait_done
+from harness.daemons import DaemonFactory, Deployment, add_tenant, deploy
 from tests.acceptance.storecheck import payloads
 
 SLACK = timedelta(seconds=60)  # between the test's clock and the daemon's, plus run time

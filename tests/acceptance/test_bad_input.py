@@ -15,8 +15,8 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from tests.acceptance.client import Api, Reply, assert_error
-from tests.acceptance.daemon import DaemonFactory, Deployment, deploy, run_cli
+from harness.api import Api, Reply, assert_error
+from harness.daemons import DaemonFactory, Deployment, deploy, run_cli
 
 PAYLOAD_LIMIT = 1000
 BODY_LIMIT = 100_000

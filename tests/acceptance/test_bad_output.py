@@ -16,8 +16,8 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from tests.acceptance.client import Api, Handlers, until, wait_done
-from tests.acceptance.daemon import DaemonFactory, Deployment, deploy
+from harness.api import Api, Handlers, until, wait_done
+from harness.daemons import DaemonFactory, Deployment, deploy
 
 CLIENT = "emitter"
 PAYLOAD_LIMIT = 1000

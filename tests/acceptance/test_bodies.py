@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.acceptance.client import until
-from tests.acceptance.daemon import DaemonFactory, Deployment, deployed_where_handlers_reach
+from harness.api import until
+from harness.daemons import DaemonFactory, Deployment, deployed_where_handlers_reach
 
 MIB = 1 << 20
 BODY = 8 * MIB

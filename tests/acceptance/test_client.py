@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 
+from harness.api import until
+from harness.daemons import DaemonFactory, add_tenant
 from queue_daemon.client import BadRequest, Client, Conflict, Job, NotFound, Worker
-from tests.acceptance.client import until
-from tests.acceptance.daemon import DaemonFactory, add_tenant
 
 WORKERS = """
 import os, time

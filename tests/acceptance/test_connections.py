@@ -17,8 +17,8 @@ from collections.abc import Iterator
 import aiohttp
 import pytest
 
-from tests.acceptance.client import Api
-from tests.acceptance.daemon import DaemonFactory, Deployment, deployed_where_handlers_reach
+from harness.api import Api
+from harness.daemons import DaemonFactory, Deployment, deployed_where_handlers_reach
 
 PER_ADDRESS = 200
 HALF_SENT = 1000

@@ -16,15 +16,15 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from queue_daemon.store.embedded import stop_server
-from tests.acceptance.client import Api, until
-from tests.acceptance.daemon import (
+from harness.api import Api, until
+from harness.daemons import (
     DaemonFactory,
     DaemonProcess,
     add_tenant,
     journal_dirs,
     only_journal,
 )
+from queue_daemon.store.embedded import stop_server
 from tests.acceptance.storecheck import duplicates, fetch_counts, payloads, wait_all_stored
 
 CLIENTS = 8

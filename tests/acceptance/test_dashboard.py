@@ -25,8 +25,8 @@ from typing import Any, NoReturn, TypeVar
 import aiohttp
 import pytest
 
-from tests.acceptance.client import Api, Handlers
-from tests.acceptance.daemon import (
+from harness.api import Api, Handlers
+from harness.daemons import (
     REPO,
     DaemonFactory,
     Deployment,

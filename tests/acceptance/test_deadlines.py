@@ -10,7 +10,7 @@ from pathlib import Path
 
 import aiohttp
 
-from tests.acceptance.client import (
+from harness.api import (
     Api,
     Handlers,
     claimed,
@@ -19,7 +19,7 @@ from tests.acceptance.client import (
     until,
     wait_done,
 )
-from tests.acceptance.daemon import DaemonFactory, add_tenant, shared_dir
+from harness.daemons import DaemonFactory, add_tenant, shared_dir
 
 SLEEPER = """
 import os, time

@@ -12,8 +12,8 @@ from typing import Any
 
 import aiohttp
 
-from tests.acceptance.client import Api, Handlers, assert_error, wait_done
-from tests.acceptance.daemon import DaemonFactory, add_tenant
+from harness.api import Api, Handlers, assert_error, wait_done
+from harness.daemons import DaemonFactory, add_tenant
 
 # ends as its payload says: "ok" 200, "fail" 400
 HANDLER = """

@@ -11,8 +11,8 @@ from collections.abc import Iterator
 import aiohttp
 import pytest
 
-from tests.acceptance.client import Api, Handlers, wait_done
-from tests.acceptance.daemon import DaemonFactory, Deployment, deploy, reachable_dir
+from harness.api import Api, Handlers, wait_done
+from harness.daemons import DaemonFactory, Deployment, deploy, reachable_dir
 
 PY_LOADER = (
     "import os\ndef handler(payload, ctx):\n    return f'{os.getpid()} {shared.get(\"model\")}'\n"

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import aiohttp
 
-from tests.acceptance.client import Api, Handlers, wait_all_done
-from tests.acceptance.daemon import DaemonFactory, add_tenant
+from harness.api import Api, Handlers, wait_all_done
+from harness.daemons import DaemonFactory, add_tenant
 
 HANDLERS = {
     "py": ("python", "def handler(payload, ctx):\n    return 'py ' + payload\n"),

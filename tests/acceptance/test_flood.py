@@ -23,9 +23,9 @@ import aiohttp
 import asyncpg
 import pytest
 
+from harness.api import Api, Handlers, until, wait_done
+from harness.daemons import DaemonFactory, deploy
 from queue_daemon.runners.sandbox.users import TENANT_UID_BASE
-from tests.acceptance.client import Api, Handlers, until, wait_done
-from tests.acceptance.daemon import DaemonFactory, deploy
 
 SLOW = "slow"
 QUICK = "quick"

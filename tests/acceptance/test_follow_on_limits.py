@@ -15,8 +15,8 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from tests.acceptance.client import Api, Handlers, until, wait_all_done, wait_done
-from tests.acceptance.daemon import (
+from harness.api import Api, Handlers, until, wait_all_done, wait_done
+from harness.daemons import (
     DaemonFactory,
     Deployment,
     add_tenant,

@@ -21,8 +21,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from tests.acceptance.client import Api, Handlers, Reply, assert_error
-from tests.acceptance.daemon import (
+from harness.api import Api, Handlers, Reply, assert_error
+from harness.daemons import (
     DaemonFactory,
     Deployment,
     add_tenant,

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import aiohttp
 
-from tests.acceptance.client import Api, assert_error
-from tests.acceptance.daemon import DaemonFactory, add_tenant
+from harness.api import Api, assert_error
+from harness.daemons import DaemonFactory, add_tenant
 from tests.acceptance.storecheck import duplicates, payloads, wait_all_stored
 
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from tests.acceptance.client import Api
-from tests.acceptance.daemon import DaemonFactory, add_tenant, only_journal, run_cli
+from harness.api import Api
+from harness.daemons import DaemonFactory, add_tenant, only_journal, run_cli
 
 REQUESTS = (10, 20, 5)  # lines per request: one batch each
 

@@ -15,8 +15,8 @@ import aiohttp
 import asyncpg
 import pytest
 
-from tests.acceptance.client import Api, assert_error, until
-from tests.acceptance.daemon import DaemonFactory, add_tenant, only_journal
+from harness.api import Api, assert_error, until
+from harness.daemons import DaemonFactory, add_tenant, only_journal
 
 
 def _chattr(flag: str, path: Path) -> bool:

@@ -20,8 +20,8 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from tests.acceptance.client import Api, assert_error, until
-from tests.acceptance.daemon import DaemonFactory, add_tenant, run_cli, store_args
+from harness.api import Api, assert_error, until
+from harness.daemons import DaemonFactory, add_tenant, run_cli, store_args
 
 CLIENT = "acme"
 

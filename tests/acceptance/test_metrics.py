@@ -16,8 +16,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from tests.acceptance.client import Api, Handlers, assert_error, until, wait_all_done
-from tests.acceptance.daemon import (
+from harness.api import Api, Handlers, assert_error, until, wait_all_done
+from harness.daemons import (
     DaemonFactory,
     Deployment,
     add_tenant,
@@ -26,8 +26,8 @@ from tests.acceptance.daemon import (
     run_cli,
     store_args,
 )
+from harness.pgserver import PgServer
 from tests.acceptance.scrape import Samples, label_values, names, scrape, value
-from tests.pgserver import PgServer
 
 CLIENT = "acme"
 OTHER = "rival"

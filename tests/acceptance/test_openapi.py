@@ -22,8 +22,8 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
+from harness.daemons import DaemonFactory, Deployment, deploy
 from queue_daemon.api.openapi import document
-from tests.acceptance.daemon import DaemonFactory, Deployment, deploy
 
 CLIENT = "fuzz"
 MAX_EXAMPLES = 25  # per operation: the whole run stays well under a minute and a half

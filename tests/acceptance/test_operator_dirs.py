@@ -20,9 +20,9 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from harness.api import Api, Handlers, wait_done
+from harness.daemons import DaemonFactory, add_tenant, run_cli, store_args
 from queue_daemon.store.embedded import host_home, stop_server
-from tests.acceptance.client import Api, Handlers, wait_done
-from tests.acceptance.daemon import DaemonFactory, add_tenant, run_cli, store_args
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the server's own user needs root")
 

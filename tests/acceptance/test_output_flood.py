@@ -17,8 +17,8 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from tests.acceptance.client import Handlers, wait_all_done, wait_done
-from tests.acceptance.daemon import DaemonFactory, Deployment, deployed_where_handlers_reach
+from harness.api import Handlers, wait_all_done, wait_done
+from harness.daemons import DaemonFactory, Deployment, deployed_where_handlers_reach
 
 FLOODS = {
     "shell_stderr": ("shell", 'timeout 4 yes "" >&2'),

@@ -16,8 +16,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from tests.acceptance.client import Api, Handlers, assert_error, until, wait_all_done
-from tests.acceptance.daemon import (
+from harness.api import Api, Handlers, assert_error, until, wait_all_done
+from harness.daemons import (
     DaemonFactory,
     Deployment,
     deploy,

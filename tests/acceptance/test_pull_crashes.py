@@ -16,8 +16,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from tests.acceptance.client import Api, claimed, post_json, pulled_type, wait_done
-from tests.acceptance.daemon import DaemonFactory, add_tenant
+from harness.api import Api, claimed, post_json, pulled_type, wait_done
+from harness.daemons import DaemonFactory, add_tenant
 
 # A worker that claims one job, prints it, renews it every 0.2 s until the file
 # named by its third argument exists, then renews once more and completes it;

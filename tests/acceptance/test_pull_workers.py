@@ -11,7 +11,7 @@ from typing import Any
 
 import aiohttp
 
-from tests.acceptance.client import (
+from harness.api import (
     Api,
     Handlers,
     assert_error,
@@ -20,7 +20,7 @@ from tests.acceptance.client import (
     post_json,
     pulled_type,
 )
-from tests.acceptance.daemon import DaemonFactory, add_tenant, run_cli, store_args
+from harness.daemons import DaemonFactory, add_tenant, run_cli, store_args
 
 FORGED = "0" * 32
 

@@ -12,8 +12,8 @@ from typing import Any
 import aiohttp
 import orjson
 
-from tests.acceptance.client import Handlers, until, wait_all_done
-from tests.acceptance.daemon import DaemonFactory, deploy, run_cli
+from harness.api import Handlers, until, wait_all_done
+from harness.daemons import DaemonFactory, deploy, run_cli
 
 CLIENT = "logs"
 HANDLER = (

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import aiohttp
 
-from tests.acceptance.daemon import DaemonFactory, deploy
+from harness.daemons import DaemonFactory, deploy
 
 
 async def test_add_rate_is_limited_per_tenant(

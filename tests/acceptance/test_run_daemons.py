@@ -25,9 +25,9 @@ import aiohttp
 import asyncpg
 import pytest
 
+from harness.api import Api, Handlers, until, wait_all_done, wait_done
+from harness.daemons import DaemonFactory, DaemonProcess, add_tenant, shared_dir
 from queue_daemon.runners.sandbox.cgroups import pid_alive
-from tests.acceptance.client import Api, Handlers, until, wait_all_done, wait_done
-from tests.acceptance.daemon import DaemonFactory, DaemonProcess, add_tenant, shared_dir
 from tests.acceptance.scrape import scrape, value
 from tests.acceptance.storecheck import duplicates, fetch_counts
 

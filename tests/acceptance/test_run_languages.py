@@ -18,7 +18,7 @@ import asyncpg
 import pytest
 from aiohttp import web
 
-from tests.acceptance.client import (
+from harness.api import (
     Api,
     Handlers,
     add_json,
@@ -27,7 +27,7 @@ from tests.acceptance.client import (
     wait_all_done,
     wait_done,
 )
-from tests.acceptance.daemon import DaemonFactory, Deployment, deploy
+from harness.daemons import DaemonFactory, Deployment, deploy
 from tests.acceptance.storecheck import payloads
 
 CLIENT = "run"

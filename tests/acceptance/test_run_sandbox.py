@@ -18,8 +18,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from tests.acceptance.client import Api, Handlers, wait_all_done, wait_done
-from tests.acceptance.daemon import DaemonFactory, Deployment, deploy
+from harness.api import Api, Handlers, wait_all_done, wait_done
+from harness.daemons import DaemonFactory, Deployment, deploy
 
 CLIENT = "boxed"
 BYSTANDER = "bystander"

@@ -10,8 +10,8 @@ from typing import Any
 
 import aiohttp
 
-from tests.acceptance.client import Api, Handlers, claimed, pulled_type, until, wait_done
-from tests.acceptance.daemon import DaemonFactory, add_tenant, shared_dir
+from harness.api import Api, Handlers, claimed, pulled_type, until, wait_done
+from harness.daemons import DaemonFactory, add_tenant, shared_dir
 
 RETRIED_TWICE_THEN_HANGS_ONCE = """
 import os, time

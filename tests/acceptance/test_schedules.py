@@ -20,10 +20,10 @@ import aiohttp
 import asyncpg
 import orjson
 
-from queue_daemon.engine.cron import Cron
-from queue_daemon.engine.ids import tick_id
-from tests.acceptance.client import Api, Reply, assert_error, until
-from tests.acceptance.daemon import DaemonFactory, add_tenant, run_cli, store_args
+from harness.api import Api, Reply, assert_error, until
+from harness.daemons import DaemonFactory, add_tenant, run_cli, store_args
+from queue_daemon.engine.admit.ids import tick_id
+from queue_daemon.engine.schedule.cron import Cron
 from tests.acceptance.scrape import scrape, value
 
 EVERY_SECOND = "* * * * * *"

@@ -19,15 +19,15 @@ from typing import Any
 import aiohttp
 import pytest
 
-from queue_daemon.store.embedded import stop_server
-from tests.acceptance.client import Api, Handlers, until, wait_done
-from tests.acceptance.daemon import (
+from harness.api import Api, Handlers, until, wait_done
+from harness.daemons import (
     DaemonFactory,
     DaemonProcess,
     add_tenant,
     reachable_dir,
     shared_dir,
 )
+from queue_daemon.store.embedded import stop_server
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="per-tenant users need root")
 

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import aiohttp
 
-from tests.acceptance.client import Api, Handlers, until, wait_done
-from tests.acceptance.daemon import DaemonFactory, add_tenant, shared_dir
+from harness.api import Api, Handlers, until, wait_done
+from harness.daemons import DaemonFactory, add_tenant, shared_dir
 
 CLIENT = "stall"
 JOBTYPE = "slow"

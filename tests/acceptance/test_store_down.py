@@ -12,10 +12,10 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from tests.acceptance.client import Api, Reply, assert_error, until
-from tests.acceptance.daemon import DaemonFactory, DaemonProcess, add_tenant
+from harness.api import Api, Reply, assert_error, until
+from harness.daemons import DaemonFactory, DaemonProcess, add_tenant
+from harness.pgserver import PgServer
 from tests.acceptance.storecheck import duplicates, payloads, wait_all_stored
-from tests.pgserver import PgServer
 
 INGEST_WITHIN = 60.0
 

@@ -19,10 +19,10 @@ import aiohttp
 import asyncpg
 import pytest
 
+from harness.api import Handlers, wait_done
+from harness.daemons import DaemonFactory, Deployment, deploy, reachable_dir
 from queue_daemon.runners.sandbox.users import TENANT_UID_SPAN
 from queue_daemon.store import queries
-from tests.acceptance.client import Handlers, wait_done
-from tests.acceptance.daemon import DaemonFactory, Deployment, deploy, reachable_dir
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="per-tenant uids need root")
 

@@ -11,8 +11,8 @@ from collections.abc import Awaitable, Callable, Iterator
 import aiohttp
 import pytest
 
-from tests.acceptance.client import Api, Reply, assert_error, until
-from tests.acceptance.daemon import (
+from harness.api import Api, Reply, assert_error, until
+from harness.daemons import (
     DaemonFactory,
     Deployment,
     add_tenant,

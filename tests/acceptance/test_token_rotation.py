@@ -14,8 +14,8 @@ from datetime import datetime
 import aiohttp
 import pytest
 
-from tests.acceptance.client import Reply, assert_error, until
-from tests.acceptance.daemon import DaemonFactory, Deployment, deploy, run_cli, store_args
+from harness.api import Reply, assert_error, until
+from harness.daemons import DaemonFactory, Deployment, deploy, run_cli, store_args
 
 GRACE = 4.0
 

