@@ -14,8 +14,9 @@ from pathlib import Path
 import asyncpg
 import pytest
 
+from harness.databases import with_database
+from harness.pgserver import PgServer
 from queue_daemon.store.embedded import orphaned_homes, stop_server
-from tests.pgserver import PgServer
 
 TEMPLATE = "qd_template"
 
@@ -70,13 +71,6 @@ def pg_admin_dsn(pg_server: PgServer | None) -> str:
         return external
     assert pg_server is not None
     return pg_server.dsn()
-
-
-def with_database(dsn: str, database: str) -> str:
-    """``dsn`` pointed at another database of the same server."""
-    from urllib.parse import urlsplit, urlunsplit
-
-    return urlunsplit(urlsplit(dsn)._replace(path="/" + database))
 
 
 async def _admin(admin_dsn: str, sql: str) -> None:
