@@ -5,7 +5,7 @@ Pure logic, no I/O: the daemon tells it what is waiting and what started or stop
 
 from queue_daemon.scheduler.cpu import busy_tenants
 from queue_daemon.scheduler.errors import SchedulerError
-from queue_daemon.scheduler.models import Pick, tenant_of
+from queue_daemon.scheduler.models import Pick
 from queue_daemon.scheduler.scheduler import Scheduler
 
-__all__ = ["Pick", "Scheduler", "SchedulerError", "busy_tenants", "tenant_of"]
+__all__ = ["Pick", "Scheduler", "SchedulerError", "busy_tenants"]

@@ -1,4 +1,4 @@
-"""What the scheduler hands back, and how a stored jobtype names its tenant."""
+"""What the scheduler hands back."""
 
 from __future__ import annotations
 
@@ -11,8 +11,3 @@ class Pick:
 
     jobtype: str
     limit: int
-
-
-def tenant_of(jobtype: str) -> str:
-    """The client part of a stored `client-type` name (clients never contain `-`)."""
-    return jobtype.partition("-")[0]

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Set
 
+from queue_daemon.domain.names import JobType
 from queue_daemon.scheduler.errors import SchedulerError
 from queue_daemon.scheduler.models import Pick
 
@@ -110,9 +111,10 @@ class Scheduler:
             return None
 
         groups: dict[str, list[str]] = {}
+        client_of = JobType.client_of
         for jobtype, count in waiting.items():
             if count > 0:
-                tenant = jobtype.partition("-")[0]
+                tenant = client_of(jobtype)
                 group = groups.get(tenant)
                 if group is None:
                     groups[tenant] = [jobtype]
@@ -168,7 +170,7 @@ class Scheduler:
             raise SchedulerError(f"jobs_started count must be >= 0, got {count}")
         if count == 0:
             return
-        tenant = jobtype.partition("-")[0]
+        tenant = JobType.client_of(jobtype)
         self._type_running[jobtype] = self._type_running.get(jobtype, 0) + count
         self._tenant_running[tenant] = self._tenant_running.get(tenant, 0) + count
         self._running += count
@@ -184,7 +186,7 @@ class Scheduler:
         count = min(count, have)
         if count == 0:
             return
-        tenant = jobtype.partition("-")[0]
+        tenant = JobType.client_of(jobtype)
         self._drop(self._type_running, jobtype, count)
         self._drop(self._tenant_running, tenant, count)
         self._running -= count

@@ -50,6 +50,12 @@ class JobType(NamedTuple):
         client, _, name = stored.partition("-")
         return cls(client, name)
 
+    @staticmethod
+    def client_of(stored: str) -> str:
+        """The client of a stored ``client-name`` string, without building a
+        ``JobType``: for loops over every waiting type (the scheduler's picks)."""
+        return stored.partition("-")[0]
+
     @property
     def stored(self) -> str:
         return f"{self.client}-{self.name}"

@@ -9,7 +9,8 @@ from collections.abc import Mapping
 
 import pytest
 
-from queue_daemon.scheduler import Pick, Scheduler, SchedulerError, busy_tenants, tenant_of
+from queue_daemon.domain.names import JobType
+from queue_daemon.scheduler import Pick, Scheduler, SchedulerError, busy_tenants
 
 STEPS = 10_000
 TOLERANCE = 0.10  # a share may be off its fair value by 10% of that value
@@ -95,26 +96,26 @@ class Sim:
     def tenant_shares(self) -> dict[str, float]:
         by_tenant: Counter[str] = Counter()
         for jobtype, count in self.started.items():
-            by_tenant[tenant_of(jobtype)] += count
+            by_tenant[JobType.client_of(jobtype)] += count
         total = sum(by_tenant.values())
         return {tenant: count / total for tenant, count in sorted(by_tenant.items())}
 
     def type_shares(self, tenant: str) -> dict[str, float]:
-        mine = {jt: n for jt, n in self.started.items() if tenant_of(jt) == tenant}
+        mine = {jt: n for jt, n in self.started.items() if JobType.client_of(jt) == tenant}
         total = sum(mine.values())
         return {jt: n / total for jt, n in sorted(mine.items())}
 
     def tenant_running(self) -> Counter[str]:
         by_tenant: Counter[str] = Counter()
         for jobtype, count in self.running.items():
-            by_tenant[tenant_of(jobtype)] += count
+            by_tenant[JobType.client_of(jobtype)] += count
         return by_tenant
 
     def _all_waiting_tenants_capped(self) -> bool:
         if self.tenant_cap is None:
             return False
         running = self.tenant_running()
-        tenants = {tenant_of(jt) for jt, n in self.waiting.items() if n > 0}
+        tenants = {JobType.client_of(jt) for jt, n in self.waiting.items() if n > 0}
         return all(running[t] >= self.tenant_cap for t in tenants)
 
     def _check_counts(self) -> None:
@@ -176,7 +177,7 @@ def test_equal_tenants_alternate_one_slot() -> None:
         pick = scheduler.select_jobtype(waiting)
         assert pick is not None
         assert pick.limit == 1
-        order.append(tenant_of(pick.jobtype))
+        order.append(JobType.client_of(pick.jobtype))
         scheduler.jobs_started(pick.jobtype, 1)
         assert scheduler.select_jobtype(waiting) is None
         scheduler.jobs_stopped(pick.jobtype, 1)
@@ -294,7 +295,7 @@ def test_limit_leaves_slots_for_other_waiting_tenants() -> None:
     for _ in range(3):
         pick = scheduler.select_jobtype(waiting)
         assert pick is not None
-        limits.append((tenant_of(pick.jobtype), pick.limit))
+        limits.append((JobType.client_of(pick.jobtype), pick.limit))
         scheduler.jobs_started(pick.jobtype, pick.limit)
     assert limits == [("a", 10), ("b", 6), ("c", 4)]
     # every tenant came up within one round; the rest is handed out by running count
@@ -363,7 +364,7 @@ def test_empty_claim_still_moves_the_turn_on() -> None:
 
 
 def test_tenant_is_the_name_before_the_first_dash() -> None:
-    assert tenant_of("acme-img-resize") == "acme"
+    assert JobType.client_of("acme-img-resize") == "acme"
     scheduler = Scheduler(concurrency=10, tenant_cap=3)
     scheduler.jobs_started("acme-img-resize", 2)
     scheduler.jobs_started("acme-mail", 1)

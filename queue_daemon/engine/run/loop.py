@@ -38,7 +38,7 @@ from queue_daemon.engine.run.sizes import BatchSizes
 from queue_daemon.engine.upkeep.leases import Upkeep
 from queue_daemon.observe.metrics import Metrics
 from queue_daemon.observe.queuelog import QueueLog
-from queue_daemon.scheduler import Pick, Scheduler, tenant_of
+from queue_daemon.scheduler import Pick, Scheduler
 from queue_daemon.store.errors import StoreError
 from queue_daemon.store.ports import JobQueue
 
@@ -301,7 +301,7 @@ class Worker:
         # cannot hand them out too (backpressure stays exact)
         self._scheduler.jobs_started(jobtype, limit)
         self._claiming += 1
-        tenant = tenant_of(jobtype)
+        tenant = JobType.client_of(jobtype)
         self._tenants.started(tenant)
         jobs: list[ClaimedJob] = []
         # the lease runs from the claim in the store, a moment after this: a batch
@@ -375,7 +375,7 @@ class Worker:
         for job in jobs:
             self._running.pop(job.id, None)
         self._sizes.done(jobtype)
-        self._tenants.ended(tenant_of(jobtype))
+        self._tenants.ended(JobType.client_of(jobtype))
         self._scheduler.jobs_stopped(jobtype, len(jobs))
         self.finished += len(jobs)
         attempts = {job.id: job.attempts for job in jobs}

@@ -8,7 +8,7 @@ import asyncio
 import time
 from collections.abc import Mapping, Set
 
-from queue_daemon.scheduler import tenant_of
+from queue_daemon.domain.names import JobType
 from queue_daemon.store.ports import JobQueue
 
 POLL_S = 1.0  # re-read the waiting jobtypes at least this often (delayed jobs come due)
@@ -100,6 +100,6 @@ def claimable(
         waiting = {
             t: n
             for t, n in waiting.items()
-            if t not in claiming and t not in learning_full and tenant_of(t) not in full
+            if t not in claiming and t not in learning_full and JobType.client_of(t) not in full
         }
     return waiting
