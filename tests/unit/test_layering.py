@@ -112,3 +112,18 @@ def test_sql_lives_in_store_only() -> None:
             text = path.read_text()
             offenders += [(str(path), k) for k in keywords if k in text]
     assert offenders == []
+
+
+# package -> the top-level modules it must never import: the fault campaign runs without
+# the test tools, so what it shares with the tests lives in harness/, not in tests/
+NOT_FROM_TESTS = {"bench": ["tests"], "harness": ["tests", "pytest", "_pytest"]}
+
+
+@pytest.mark.parametrize("package", sorted(NOT_FROM_TESTS))
+def test_bench_and_harness_do_not_import_the_tests(package: str) -> None:
+    bad = [
+        (where, name)
+        for where, name in imports_of(package)
+        if name.split(".")[0] in NOT_FROM_TESTS[package]
+    ]
+    assert bad == []
