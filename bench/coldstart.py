@@ -71,7 +71,7 @@ async def _cold(
     from queue_daemon.runners.models import HandlerSpec, JobInput
     from queue_daemon.runners.pool import RunnerPool, RunnerSettings
 
-    settings = RunnerSettings(work_root=work, idle_timeout=600.0)
+    settings = RunnerSettings(work_root=work, context_idle=600.0)
     if memory_bytes is not None:
         settings = dataclasses.replace(settings, memory_bytes=memory_bytes)
     pool = RunnerPool(settings)

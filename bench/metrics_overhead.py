@@ -27,7 +27,7 @@ def _per_call(step: object, rounds: int) -> float:
 
 
 def main() -> None:
-    metrics = Metrics(tenants=100, types=200)
+    metrics = Metrics(metrics_tenants=100, metrics_types=200)
     clients = [f"t{i}" for i in range(50)]
 
     state = {"i": 0}

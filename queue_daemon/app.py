@@ -236,18 +236,20 @@ class Daemon:
             RunnerSettings(
                 work_root=work_root,
                 run_as=settings.run_as,
-                idle_timeout=settings.context_idle,
+                context_idle=settings.context_idle,
                 payload_limit=settings.payload_limit,
-                max_result_bytes=settings.result_limit,
+                result_limit=settings.result_limit,
                 http_allow=settings.http_allow,
                 realtime=settings.realtime,
                 output_rate=settings.output_rate,
-                shm_bytes=settings.tmp_size,
+                tmp_size=settings.tmp_size,
                 output_burst=4 * settings.output_rate,
             ),
             tenant_uids=uids,
         )
-        metrics = Metrics(tenants=settings.metrics_tenants, types=settings.metrics_types)
+        metrics = Metrics(
+            metrics_tenants=settings.metrics_tenants, metrics_types=settings.metrics_types
+        )
         intake = Intake(journal=journal, ids=ids, queuelog=queuelog, metrics=metrics)
         self.waiting = WaitingLimiter(store, settings.waiting_refresh)
         admission = Admission(
@@ -275,7 +277,7 @@ class Daemon:
             settings=WorkerSettings(
                 concurrency=settings.concurrency,
                 max_batch=settings.max_batch,
-                tenant_cap=settings.tenant_running,
+                tenant_running=settings.tenant_running,
                 lease=settings.lease,
                 job_ttl=settings.job_ttl,
                 retention=settings.retention,

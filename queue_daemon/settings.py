@@ -1,14 +1,32 @@
-"""One frozen settings object for a daemon, built by the CLI from flags and environment."""
+"""One frozen settings object for a daemon, built by the CLI from flags and environment.
+
+Each setting has one name from its flag to its use (``--context-idle`` is
+``context_idle`` here, in ``RunnerSettings`` and in the runners) and one
+default: written here, or, for a value a part takes on as it is, in that part's
+settings (``default_of``); the CLI's flags default to ``DEFAULTS``.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
+from typing import Any
 
 from queue_daemon.engine.admit.limits import TenantLimits
+from queue_daemon.observe.labels import METRICS_TENANTS, METRICS_TYPES
+from queue_daemon.observe.logfile import Rotation
 from queue_daemon.runners.sandbox.addresses import Network
+from queue_daemon.runners.settings import RunnerSettings
 
 MIB = 1 << 20
+
+
+def default_of(settings: type[Any], name: str) -> Any:
+    """The default of field ``name`` of the dataclass ``settings``."""
+    for field in fields(settings):
+        if field.name == name and field.default is not MISSING:
+            return field.default
+    raise LookupError(f"{settings.__name__}.{name} has no default")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -17,16 +35,18 @@ class Settings:
     store: str | None = None  # DSN; None = embedded PostgreSQL in data_dir/pg
     journal: Path | None = None  # default data_dir/journal-<sysid>
     logfile: Path | None = None  # default data_dir/queue-<sysid>.log
-    logfile_max_bytes: int = 256 * MIB  # rotate the queue logfile at this size (0 = never)
-    logfile_daily: bool = True  # and at the first write after UTC midnight
-    logfile_gzip: bool = False  # gzip rotated queue logfiles (in a background thread)
+    # rotate the queue logfile at this size (0 = never), and at the first write after UTC
+    # midnight; gzip rotated queue logfiles (in a background thread)
+    logfile_max_bytes: int = default_of(Rotation, "max_bytes")
+    logfile_daily: bool = default_of(Rotation, "daily")
+    logfile_gzip: bool = default_of(Rotation, "gzip")
     host: str = "127.0.0.1"
     port: int = 8080
     sysid: str | None = None  # None = reserved automatically in the store
     lease: float = 60.0  # seconds a claimed job (and a sysid) stays leased without renewal
     no_auth: bool = False
-    realtime: bool = False  # serve --realtime: as root, real-time while a tenant is busy
-    payload_limit: int = MIB
+    realtime: bool = default_of(RunnerSettings, "realtime")  # as root, real-time while busy
+    payload_limit: int = default_of(RunnerSettings, "payload_limit")
     body_limit: int = 64 * MIB
     handler_limit: int = MIB  # bytes of each handler source field (body, before, …)
     # seconds a client has to send a request's headers (from connecting, or from the
@@ -48,23 +68,23 @@ class Settings:
     retention: float = 7 * 86_400.0  # seconds archived jobs are kept
     tenant_uid_base: int = 2_000_000  # the first uid of the tenants' range
     tenant_uid_count: int = 1 << 20  # uids in the range: tenants beyond it run nothing
-    run_as: str | None = None  # user for handler processes when root (None: queue-runner)
-    context_idle: float = 60.0  # seconds an idle context is kept warm
+    run_as: str | None = default_of(RunnerSettings, "run_as")  # user for handlers when root
+    context_idle: float = default_of(RunnerSettings, "context_idle")  # seconds kept warm
     tenant_rate: float = 100_000.0  # jobs/s one tenant may add (0 = unlimited)
     tenant_burst: float = 200_000.0  # jobs one tenant may add at once above the rate
     tenant_running: int | None = None  # jobs of one tenant running at once per daemon
-    http_allow: tuple[Network, ...] = ()  # non-public networks http handlers may reach
+    http_allow: tuple[Network, ...] = default_of(RunnerSettings, "http_allow")
     tenant_waiting: int = 1_000_000  # waiting + scheduled jobs of one tenant (0 = no limit)
     tenant_handlers: int = 1000  # live handlers of one tenant (0 = no limit)
     tenant_follow_ons: int = 1000  # follow-on jobs one run may add
     tenant_emit: int = 4 * MIB  # bytes of follow-on payloads one run may add
-    result_limit: int = MIB  # bytes of a job's result kept
-    tmp_size: int = 64 * MIB  # each handler process tree's private /dev/shm and /tmp
-    output_rate: int = 4 * MIB  # bytes/s of one tenant's handler output read (0 = no limit)
+    result_limit: int = default_of(RunnerSettings, "result_limit")  # bytes of a result kept
+    tmp_size: int = default_of(RunnerSettings, "tmp_size")  # each handler tree's /dev/shm, /tmp
+    output_rate: int = default_of(RunnerSettings, "output_rate")  # bytes/s of a tenant's output
     waiting_refresh: float = 1.0  # seconds between counts of an adding tenant's waiting jobs
     ready_lag: float = 30.0  # seconds of ingest lag over which /readyz answers 503
-    metrics_tenants: int = 100  # tenants with a metrics label of their own; the rest: _other
-    metrics_types: int = 200  # (tenant, type) pairs with a type label of their own (0: none)
+    metrics_tenants: int = METRICS_TENANTS  # tenants with a metrics label of their own
+    metrics_types: int = METRICS_TYPES  # (tenant, type) pairs with a type label (0: none)
 
     def tenant_defaults(self) -> TenantLimits:
         """Every tenant's limits unless the store holds overrides for it."""
@@ -90,3 +110,6 @@ class Settings:
 
     def logfile_path(self, sysid: str) -> Path:
         return self.logfile if self.logfile is not None else self.data_dir / f"queue-{sysid}.log"
+
+
+DEFAULTS = Settings()  # what a flag or variable not given is

@@ -102,11 +102,11 @@ class HttpRunner:
     def __init__(
         self,
         *,
-        max_result_bytes: int = 1 << 20,
+        result_limit: int = 1 << 20,
         concurrency: int = 32,
         policy: AddressPolicy | None = None,
     ) -> None:
-        self._max_result = max_result_bytes
+        self._max_result = result_limit
         self._concurrency = concurrency
         self._policy = policy or AddressPolicy()
         self._session: aiohttp.ClientSession | None = None

@@ -29,7 +29,7 @@ class OutputLimits:
     max_log_bytes: int = 64 << 10
     payload_limit: int = 1 << 20  # bytes of one follow-on payload
     max_emits: int = 10_000  # follow-on jobs per job
-    max_result_bytes: int = 1 << 20
+    result_limit: int = 1 << 20
 
 
 @dataclass(slots=True, kw_only=True)
@@ -193,7 +193,7 @@ def parse_output(
         log.add(line)
     parsed.log = log.finish()
     if parsed.result is not None:
-        parsed.result = clip(parsed.result, limits.max_result_bytes)
+        parsed.result = clip(parsed.result, limits.result_limit)
     return parsed
 
 

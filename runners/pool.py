@@ -43,7 +43,7 @@ class RunnerPool:
                 open_files=settings.open_files,
                 processes=settings.processes,
                 file_bytes=settings.file_bytes,
-                tmp_size=settings.shm_bytes,
+                tmp_size=settings.tmp_size,
             ),
             run_as=settings.run_as,
             prlimit=settings.prlimit,
@@ -57,7 +57,7 @@ class RunnerPool:
             max_log_bytes=settings.max_log_bytes,
             payload_limit=settings.payload_limit,
             max_emits=settings.max_emits_per_job,
-            max_result_bytes=settings.max_result_bytes,
+            result_limit=settings.result_limit,
         )
         self.output_budget = OutputBudget(settings.output_rate, settings.output_burst)
         self._shell = ShellRunner(
@@ -67,7 +67,7 @@ class RunnerPool:
             budget=self.output_budget,
         )
         self._http = HttpRunner(
-            max_result_bytes=settings.max_result_bytes,
+            result_limit=settings.result_limit,
             concurrency=settings.http_concurrency,
             policy=AddressPolicy(settings.http_allow),
         )
@@ -152,7 +152,7 @@ class RunnerPool:
                 logger.error(
                     "the sandbox cannot start handlers: %s", exc, extra={"action": "sandbox"}
                 )
-        interval = max(0.05, min(self.settings.idle_timeout / 4, 5.0))
+        interval = max(0.05, min(self.settings.context_idle / 4, 5.0))
         while not self._closed:
             await asyncio.sleep(interval)
             self._contexts.reap()

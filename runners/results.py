@@ -33,7 +33,7 @@ def job_result(
         and "recycle" not in message
     ):  # the common case, quickly
         if result is not None:
-            result = clip(result, limits.max_result_bytes)
+            result = clip(result, limits.result_limit)
         return JobResult(id=job.id, exitcode=exitcode, result=result, run_ms=run_ms)
     pairs: list[tuple[object, object]] = []
     more = 0
@@ -59,7 +59,7 @@ def job_result(
     return JobResult(
         id=job.id,
         exitcode=exitcode,
-        result=None if result is None else clip(result, limits.max_result_bytes),
+        result=None if result is None else clip(result, limits.result_limit),
         emits=parsed.emits,
         log=parsed.log,
         dropped=parsed.dropped,

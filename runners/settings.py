@@ -11,7 +11,7 @@ from queue_daemon.runners.sandbox.addresses import Network
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RunnerSettings:
     work_root: Path  # private directories of contexts and shell batches are made below it
-    idle_timeout: float = 60.0  # seconds an idle context stays warm
+    context_idle: float = 60.0  # seconds an idle context stays warm
     max_jobs_per_context: int = 100_000  # then the context is recycled
     max_contexts: int = 64  # python/node contexts alive at once (idle + busy)
     memory_bytes: int = 1 << 30  # RLIMIT_AS of every handler process
@@ -21,9 +21,9 @@ class RunnerSettings:
     # every context (a node context alone has about ten threads)
     processes: int = 1024
     file_bytes: int = 64 << 20  # RLIMIT_FSIZE
-    shm_bytes: int = 64 << 20  # each handler process tree's private /dev/shm (and /tmp)
+    tmp_size: int = 64 << 20  # each handler process tree's private /dev/shm (and /tmp)
     run_as: str | None = None  # None: queue-runner (created) or nobody when root; unused if not
-    max_result_bytes: int = 1 << 20
+    result_limit: int = 1 << 20
     max_log_lines: int = 100  # log lines kept per job
     max_log_bytes: int = 64 << 10
     payload_limit: int = 1 << 20  # bytes of one follow-on job's payload

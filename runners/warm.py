@@ -314,9 +314,9 @@ class WarmContexts:
                 del self._failures[key]
 
     def reap(self) -> None:
-        """Close contexts idle for longer than ``idle_timeout`` or dead; forget old failures."""
+        """Close contexts idle for longer than ``context_idle`` or dead; forget old failures."""
         now = time.monotonic()
-        limit = self.settings.idle_timeout
+        limit = self.settings.context_idle
         for contexts in list(self._idle.values()):
             for context in list(contexts):
                 if now - context.last_used > limit or not context.alive:

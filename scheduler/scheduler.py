@@ -23,7 +23,7 @@ _NEVER = -1  # pick sequence of a tenant or type never picked: it sorts first on
 class Scheduler:
     """Chooses which waiting jobtype to claim next, and how many of it.
 
-    `concurrency` caps the jobs running at once in this daemon, `tenant_cap`
+    `concurrency` caps the jobs running at once in this daemon, `tenant_running`
     (None: no cap) the running jobs of one tenant unless `set_tenant_caps`
     gave that tenant a cap of its own, `max_batch` the jobs one pick may
     claim. The caller reports every claim with `jobs_started` and every job
@@ -34,31 +34,31 @@ class Scheduler:
         "_concurrency",
         "_max_batch",
         "_running",
+        "_running_by_tenant",
+        "_running_by_type",
         "_seq",
-        "_tenant_cap",
         "_tenant_caps",
         "_tenant_picked",
         "_tenant_running",
         "_type_picked",
-        "_type_running",
     )
 
     def __init__(
-        self, *, concurrency: int, tenant_cap: int | None = None, max_batch: int = 100
+        self, *, concurrency: int, tenant_running: int | None = None, max_batch: int = 100
     ) -> None:
         if concurrency < 0:
             raise SchedulerError(f"concurrency must be >= 0, got {concurrency}")
-        if tenant_cap is not None and tenant_cap < 1:
-            raise SchedulerError(f"tenant_cap must be >= 1 or None, got {tenant_cap}")
+        if tenant_running is not None and tenant_running < 1:
+            raise SchedulerError(f"tenant_running must be >= 1 or None, got {tenant_running}")
         if max_batch < 1:
             raise SchedulerError(f"max_batch must be >= 1, got {max_batch}")
         self._concurrency = concurrency
-        self._tenant_cap = tenant_cap
+        self._tenant_running = tenant_running
         self._tenant_caps: dict[str, int | None] = {}
         self._max_batch = max_batch
         self._running = 0
-        self._type_running: dict[str, int] = {}
-        self._tenant_running: dict[str, int] = {}
+        self._running_by_type: dict[str, int] = {}
+        self._running_by_tenant: dict[str, int] = {}
         # Sequence number of each name's latest pick, for round-robin among equals.
         # Recorded when picked, not when started: a claim that finds nothing must
         # still move the turn on, or one empty type would be picked forever.
@@ -73,11 +73,11 @@ class Scheduler:
 
     def running_of(self, jobtype: str) -> int:
         """Jobs of `jobtype` running now."""
-        return self._type_running.get(jobtype, 0)
+        return self._running_by_type.get(jobtype, 0)
 
     def running_of_tenant(self, tenant: str) -> int:
         """Jobs of all of `tenant`'s types running now."""
-        return self._tenant_running.get(tenant, 0)
+        return self._running_by_tenant.get(tenant, 0)
 
     def free_slots(self) -> int:
         """How many more jobs may start before `concurrency` is reached."""
@@ -85,7 +85,7 @@ class Scheduler:
 
     def set_tenant_caps(self, caps: Mapping[str, int | None]) -> None:
         """Per-tenant caps on running jobs (None: no cap), replacing earlier
-        ones; tenants not named keep the default `tenant_cap`."""
+        ones; tenants not named keep the default `tenant_running`."""
         for tenant, cap in caps.items():
             if cap is not None and cap < 1:
                 raise SchedulerError(f"cap of {tenant!r} must be >= 1 or None, got {cap}")
@@ -95,7 +95,7 @@ class Scheduler:
         caps = self._tenant_caps
         if caps and tenant in caps:
             return caps[tenant]
-        return self._tenant_cap
+        return self._tenant_running
 
     def select_jobtype(
         self, waiting: Mapping[str, int], warm: Set[str] = frozenset()
@@ -121,13 +121,13 @@ class Scheduler:
                 else:
                     group.append(jobtype)
 
-        tenant_running = self._tenant_running
+        running_by_tenant = self._running_by_tenant
         tenant_picked = self._tenant_picked
         best_tenant = ""
         best_tenant_key = (0, 0)
         eligible = 0
         for tenant in groups:
-            running = tenant_running.get(tenant, 0)
+            running = running_by_tenant.get(tenant, 0)
             cap = self._cap_of(tenant)
             if cap is not None and running >= cap:
                 continue
@@ -138,14 +138,14 @@ class Scheduler:
         if eligible == 0:
             return None
 
-        type_running = self._type_running
+        running_by_type = self._running_by_type
         type_picked = self._type_picked
         best_type = ""
         best_type_key = (0, False, 0)
         for jobtype in groups[best_tenant]:
             # False sorts before True: warm wins only between equally served types.
             type_key = (
-                type_running.get(jobtype, 0),
+                running_by_type.get(jobtype, 0),
                 jobtype not in warm,
                 type_picked.get(jobtype, _NEVER),
             )
@@ -171,8 +171,8 @@ class Scheduler:
         if count == 0:
             return
         tenant = JobType.client_of(jobtype)
-        self._type_running[jobtype] = self._type_running.get(jobtype, 0) + count
-        self._tenant_running[tenant] = self._tenant_running.get(tenant, 0) + count
+        self._running_by_type[jobtype] = self._running_by_type.get(jobtype, 0) + count
+        self._running_by_tenant[tenant] = self._running_by_tenant.get(tenant, 0) + count
         self._running += count
 
     def jobs_stopped(self, jobtype: str, count: int) -> None:
@@ -182,13 +182,13 @@ class Scheduler:
         """
         if count < 0:
             raise SchedulerError(f"jobs_stopped count must be >= 0, got {count}")
-        have = self._type_running.get(jobtype, 0)
+        have = self._running_by_type.get(jobtype, 0)
         count = min(count, have)
         if count == 0:
             return
         tenant = JobType.client_of(jobtype)
-        self._drop(self._type_running, jobtype, count)
-        self._drop(self._tenant_running, tenant, count)
+        self._drop(self._running_by_type, jobtype, count)
+        self._drop(self._running_by_tenant, tenant, count)
         self._running -= count
 
     @staticmethod

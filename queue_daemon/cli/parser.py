@@ -10,7 +10,7 @@ import os
 from typing import Any
 
 from queue_daemon.cli.tenant_client import add_parsers
-from queue_daemon.settings import MIB
+from queue_daemon.settings import DEFAULTS
 
 ENV = "QUEUE_DAEMON_"
 DESCRIPTION = """``queue-daemon`` command line: the only place that configures logging.
@@ -27,7 +27,7 @@ def _env(name: str, default: Any = None) -> Any:
 def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--data-dir",
-        default=_env("data_dir", "./queue-data"),
+        default=_env("data_dir", str(DEFAULTS.data_dir)),
         help="data directory (env QUEUE_DAEMON_DATA_DIR, default ./queue-data)",
     )
     parser.add_argument(
@@ -50,20 +50,20 @@ def build_parser() -> argparse.ArgumentParser:
 
     serve = sub.add_parser("serve", help="run a daemon")
     _common(serve)
-    serve.add_argument("--host", default=_env("host", "127.0.0.1"), help="env QUEUE_DAEMON_HOST")
-    serve.add_argument("--port", default=_env("port", "8080"), help="0 = any free port")
+    serve.add_argument("--host", default=_env("host", DEFAULTS.host), help="env QUEUE_DAEMON_HOST")
+    serve.add_argument("--port", default=_env("port", DEFAULTS.port), help="0 = any free port")
     serve.add_argument("--journal", default=_env("journal"), help="default DATA_DIR/journal-SYSID")
     serve.add_argument(
         "--logfile", default=_env("logfile"), help="default DATA_DIR/queue-SYSID.log"
     )
     serve.add_argument(
         "--logfile-max-bytes",
-        default=_env("logfile_max_bytes", str(256 * MIB)),
+        default=_env("logfile_max_bytes", DEFAULTS.logfile_max_bytes),
         help="rotate the queue logfile at this size (0 = never; default 256 MiB)",
     )
     serve.add_argument(
         "--logfile-daily",
-        default=_env("logfile_daily", "on"),
+        default=_env("logfile_daily", "on" if DEFAULTS.logfile_daily else "off"),
         help="on|off: also rotate the queue logfile at UTC midnight (default on)",
     )
     serve.add_argument(
@@ -73,7 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="gzip rotated queue logfiles",
     )
     serve.add_argument("--sysid", default=_env("sysid"), help="default: reserved in the store")
-    serve.add_argument("--lease", default=_env("lease", "60"), help="seconds, default 60")
+    serve.add_argument("--lease", default=_env("lease", DEFAULTS.lease), help="seconds, default 60")
     serve.add_argument(
         "--no-auth",
         action="store_true",
@@ -90,63 +90,71 @@ def build_parser() -> argparse.ArgumentParser:
         "(see docs/operations.md)",
     )
     serve.add_argument(
-        "--payload-limit", default=_env("payload_limit", str(MIB)), help="bytes per payload line"
+        "--payload-limit",
+        default=_env("payload_limit", DEFAULTS.payload_limit),
+        help="bytes per payload line",
     )
     serve.add_argument(
-        "--body-limit", default=_env("body_limit", str(64 * MIB)), help="bytes per request body"
+        "--body-limit",
+        default=_env("body_limit", DEFAULTS.body_limit),
+        help="bytes per request body",
     )
     serve.add_argument(
         "--handler-limit",
-        default=_env("handler_limit", str(MIB)),
+        default=_env("handler_limit", DEFAULTS.handler_limit),
         help="bytes of a handler's source (each of body, before, beforeEach, afterEach)",
     )
     serve.add_argument(
         "--client-timeout",
-        default=_env("client_timeout", "30"),
+        default=_env("client_timeout", DEFAULTS.client_timeout),
         help="seconds a client has to send a request's headers, and to keep a body coming",
     )
     serve.add_argument(
         "--body-timeout",
-        default=_env("body_timeout", "120"),
+        default=_env("body_timeout", DEFAULTS.body_timeout),
         help="seconds a request body may take in all (408 past it)",
     )
     serve.add_argument(
         "--body-memory",
-        default=_env("body_memory", str(512 * MIB)),
+        default=_env("body_memory", DEFAULTS.body_memory),
         help="bytes of request bodies being read at once (503 past it), a quarter of it (at"
         " least --body-limit) per tenant (429); default 512 MiB",
     )
     serve.add_argument(
         "--max-connections",
-        default=_env("max_connections", "0"),
+        default=_env("max_connections", DEFAULTS.max_connections or 0),
         help="client connections held at once (0 = the open-files limit less 1024 kept for"
         " the store, the journal and the handlers)",
     )
     serve.add_argument(
         "--max-connections-per-address",
-        default=_env("max_connections_per_address", "1024"),
+        default=_env("max_connections_per_address", DEFAULTS.max_connections_per_address),
         help="client connections held at once from one address (default 1024)",
     )
     serve.add_argument(
         "--drain-timeout",
-        default=_env("drain_timeout", "10"),
+        default=_env("drain_timeout", DEFAULTS.drain_timeout),
         help="seconds SIGTERM waits for ingestion to catch up",
     )
 
     serve.add_argument(
-        "--concurrency", default=_env("concurrency", "1024"), help="jobs running at once"
+        "--concurrency",
+        default=_env("concurrency", DEFAULTS.concurrency),
+        help="jobs running at once",
     )
     serve.add_argument(
-        "--max-batch", default=_env("max_batch", "200"), help="jobs claimed and run as one batch"
+        "--max-batch",
+        default=_env("max_batch", DEFAULTS.max_batch),
+        help="jobs claimed and run as one batch",
     )
     serve.add_argument(
         "--job-ttl",
-        default=_env("job_ttl", "86400"),
+        default=_env("job_ttl", DEFAULTS.job_ttl),
         help="seconds after creation when retries stop (default one day)",
     )
     serve.add_argument(
         "--retention",
-        default=_env("retention", str(7 * 86400)),
+        default=_env("retention", DEFAULTS.retention),
         help="seconds archived jobs are kept (default seven days)",
     )
     serve.add_argument(
@@ -156,12 +164,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument(
         "--tenant-uid-base",
-        default=_env("tenant_uid_base", "2000000"),
+        default=_env("tenant_uid_base", DEFAULTS.tenant_uid_base),
         help="as root, the first uid of the range tenants' handlers run under (default 2000000)",
     )
     serve.add_argument(
         "--tenant-uid-count",
-        default=_env("tenant_uid_count", str(1 << 20)),
+        default=_env("tenant_uid_count", DEFAULTS.tenant_uid_count),
         help="uids in that range (default 1048576)",
     )
     serve.add_argument(
@@ -172,70 +180,70 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument(
         "--context-idle",
-        default=_env("context_idle", "60"),
+        default=_env("context_idle", DEFAULTS.context_idle),
         help="seconds an idle handler context stays warm",
     )
 
     serve.add_argument(
         "--tenant-rate",
-        default=_env("tenant_rate", "100000"),
+        default=_env("tenant_rate", DEFAULTS.tenant_rate),
         help="jobs/s one tenant may add (0 = unlimited; over it: 429 with Retry-After)",
     )
     serve.add_argument(
         "--tenant-burst",
-        default=_env("tenant_burst", "200000"),
+        default=_env("tenant_burst", DEFAULTS.tenant_burst),
         help="jobs one tenant may add at once above its rate",
     )
     serve.add_argument(
         "--tenant-running",
-        default=_env("tenant_running", "0"),
+        default=_env("tenant_running", DEFAULTS.tenant_running or 0),
         help="jobs of one tenant running at once in this daemon (0 = no cap)",
     )
     serve.add_argument(
         "--tenant-waiting",
-        default=_env("tenant_waiting", "1000000"),
+        default=_env("tenant_waiting", DEFAULTS.tenant_waiting),
         help="waiting jobs one tenant may have (0 = no limit; over it: 429 with Retry-After)",
     )
     serve.add_argument(
         "--tenant-handlers",
-        default=_env("tenant_handlers", "1000"),
+        default=_env("tenant_handlers", DEFAULTS.tenant_handlers),
         help="handlers one tenant may have (0 = no limit)",
     )
     serve.add_argument(
         "--tenant-follow-ons",
-        default=_env("tenant_follow_ons", "1000"),
+        default=_env("tenant_follow_ons", DEFAULTS.tenant_follow_ons),
         help="follow-on jobs one run may add (more are dropped; 0 = none)",
     )
     serve.add_argument(
         "--tenant-emit",
-        default=_env("tenant_emit", str(4 * MIB)),
+        default=_env("tenant_emit", DEFAULTS.tenant_emit),
         help="bytes of follow-on payloads one run may add (more are dropped; default 4 MiB)",
     )
     serve.add_argument(
         "--tmp-size",
-        default=_env("tmp_size", str(64 * MIB)),
+        default=_env("tmp_size", DEFAULTS.tmp_size),
         help="bytes of the private /dev/shm and /tmp (tmpfs) of each handler context or shell"
         " job, as root (default 64 MiB)",
     )
     serve.add_argument(
         "--output-rate",
-        default=_env("output_rate", str(4 * MIB)),
+        default=_env("output_rate", DEFAULTS.output_rate),
         help="bytes/s of one tenant's handler output the daemon reads, after a burst of four"
         " seconds' worth; past it the handlers' writes wait (0 = no limit; default 4 MiB)",
     )
     serve.add_argument(
         "--result-limit",
-        default=_env("result_limit", str(MIB)),
+        default=_env("result_limit", DEFAULTS.result_limit),
         help="bytes of a job's result kept (a longer one is cut)",
     )
     serve.add_argument(
         "--ready-lag",
-        default=_env("ready_lag", "30"),
+        default=_env("ready_lag", DEFAULTS.ready_lag),
         help="seconds of ingest lag over which /readyz answers 503",
     )
     serve.add_argument(
         "--metrics-tenants",
-        default=_env("metrics_tenants", "100"),
+        default=_env("metrics_tenants", DEFAULTS.metrics_tenants),
         help="tenants given a metrics label of their own; later ones are _other",
     )
     serve.add_argument(
@@ -246,7 +254,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument(
         "--metrics-types",
-        default=_env("metrics_types", "200"),
+        default=_env("metrics_types", DEFAULTS.metrics_types),
         help="(tenant, type) pairs given a type label of their own (0 = no type labels)",
     )
 

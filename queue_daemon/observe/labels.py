@@ -6,6 +6,8 @@ from __future__ import annotations
 from queue_daemon.domain.names import JobType
 
 OTHER = "_other"  # the label value of tenants and types beyond the caps
+METRICS_TENANTS = 100  # tenants with a label of their own (--metrics-tenants)
+METRICS_TYPES = 200  # (tenant, type) pairs with a type label of their own (--metrics-types)
 
 
 class LabelCap:

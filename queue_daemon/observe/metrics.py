@@ -12,10 +12,10 @@ Two kinds of values:
   The queue depth needs a store query: ``refresh()`` runs it at most once per
   ``DEPTH_TTL_S`` seconds, before the text is rendered.
 
-Cardinality is bounded: the first ``tenants`` distinct tenants get a
+Cardinality is bounded: the first ``metrics_tenants`` distinct tenants get a
 ``tenant`` label value of their own, later ones share ``_other``; likewise the
-first ``types`` distinct (tenant, type) pairs keep their ``type``, later ones
-(and every type of an ``_other`` tenant) are ``_other``; ``types = 0`` turns
+first ``metrics_types`` distinct (tenant, type) pairs keep their ``type``, later ones
+(and every type of an ``_other`` tenant) are ``_other``; ``metrics_types = 0`` turns
 type labels off. Values once given are kept for the daemon's life, so a
 counter's series never changes meaning.
 """
@@ -40,7 +40,7 @@ from queue_daemon.domain.jobs import Release
 from queue_daemon.domain.views import QueueDepth
 from queue_daemon.observe.collectors import EventCollector, Sources, StateCollector
 from queue_daemon.observe.histogram import Histogram
-from queue_daemon.observe.labels import LabelCap
+from queue_daemon.observe.labels import METRICS_TENANTS, METRICS_TYPES, LabelCap
 from queue_daemon.store.errors import StoreError
 from queue_daemon.store.ports import Dashboard
 
@@ -68,9 +68,11 @@ class Metrics:
     dict update on the add path. They are exposed by a collector at scrape time.
     """
 
-    def __init__(self, *, tenants: int = 100, types: int = 200) -> None:
+    def __init__(
+        self, *, metrics_tenants: int = METRICS_TENANTS, metrics_types: int = METRICS_TYPES
+    ) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
-        self.labels = LabelCap(tenants, types)
+        self.labels = LabelCap(metrics_tenants, metrics_types)
         self._added: dict[tuple[str, str], int] = {}
         self._started: dict[tuple[str, str], int] = {}
         self._finished: dict[tuple[str, str, str], int] = {}

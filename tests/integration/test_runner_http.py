@@ -19,7 +19,7 @@ from queue_daemon.runners.sandbox.addresses import parse_networks
 @pytest.fixture
 async def pool(work_root: Path) -> AsyncIterator[RunnerPool]:
     # the test servers listen on loopback, which http handlers may reach only when allowed
-    settings = RunnerSettings(work_root=work_root, max_result_bytes=1000, http_allow=LOOPBACK)
+    settings = RunnerSettings(work_root=work_root, result_limit=1000, http_allow=LOOPBACK)
     pool = RunnerPool(settings)
     yield pool
     await pool.close()

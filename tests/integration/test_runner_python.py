@@ -349,7 +349,7 @@ async def test_throughput_smoke(pool: RunnerPool) -> None:
 
 
 async def test_result_and_log_are_bounded(work_root: Path) -> None:
-    pool = RunnerPool(RunnerSettings(work_root=work_root, max_result_bytes=1000, max_log_lines=5))
+    pool = RunnerPool(RunnerSettings(work_root=work_root, result_limit=1000, max_log_lines=5))
     try:
         body = "def handler(p, ctx):\n    for i in range(50): print(i)\n    return 'r' * 5000\n"
         (result,) = await pool.run_batch(spec(body), jobs("a"))

@@ -32,7 +32,7 @@ def test_label_cap_admits_the_first_tenants_and_pairs_only() -> None:
 
 
 def test_counts_and_histograms_render_as_prometheus_text() -> None:
-    metrics = Metrics(tenants=10, types=10)
+    metrics = Metrics(metrics_tenants=10, metrics_types=10)
     metrics.added("acme", "resize", 1000)
     metrics.added("acme", "resize", 1)
     metrics.add_took(0.0007)

@@ -31,18 +31,18 @@ class Sim:
         queues: Mapping[str, int],
         *,
         concurrency: int = 20,
-        tenant_cap: int | None = None,
+        tenant_running: int | None = None,
         refill: bool = True,
         finish_p: float = 0.2,
         picks_per_step: int = 1,
         seed: int = 1,
         warm: frozenset[str] = frozenset(),
     ) -> None:
-        self.scheduler = Scheduler(concurrency=concurrency, tenant_cap=tenant_cap)
+        self.scheduler = Scheduler(concurrency=concurrency, tenant_running=tenant_running)
         self.depth = dict(queues)
         self.waiting = dict(queues)
         self.concurrency = concurrency
-        self.tenant_cap = tenant_cap
+        self.cap = tenant_running
         self.refill = refill
         self.finish_p = finish_p
         self.picks_per_step = picks_per_step
@@ -112,11 +112,11 @@ class Sim:
         return by_tenant
 
     def _all_waiting_tenants_capped(self) -> bool:
-        if self.tenant_cap is None:
+        if self.cap is None:
             return False
         running = self.tenant_running()
         tenants = {JobType.client_of(jt) for jt, n in self.waiting.items() if n > 0}
-        return all(running[t] >= self.tenant_cap for t in tenants)
+        return all(running[t] >= self.cap for t in tenants)
 
     def _check_counts(self) -> None:
         total = sum(self.running.values())
@@ -128,8 +128,8 @@ class Sim:
             assert self.scheduler.running_of(jobtype) == count
         for tenant, count in self.tenant_running().items():
             assert self.scheduler.running_of_tenant(tenant) == count
-            if self.tenant_cap is not None:
-                assert count <= self.tenant_cap
+            if self.cap is not None:
+                assert count <= self.cap
 
 
 def assert_fair(shares: Mapping[str, float], what: str) -> None:
@@ -220,16 +220,16 @@ def test_newcomer_started_within_two_picks_in_a_running_workload(busy_tenants: i
 # --- caps ---------------------------------------------------------------------------------
 
 
-def test_tenant_cap_and_concurrency_hold_at_every_step() -> None:
+def test_tenant_running_and_concurrency_hold_at_every_step() -> None:
     queues = {"a-x": 1_000_000, "a-y": 1_000_000, "b-x": 1_000_000, "c-x": 3}
-    sim = Sim(queues, concurrency=20, tenant_cap=6, picks_per_step=5)
+    sim = Sim(queues, concurrency=20, tenant_running=6, picks_per_step=5)
     sim.run(STEPS)  # Sim checks both caps after every pick and every finish
     assert max(sim.scheduler.running_of_tenant(t) for t in "abc") <= 6
     assert_fair(sim.tenant_shares(), "capped a/b/c")
 
 
 def test_capped_tenant_gets_none_while_slots_are_free() -> None:
-    scheduler = Scheduler(concurrency=10, tenant_cap=3)
+    scheduler = Scheduler(concurrency=10, tenant_running=3)
     waiting = {"a-x": 100, "a-y": 100}
     pick = scheduler.select_jobtype(waiting)
     assert pick == Pick(jobtype="a-x", limit=3)
@@ -248,7 +248,7 @@ def test_capped_tenant_gets_none_while_slots_are_free() -> None:
 
 
 def test_per_tenant_caps_override_the_default() -> None:
-    scheduler = Scheduler(concurrency=10, tenant_cap=4)
+    scheduler = Scheduler(concurrency=10, tenant_running=4)
     scheduler.set_tenant_caps({"a": 1, "b": None})
     waiting = {"a-x": 100, "b-x": 100, "c-x": 100}
     picks = {}
@@ -365,7 +365,7 @@ def test_empty_claim_still_moves_the_turn_on() -> None:
 
 def test_tenant_is_the_name_before_the_first_dash() -> None:
     assert JobType.client_of("acme-img-resize") == "acme"
-    scheduler = Scheduler(concurrency=10, tenant_cap=3)
+    scheduler = Scheduler(concurrency=10, tenant_running=3)
     scheduler.jobs_started("acme-img-resize", 2)
     scheduler.jobs_started("acme-mail", 1)
     assert scheduler.running_of_tenant("acme") == 3
@@ -399,7 +399,11 @@ def test_running_past_concurrency_reports_no_free_slots() -> None:
 
 @pytest.mark.parametrize(
     "kwargs",
-    [{"concurrency": -1}, {"concurrency": 1, "tenant_cap": 0}, {"concurrency": 1, "max_batch": 0}],
+    [
+        {"concurrency": -1},
+        {"concurrency": 1, "tenant_running": 0},
+        {"concurrency": 1, "max_batch": 0},
+    ],
 )
 def test_bad_settings_are_refused(kwargs: dict[str, int]) -> None:
     with pytest.raises(SchedulerError):
@@ -420,7 +424,7 @@ def test_negative_counts_are_refused() -> None:
 def test_select_with_a_thousand_waiting_types_is_fast() -> None:
     rng = random.Random(7)
     waiting = {f"t{t}-type{k}": rng.randint(1, 10**6) for t in range(100) for k in range(10)}
-    scheduler = Scheduler(concurrency=10_000, tenant_cap=200)
+    scheduler = Scheduler(concurrency=10_000, tenant_running=200)
     for jobtype in rng.sample(sorted(waiting), 400):
         scheduler.jobs_started(jobtype, rng.randint(1, 5))
     warm = frozenset(rng.sample(sorted(waiting), 100))

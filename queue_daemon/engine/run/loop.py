@@ -68,7 +68,7 @@ DEADLINE_GRACE_S = DEADLINE_CHECK_S + 0.5
 @dataclass(frozen=True, slots=True, kw_only=True)
 class WorkerSettings:
     concurrency: int = 1024
-    tenant_cap: int | None = None
+    tenant_running: int | None = None
     max_batch: int = 200
     max_parallel_batches: int = 64  # at most one per runner context
     lease: float = 60.0
@@ -112,12 +112,12 @@ class Worker:
         self._metrics = metrics or Metrics()
         self._scheduler = Scheduler(
             concurrency=settings.concurrency,
-            tenant_cap=settings.tenant_cap,
+            tenant_running=settings.tenant_running,
             max_batch=settings.max_batch,
         )
         # per-tenant limits: running caps go to the scheduler, the rest apply here
         limits = limits or Limits(
-            TenantLimits(running=settings.tenant_cap or 0, payload=settings.payload_limit)
+            TenantLimits(running=settings.tenant_running or 0, payload=settings.payload_limit)
         )
         limits.on_change(self._limits_changed)
         self._sizes = BatchSizes(settings.max_batch)
