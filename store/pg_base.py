@@ -1,13 +1,17 @@
-"""The base of ``PgStore``: the pool and its life, and the row helpers the
-per-concern parts (``pg_jobs``, ``pg_queue``, ``pg_tenants``, ``pg_handlers``)
-share.
+"""What every part of ``PgStore`` shares: ``Db`` (the pool, its life, and the
+calls on a pooled connection) and the row helpers.
+
+Each part (``pg_jobs``, ``pg_queue``, ``pg_pulled``, ``pg_graph``,
+``pg_tenants``, ``pg_handlers``, ``pg_schedules``) takes the one ``Db`` in
+its constructor, and the parts whose statements end jobs take the graph part
+too, to resolve those jobs' dependents.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager, suppress
 from dataclasses import fields
 from datetime import datetime
@@ -16,7 +20,7 @@ from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
 import asyncpg
 import orjson
 
-from queue_daemon.domain.jobs import Job, JobState, Resolution
+from queue_daemon.domain.jobs import Job, JobState
 from queue_daemon.domain.tenants import HandlerRecord
 from queue_daemon.store import queries
 from queue_daemon.store.dsn import check_tls_files
@@ -29,8 +33,6 @@ if TYPE_CHECKING:
     from asyncpg.pool import PoolConnectionProxy
 
     Connection: TypeAlias = asyncpg.Connection | PoolConnectionProxy[asyncpg.Record]
-
-from typing import Self
 
 R = TypeVar("R", bound="DataclassInstance")
 
@@ -101,96 +103,69 @@ async def _no_reset(conn: Connection) -> None:
     connection of its own."""
 
 
-class PgBase:
-    """The job store on PostgreSQL: the pool, its life, and the helpers every part uses.
+async def open_pool(
+    dsn: str,
+    *,
+    min_size: int,
+    max_size: int,
+    idle_close: float,
+    connect_timeout: float,
+    command_timeout: float,
+) -> asyncpg.Pool:
+    """A pool on ``dsn`` with the settings every store connection has."""
+    check_tls_files(dsn)
+    with translate():
+        return await asyncpg.create_pool(
+            dsn,
+            min_size=min_size,
+            max_size=max_size,
+            max_inactive_connection_lifetime=idle_close,
+            timeout=connect_timeout,
+            command_timeout=command_timeout,
+            init=_init_connection,
+            reset=_no_reset,
+            # Every statement is planned for its own parameters. A generic plan is
+            # chosen once per connection from the statistics of that moment: made
+            # while the jobs table was nearly empty, it turned the claim into a
+            # scan of the whole queue (160 ms instead of 2 ms a claim; end to end
+            # 1,200-2,500 instead of ~10,000 jobs/s in about one bench run of
+            # three). Planning each time costs ~0.3 ms and gave 6 fast runs of 6.
+            server_settings={
+                "application_name": "queue_daemon",
+                "plan_cache_mode": "force_custom_plan",
+                # Every statement here is short: a server built with JIT (Debian's,
+                # most managed ones) compiled the dashboard's depth query for
+                # 34 ms of its 56 ms, for an estimate of rows it never reads.
+                "jit": "off",
+            },
+        )
 
-    Every call takes a connection from the pool and returns it; asyncpg errors
-    leave as ``queue_daemon.store.errors`` (``StoreUnavailable`` when the server cannot be
-    reached). The pool replaces dead connections on its own, so the first call
-    after PostgreSQL comes back works without any reconnect by the caller.
-    """
 
-    COPY_PARTS = 2  # connections one add_jobs call copies over at once
-    # Batches up to this size go in as one INSERT statement (one round trip)
-    # rather than a COPY (five: begin, the table's columns, copy, notify,
-    # commit): an add that arrives alone reaches the store sooner.
-    FEW_ROWS = 64
-    MIN_PART_ROWS = 1000  # smaller batches go in one part
+class Db:
+    """The pool and its life: every call takes a connection from the pool and
+    returns it, with asyncpg errors translated into ``queue_daemon.store.errors``
+    at this edge (``StoreUnavailable`` when the server cannot be reached)."""
 
     def __init__(
         self, pool: asyncpg.Pool, *, acquire_timeout: float, dsn: str | None = None
     ) -> None:
-        self._pool = pool
-        self._acquire_timeout = acquire_timeout
-        self._dsn = dsn  # for the dedicated LISTEN connection
-        self._closed = asyncio.Event()
-        self._last_handler_ns = 0
-        self._epoch: str | None = None  # the server's incarnation last seen (JobsPart)
-
-    @classmethod
-    async def connect(
-        cls,
-        dsn: str,
-        *,
-        min_size: int = 2,
-        max_size: int = 10,
-        idle_close: float = 300.0,
-        migrate: bool = True,
-        connect_timeout: float = 5.0,
-        command_timeout: float = 30.0,
-    ) -> Self:
-        """Open a pool on ``dsn`` and, unless ``migrate`` is False, apply migrations.
-
-        Connections beyond ``min_size`` open when needed; one unused for
-        ``idle_close`` seconds closes (0: never)."""
-        check_tls_files(dsn)
-        with translate():
-            pool = await asyncpg.create_pool(
-                dsn,
-                min_size=min_size,
-                max_size=max_size,
-                max_inactive_connection_lifetime=idle_close,
-                timeout=connect_timeout,
-                command_timeout=command_timeout,
-                init=_init_connection,
-                reset=_no_reset,
-                # Every statement is planned for its own parameters. A generic plan is
-                # chosen once per connection from the statistics of that moment: made
-                # while the jobs table was nearly empty, it turned the claim into a
-                # scan of the whole queue (160 ms instead of 2 ms a claim; end to end
-                # 1,200-2,500 instead of ~10,000 jobs/s in about one bench run of
-                # three). Planning each time costs ~0.3 ms and gave 6 fast runs of 6.
-                server_settings={
-                    "application_name": "queue_daemon",
-                    "plan_cache_mode": "force_custom_plan",
-                    # Every statement here is short: a server built with JIT (Debian's,
-                    # most managed ones) compiled the dashboard's depth query for
-                    # 34 ms of its 56 ms, for an estimate of rows it never reads.
-                    "jit": "off",
-                },
-            )
-        store = cls(pool, acquire_timeout=connect_timeout + command_timeout, dsn=dsn)
-        if migrate:
-            try:
-                async with store._conn() as conn:
-                    await apply_migrations(conn)
-            except BaseException:
-                await store.close()
-                raise
-        return store
+        self.pool = pool
+        self.acquire_timeout = acquire_timeout
+        self.dsn = dsn  # for the dedicated LISTEN connection
+        self.closed = asyncio.Event()  # set by close(): ends every listen()
 
     async def close(self) -> None:
-        self._closed.set()  # ends every listen()
+        self.closed.set()
         try:
-            await asyncio.wait_for(self._pool.close(), _CLOSE_TIMEOUT)
+            await asyncio.wait_for(self.pool.close(), _CLOSE_TIMEOUT)
         except (TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError, OSError):
-            self._pool.terminate()
+            self.pool.terminate()
 
     @asynccontextmanager
-    async def _conn(self) -> AsyncIterator[Connection]:
+    async def conn(self) -> AsyncIterator[Connection]:
         """A pooled connection, with every error translated at this edge."""
         with translate():
-            async with self._pool.acquire(timeout=self._acquire_timeout) as conn:
+            async with self.pool.acquire(timeout=self.acquire_timeout) as conn:
                 try:
                     yield conn
                 except BaseException as exc:
@@ -200,22 +175,35 @@ class PgBase:
                             conn.terminate()
                     raise
 
-    async def resolve(self, ids: Sequence[str], conn: Connection | None = None) -> Resolution:
-        """Resolve the dependents of done jobs ``ids`` (``queue_daemon.store.pg_graph``)."""
-        raise NotImplementedError
-
-    async def _fetch(self, query: str, *args: Any) -> list[asyncpg.Record]:
-        async with self._conn() as conn:
+    async def fetch(self, query: str, *args: Any) -> list[asyncpg.Record]:
+        async with self.conn() as conn:
             return await conn.fetch(query, *args)
 
-    async def _fetchrow(self, query: str, *args: Any) -> asyncpg.Record | None:
-        async with self._conn() as conn:
+    async def fetchrow(self, query: str, *args: Any) -> asyncpg.Record | None:
+        async with self.conn() as conn:
             return await conn.fetchrow(query, *args)
 
+    async def fetchval(self, query: str, *args: Any) -> Any:
+        async with self.conn() as conn:
+            return await conn.fetchval(query, *args)
+
+    async def execute(self, query: str, *args: Any) -> str:
+        """The statement's status ("UPDATE 3", ...)."""
+        async with self.conn() as conn:
+            return await conn.execute(query, *args)
+
     async def ping(self) -> None:
-        async with self._conn() as conn:
-            await conn.fetchval(queries.migrations.PING)
+        await self.fetchval(queries.migrations.PING)
+
+    async def migrate(self) -> None:
+        async with self.conn() as conn:
+            await apply_migrations(conn)
 
     async def applied_migrations(self) -> list[int]:
-        async with self._conn() as conn:
+        async with self.conn() as conn:
             return await _applied_versions(conn)
+
+
+def status_count(status: str) -> int:
+    """The row count of a statement's status ("UPDATE 3", "INSERT 0 3")."""
+    return int(status.rsplit(" ", 1)[1])

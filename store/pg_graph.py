@@ -11,10 +11,9 @@ from queue_daemon.domain.jobs import NewJob, Resolution
 from queue_daemon.domain.pulled import OptedJobs
 from queue_daemon.store import queries
 from queue_daemon.store.notes import MAX_PAYLOAD
-from queue_daemon.store.pg_base import PgBase
 
 if TYPE_CHECKING:
-    from queue_daemon.store.pg_base import Connection
+    from queue_daemon.store.pg_base import Connection, Db
 
 logger = logging.getLogger(__name__)
 
@@ -29,14 +28,19 @@ def _counts(jobs: Sequence[tuple[str, str]]) -> str:
     return payload if len(payload) <= MAX_PAYLOAD else ""
 
 
-class GraphPart(PgBase):
-    # told of every resolution (the queue log and metrics); set by the daemon's wiring
-    on_resolved: Callable[[Resolution], None] | None = None
+class GraphPart:
+    """Jobs with dependencies or deadlines in, and the resolution of done jobs'
+    dependents, which the other parts call after their statements end jobs."""
+
+    def __init__(self, db: Db) -> None:
+        self._db = db
+        # told of every resolution (the queue log and metrics); set by the daemon's wiring
+        self.on_resolved: Callable[[Resolution], None] | None = None
 
     async def add_opted(self, groups: Sequence[OptedJobs]) -> int:
         """Insert jobs with dependencies or deadlines, idempotent by id; the rows new."""
         added = 0
-        async with self._conn() as conn:
+        async with self._db.conn() as conn:
             for group in groups:
                 columns = list(zip(*group.jobs, strict=True))
                 rows = await conn.fetch(
@@ -60,7 +64,7 @@ class GraphPart(PgBase):
         if not ids:
             return Resolution([], [])
         if conn is None:
-            async with self._conn() as own:
+            async with self._db.conn() as own:
                 return await self.resolve(ids, own)
         rows = await conn.fetch(queries.graph.RESOLVE, list(ids))
         freed = [(r["id"], r["type"]) for r in rows if r["what"] == "freed"]
@@ -82,7 +86,7 @@ class GraphPart(PgBase):
         """End (failed, 408) jobs whose deadline passed; (id, type, was running)."""
         ended: list[tuple[str, str, bool]] = []
         while True:
-            rows = await self._fetch(queries.graph.EXPIRE_DEADLINES, PENDING_CHUNK)
+            rows = await self._db.fetch(queries.graph.EXPIRE_DEADLINES, PENDING_CHUNK)
             rows = [row for row in rows if row["id"] is not None]  # NULL: the note's row
             await self.resolve([row["id"] for row in rows if row["dependents"]])
             ended += [(row["id"], row["type"], row["running"]) for row in rows]
@@ -93,7 +97,7 @@ class GraphPart(PgBase):
         """Resolve what a crash left unresolved; how many done jobs were."""
         total = 0
         while True:
-            rows = await self._fetch(queries.graph.PENDING, PENDING_CHUNK)
+            rows = await self._db.fetch(queries.graph.PENDING, PENDING_CHUNK)
             ids = [row["id"] for row in rows]
             await self.resolve(ids)
             total += len(ids)

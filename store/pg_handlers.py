@@ -13,13 +13,17 @@ from queue_daemon.domain.tenants import HandlerRecord
 from queue_daemon.domain.views import DaemonLease, FailedJob, QueueDepth, RunningJob, RunningJobs
 from queue_daemon.store import queries
 from queue_daemon.store.errors import LimitReached, NotFound
-from queue_daemon.store.pg_base import PgBase, handler_of
+from queue_daemon.store.pg_base import Db, handler_of
 
 logger = logging.getLogger(__name__)
 
 
-class HandlersPart(PgBase):
+class HandlersPart:
     """Handlers (``HandlerStore``) and the dashboard's reads (``Dashboard``)."""
+
+    def __init__(self, db: Db) -> None:
+        self._db = db
+        self._last_handler_ns = 0
 
     # --- handlers -----------------------------------------------------------
 
@@ -38,10 +42,12 @@ class HandlersPart(PgBase):
         tenant already has that many."""
         body = orjson.dumps(data).decode()
         if max_handlers is None:
-            row = await self._fetchrow(queries.handlers.PUT_HANDLER, self._handler_id(), type, body)
+            row = await self._db.fetchrow(
+                queries.handlers.PUT_HANDLER, self._handler_id(), type, body
+            )
         else:
             client = type.partition("-")[0]
-            async with self._conn() as conn, conn.transaction():
+            async with self._db.conn() as conn, conn.transaction():
                 await conn.execute(queries.handlers.LOCK_CLIENT_HANDLERS, client)
                 if not await conn.fetchval(queries.handlers.HANDLER_LIVE, type):
                     live = await conn.fetchval(queries.handlers.COUNT_HANDLERS, client)
@@ -54,17 +60,17 @@ class HandlersPart(PgBase):
         return handler_of(row)
 
     async def get_handler(self, type: str) -> HandlerRecord:
-        row = await self._fetchrow(queries.handlers.GET_HANDLER, type)
+        row = await self._db.fetchrow(queries.handlers.GET_HANDLER, type)
         if row is None:
             raise NotFound(f"no handler for {type!r}")
         return handler_of(row)
 
     async def delete_handler(self, type: str) -> None:
-        if not await self._fetch(queries.handlers.DELETE_HANDLER, type):
+        if not await self._db.fetch(queries.handlers.DELETE_HANDLER, type):
             raise NotFound(f"no handler for {type!r}")
 
     async def count_handlers(self, client: str) -> int:
-        async with self._conn() as conn:
+        async with self._db.conn() as conn:
             count: int = await conn.fetchval(queries.handlers.COUNT_HANDLERS, client)
         return count
 
@@ -72,16 +78,16 @@ class HandlersPart(PgBase):
 
     async def queue_depths(self, client: str | None, limit: int, cap: int) -> list[QueueDepth]:
         if client is None:
-            rows = await self._fetch(queries.dashboard.QUEUE_DEPTHS_ALL, limit, cap)
+            rows = await self._db.fetch(queries.dashboard.QUEUE_DEPTHS_ALL, limit, cap)
         else:
-            rows = await self._fetch(queries.dashboard.QUEUE_DEPTHS_CLIENT, client, limit, cap)
+            rows = await self._db.fetch(queries.dashboard.QUEUE_DEPTHS_CLIENT, client, limit, cap)
         return [QueueDepth(**dict(row.items())) for row in rows]
 
     async def running_jobs(self, client: str | None, limit: int) -> RunningJobs:
         if client is None:
-            rows = await self._fetch(queries.dashboard.RUNNING_JOBS_ALL, limit)
+            rows = await self._db.fetch(queries.dashboard.RUNNING_JOBS_ALL, limit)
         else:
-            rows = await self._fetch(queries.dashboard.RUNNING_JOBS_CLIENT, client, limit)
+            rows = await self._db.fetch(queries.dashboard.RUNNING_JOBS_CLIENT, client, limit)
         return RunningJobs(
             total=rows[0]["total"] if rows else 0,
             oldest=[_running(row) for row in rows],
@@ -91,19 +97,19 @@ class HandlersPart(PgBase):
         self, client: str | None, limit: int, result_chars: int
     ) -> list[FailedJob]:
         if client is None:
-            rows = await self._fetch(queries.dashboard.RECENT_FAILURES_ALL, limit, result_chars)
+            rows = await self._db.fetch(queries.dashboard.RECENT_FAILURES_ALL, limit, result_chars)
         else:
-            rows = await self._fetch(
+            rows = await self._db.fetch(
                 queries.dashboard.RECENT_FAILURES_CLIENT, client, limit, result_chars
             )
         return [FailedJob(**dict(row.items())) for row in rows]
 
     async def daemon_leases(self, limit: int) -> list[DaemonLease]:
-        rows = await self._fetch(queries.dashboard.DAEMON_LEASES, limit)
+        rows = await self._db.fetch(queries.dashboard.DAEMON_LEASES, limit)
         return [DaemonLease(**dict(row.items())) for row in rows]
 
     async def archived_counts(self) -> dict[str, int]:
-        rows = await self._fetch(queries.dashboard.ARCHIVED_COUNTS)
+        rows = await self._db.fetch(queries.dashboard.ARCHIVED_COUNTS)
         return {row["type"]: row["archived"] for row in rows}
 
 

@@ -17,7 +17,8 @@ from queue_daemon.store import queries
 from queue_daemon.store.cursor import decode_cursor, encode_cursor
 from queue_daemon.store.errors import Conflict, NotFound
 from queue_daemon.store.notes import added_payload
-from queue_daemon.store.pg_base import PgBase, job_of, state_of
+from queue_daemon.store.pg_base import Db, job_of, state_of, status_count
+from queue_daemon.store.pg_graph import GraphPart
 
 logger = logging.getLogger(__name__)
 
@@ -26,8 +27,20 @@ MAX_PAGE = 1000
 PAGE_BYTES = 4 << 20
 
 
-class JobsPart(PgBase):
+class JobsPart:
     """Jobs in and out: ingestion (``JobIntake``) and a tenant's view (``JobQueries``)."""
+
+    COPY_PARTS = 2  # connections one add_jobs call copies over at once
+    # Batches up to this size go in as one INSERT statement (one round trip)
+    # rather than a COPY (five: begin, the table's columns, copy, notify,
+    # commit): an add that arrives alone reaches the store sooner.
+    FEW_ROWS = 64
+    MIN_PART_ROWS = 1000  # smaller batches go in one part
+
+    def __init__(self, db: Db, graph: GraphPart) -> None:
+        self._db = db
+        self._graph = graph  # resolves the dependents of the jobs it ends
+        self._epoch: str | None = None  # the server's incarnation last seen
 
     # --- jobs -------------------------------------------------------------
 
@@ -64,7 +77,7 @@ class JobsPart(PgBase):
     async def flush(self) -> str:
         """Return once every row added before the call is durable (WAL flushed), with
         the epoch of the server that flushed; see ``epoch``."""
-        row = await self._fetchrow(queries.queue.FLUSHED)
+        row = await self._db.fetchrow(queries.queue.FLUSHED)
         assert row is not None
         self._epoch = str(row["epoch"])
         return self._epoch
@@ -82,7 +95,7 @@ class JobsPart(PgBase):
         epoch (they are added again, and the flush's epoch is remembered). One
         round trip less for every batch the ingester moves."""
         if self._epoch is None:
-            row = await self._fetchrow(queries.queue.SERVER_EPOCH)
+            row = await self._db.fetchrow(queries.queue.SERVER_EPOCH)
             assert row is not None
             self._epoch = str(row[0])
         return self._epoch
@@ -108,12 +121,12 @@ class JobsPart(PgBase):
 
     async def _add_few(self, records: Sequence[NewJob]) -> int:
         columns = list(zip(*records, strict=True))
-        async with self._conn() as conn:
+        async with self._db.conn() as conn:
             row = await conn.fetchrow(queries.intake.INSERT_FEW, *columns, added_payload(records))
         return int(row["n"]) if row is not None else 0
 
     async def _add_records(self, records: Sequence[NewJob]) -> int:
-        async with self._conn() as conn:
+        async with self._db.conn() as conn:
             # Fast path: COPY straight into jobs. A duplicate id (a batch that is
             # ingested again after a crash) aborts it; then go through the temp
             # table with ON CONFLICT DO NOTHING, which also counts the new rows.
@@ -138,13 +151,13 @@ class JobsPart(PgBase):
                     columns=queries.migrations.JOB_COPY_COLUMNS,
                 )
                 status = await conn.execute(queries.intake.INSERT_FROM_JOBS_IN)
-                added = int(status.rsplit(" ", 1)[1])  # "INSERT 0 <n>"
+                added = status_count(status)  # "INSERT 0 <n>"
                 if added:  # which of them were new is not known here: "re-read"
                     await conn.execute(queries.queue.NOTIFY_JOBS, "")
         return added
 
     async def get_job(self, client: str, job_id: str) -> Job:
-        row = await self._fetchrow(queries.jobs.GET_JOB, job_id, client)
+        row = await self._db.fetchrow(queries.jobs.GET_JOB, job_id, client)
         if row is None:
             raise NotFound(f"no job {job_id!r}")
         return job_of(row)
@@ -162,12 +175,12 @@ class JobsPart(PgBase):
         state_arg = None if state is None else JobState(state).value
         # one row more than asked tells whether a next page exists
         if after is None:
-            rows = await self._fetch(
+            rows = await self._db.fetch(
                 queries.jobs.LIST_JOBS_FIRST, client, type, state_arg, limit + 1, PAGE_BYTES
             )
         else:
             create_dt, last_id = decode_cursor(after)
-            rows = await self._fetch(
+            rows = await self._db.fetch(
                 queries.jobs.LIST_JOBS_AFTER,
                 client,
                 type,
@@ -189,7 +202,7 @@ class JobsPart(PgBase):
         """Done counts from type_counts (kept by triggers on jobs, migration
         0003), the others from the waiting and running partial indexes: the
         cost does not grow with the number of archived jobs."""
-        rows = await self._fetch(queries.jobs.STATS, client)
+        rows = await self._db.fetch(queries.jobs.STATS, client)
         return {
             row["type"]: TypeStats(
                 waiting=row["waiting"],
@@ -204,13 +217,13 @@ class JobsPart(PgBase):
         }
 
     async def cancel_job(self, client: str, job_id: str) -> Job:
-        async with self._conn() as conn:
+        async with self._db.conn() as conn:
             for _ in range(3):
                 # a cancel and the resolution of the job's dependents commit together
                 async with conn.transaction():
                     row = await conn.fetchrow(queries.jobs.CANCEL_JOB, job_id, client)
                     if row is not None and row["dependents"]:
-                        await self.resolve([job_id], conn)
+                        await self._graph.resolve([job_id], conn)
                 if row is not None:
                     return job_of(row)
                 row = await conn.fetchrow(queries.jobs.GET_JOB, job_id, client)
@@ -227,5 +240,5 @@ class JobsPart(PgBase):
     ) -> dict[str, int]:
         """Delete up to ``limit`` of ``client``'s jobs done before ``before`` (of
         stored ``type``, or any); how many per stored type."""
-        rows = await self._fetch(queries.jobs.DELETE_DONE, client, type, before, limit)
+        rows = await self._db.fetch(queries.jobs.DELETE_DONE, client, type, before, limit)
         return {row["type"]: row["n"] for row in rows}

@@ -10,7 +10,8 @@ from queue_daemon.domain.jobs import Release, ReleaseHow
 from queue_daemon.domain.pulled import HeldJob, PulledJob
 from queue_daemon.domain.views import DaemonSeen, WorkerSeen
 from queue_daemon.store import queries
-from queue_daemon.store.pg_base import PgBase, row_as
+from queue_daemon.store.pg_base import Db, row_as, status_count
+from queue_daemon.store.pg_graph import GraphPart
 
 # (job id, the whole lock value its claim put on it)
 Claim = tuple[str, str]
@@ -23,11 +24,18 @@ def _split(claims: Sequence[Claim]) -> tuple[list[str], list[str]]:
     return [c[0] for c in ordered], [c[1] for c in ordered]
 
 
-class PulledPart(PgBase):
+class PulledPart:
+    """Pull workers' claims, renewals, completes and hand-backs (``PulledJobs``),
+    and the registry of workers and daemons the dashboard reads."""
+
+    def __init__(self, db: Db, graph: GraphPart) -> None:
+        self._db = db
+        self._graph = graph  # resolves the dependents of the jobs it ends
+
     async def claim_pulled(
         self, type: str, limit: int, *, lock: str, lease: float, client: str, worker: str
     ) -> list[PulledJob]:
-        rows = await self._fetch(
+        rows = await self._db.fetch(
             queries.pulled.CLAIM, type, limit, lock, float(lease), client, worker
         )
         jobs = [
@@ -49,11 +57,11 @@ class PulledPart(PgBase):
         self, claims: Sequence[Claim], *, client: str, worker: str
     ) -> dict[str, datetime]:
         ids, locks = _split(claims)
-        rows = await self._fetch(queries.pulled.RENEW, ids, locks, client, worker, DEFAULT_LEASE)
+        rows = await self._db.fetch(queries.pulled.RENEW, ids, locks, client, worker, DEFAULT_LEASE)
         return {row["id"]: row["lease_until"] for row in rows}
 
     async def existing_jobs(self, ids: Sequence[str], *, client: str) -> set[str]:
-        rows = await self._fetch(queries.pulled.EXISTING, list(ids), client)
+        rows = await self._db.fetch(queries.pulled.EXISTING, list(ids), client)
         return {row["id"] for row in rows}
 
     async def complete_pulled(
@@ -66,7 +74,7 @@ class PulledPart(PgBase):
     ) -> set[str]:
         ids, locks = _split(claims)
         lock_of = dict(claims)
-        async with self._conn() as conn, conn.transaction():
+        async with self._db.conn() as conn, conn.transaction():
             rows = await conn.fetch(queries.pulled.HELD_FOR_UPDATE, ids, locks, client)
             held = [HeldJob(r["id"], r["type"], r["attempts"], r["create_dt"]) for r in rows]
             releases = sorted(await decide(held), key=lambda r: r.id) if held else []
@@ -83,7 +91,9 @@ class PulledPart(PgBase):
                     [float(r.delay) for r in releases],
                 )
                 applied = {row[0] for row in done if row[0] is not None}
-                await self.resolve([row[0] for row in done if row[0] is not None and row[1]], conn)
+                await self._graph.resolve(
+                    [row[0] for row in done if row[0] is not None and row[1]], conn
+                )
             codes = [r.code for r in releases if r.id in applied]
             await conn.execute(
                 queries.pulled.COUNT_DONE,
@@ -100,29 +110,29 @@ class PulledPart(PgBase):
         self, claims: Sequence[Claim], *, client: str, worker: str
     ) -> dict[str, str]:
         ids, locks = _split(claims)
-        rows = await self._fetch(queries.pulled.HAND_BACK, ids, locks, client, worker)
+        rows = await self._db.fetch(queries.pulled.HAND_BACK, ids, locks, client, worker)
         return {row["id"]: row["type"] for row in rows}
 
     async def done_among(self, ids: Sequence[str]) -> set[str]:
-        rows = await self._fetch(queries.pulled.DONE_AMONG, list(ids))
+        rows = await self._db.fetch(queries.pulled.DONE_AMONG, list(ids))
         return {row["id"] for row in rows}
 
     async def workers(self, client: str | None = None) -> list[WorkerSeen]:
         if client is None:
-            rows = await self._fetch(queries.pulled.ALL_WORKERS)
+            rows = await self._db.fetch(queries.pulled.ALL_WORKERS)
         else:
-            rows = await self._fetch(queries.pulled.WORKERS_OF, client)
+            rows = await self._db.fetch(queries.pulled.WORKERS_OF, client)
         return [row_as(WorkerSeen, row) for row in rows]
 
     async def daemons(self) -> list[DaemonSeen]:
-        rows = await self._fetch(queries.pulled.DAEMONS)
+        rows = await self._db.fetch(queries.pulled.DAEMONS)
         return [row_as(DaemonSeen, row) for row in rows]
 
     async def forget_workers(self) -> int:
-        async with self._conn() as conn:
+        async with self._db.conn() as conn:
             status = await conn.execute(queries.pulled.FORGET_WORKERS)
-        return int(status.rsplit(" ", 1)[1])
+        return status_count(status)
 
     async def live_workers(self) -> dict[str, int]:
-        rows = await self._fetch(queries.pulled.LIVE_WORKERS)
+        rows = await self._db.fetch(queries.pulled.LIVE_WORKERS)
         return {row["client"]: row["n"] for row in rows}

@@ -9,7 +9,8 @@ from queue_daemon.domain.jobs import ClaimedJob, ExpiredLock, Release, ReleaseHo
 from queue_daemon.store import queries
 from queue_daemon.store.errors import StoreError, SysidTaken
 from queue_daemon.store.listen import Delays, listen_forever
-from queue_daemon.store.pg_base import PgBase
+from queue_daemon.store.pg_base import Db, status_count
+from queue_daemon.store.pg_graph import GraphPart
 
 logger = logging.getLogger(__name__)
 
@@ -17,8 +18,12 @@ PURGE_CHUNK = 10_000  # rows deleted per statement, so no purge holds locks for 
 NEW_SYSID_TRIES = 1000
 
 
-class QueuePart(PgBase):
+class QueuePart:
     """The claim path (``JobQueue``) and the daemons' sysid leases (``SysidLeases``)."""
+
+    def __init__(self, db: Db, graph: GraphPart) -> None:
+        self._db = db
+        self._graph = graph  # resolves the dependents of the jobs it ends
 
     # --- sysids -----------------------------------------------------------
 
@@ -32,7 +37,7 @@ class QueuePart(PgBase):
         lease: float,
         takeover: bool = False,
     ) -> str:
-        async with self._conn() as conn:
+        async with self._db.conn() as conn:
             if sysid is None:
                 for _ in range(NEW_SYSID_TRIES):
                     new: str | None = await conn.fetchval(
@@ -49,23 +54,23 @@ class QueuePart(PgBase):
         return sysid
 
     async def renew_sysid(self, sysid: str, *, holder: str, lease: float) -> None:
-        if await self._fetchrow(queries.sysids.RENEW_SYSID, sysid, holder, float(lease)) is None:
+        if await self._db.fetchrow(queries.sysids.RENEW_SYSID, sysid, holder, float(lease)) is None:
             raise SysidTaken(f"sysid {sysid!r} is no longer ours")
 
     async def release_sysid(self, sysid: str, *, holder: str) -> None:
-        async with self._conn() as conn:
+        async with self._db.conn() as conn:
             await conn.execute(queries.sysids.RELEASE_SYSID, sysid, holder)
 
     # --- running jobs: the claim path ---------------------------------------
 
     async def waiting_jobtypes(self, limit_per_type: int = 1000) -> dict[str, int]:
-        rows = await self._fetch(queries.queue.WAITING_JOBTYPES, max(1, limit_per_type))
+        rows = await self._db.fetch(queries.queue.WAITING_JOBTYPES, max(1, limit_per_type))
         return {row["type"]: row["n"] for row in rows}
 
     async def claim(self, type: str, limit: int, *, sysid: str, lease: float) -> list[ClaimedJob]:
         if limit < 1:
             return []
-        rows = await self._fetch(queries.queue.CLAIM, type, limit, sysid, float(lease))
+        rows = await self._db.fetch(queries.queue.CLAIM, type, limit, sysid, float(lease))
         jobs = [
             ClaimedJob(
                 id=row["id"],
@@ -87,7 +92,7 @@ class QueuePart(PgBase):
     async def unhandled_types(
         self, older_than: float, *, after: str = "", steps: int = 5_000
     ) -> UnhandledRound | None:
-        async with self._conn() as conn, conn.transaction():
+        async with self._db.conn() as conn, conn.transaction():
             if not await conn.fetchval(queries.queue.UNHANDLED_LOCK):
                 return None
             rows = await conn.fetch(
@@ -103,11 +108,11 @@ class QueuePart(PgBase):
         more than ``older_than`` seconds ago; return their ids."""
         expired: list[str] = []
         while True:
-            rows = await self._fetch(
+            rows = await self._db.fetch(
                 queries.queue.EXPIRE_WAITING, type, float(older_than), result, PURGE_CHUNK
             )
             expired += [row["id"] for row in rows]
-            await self.resolve([row["id"] for row in rows if row["dependents"]])
+            await self._graph.resolve([row["id"] for row in rows if row["dependents"]])
             if len(rows) < PURGE_CHUNK:
                 return expired
 
@@ -115,15 +120,15 @@ class QueuePart(PgBase):
         if not ids:
             return 0
         # sorted: concurrent updates of the same rows lock them in one order
-        async with self._conn() as conn:
+        async with self._db.conn() as conn:
             status = await conn.execute(queries.queue.RENEW, sorted(ids), sysid, float(lease))
-        return int(status.rsplit(" ", 1)[1])  # "UPDATE <n>"
+        return status_count(status)  # "UPDATE <n>"
 
     async def release(self, releases: Sequence[Release], *, sysid: str) -> set[str]:
         if not releases:
             return set()
         ordered = sorted(releases, key=lambda r: r.id)
-        async with self._conn() as conn:
+        async with self._db.conn() as conn:
             rows = await conn.fetch(
                 queries.queue.RELEASE,
                 [r.id for r in ordered],
@@ -136,12 +141,12 @@ class QueuePart(PgBase):
                 sysid,
             )
         # a NULL id: the note's row
-        await self.resolve([row[0] for row in rows if row[0] is not None and row[1]])
+        await self._graph.resolve([row[0] for row in rows if row[0] is not None and row[1]])
         return {row[0] for row in rows if row[0] is not None}
 
     async def expire_locks(self) -> list[ExpiredLock]:
-        rows = await self._fetch(queries.queue.EXPIRE_LOCKS)
-        await self.resolve([row["id"] for row in rows if row["last"] and row["dependents"]])
+        rows = await self._db.fetch(queries.queue.EXPIRE_LOCKS)
+        await self._graph.resolve([row["id"] for row in rows if row["last"] and row["dependents"]])
         return [ExpiredLock(row["id"], row["type"], row["attempts"], row["last"]) for row in rows]
 
     async def purge(self, older_than: float) -> dict[str, int]:
@@ -149,14 +154,14 @@ class QueuePart(PgBase):
         most ``PURGE_CHUNK`` rows a statement (each its own short transaction)."""
         purged: dict[str, int] = {}
         while True:
-            rows = await self._fetch(queries.queue.PURGE_CHUNK, float(older_than), PURGE_CHUNK)
+            rows = await self._db.fetch(queries.queue.PURGE_CHUNK, float(older_than), PURGE_CHUNK)
             for row in rows:
                 purged[row["type"]] = purged.get(row["type"], 0) + row["n"]
             if sum(row["n"] for row in rows) < PURGE_CHUNK:
                 return purged
 
     async def fold_counts(self) -> bool:
-        async with self._conn() as conn, conn.transaction():
+        async with self._db.conn() as conn, conn.transaction():
             if not await conn.fetchval(queries.counts.FOLD_LOCK):
                 return False
             await conn.execute(queries.counts.FOLD_STATES)
@@ -164,7 +169,7 @@ class QueuePart(PgBase):
         return True
 
     async def notify_jobs(self) -> None:
-        async with self._conn() as conn:
+        async with self._db.conn() as conn:
             await conn.execute(queries.queue.NOTIFY_JOBS, "")
 
     async def listen(
@@ -182,14 +187,14 @@ class QueuePart(PgBase):
 
         Connection failures are logged and retried after ``retry``'s delays, never raised.
         """
-        if self._dsn is None:
+        if self._db.dsn is None:
             raise StoreError("this store was built without a DSN; it cannot listen")
         await listen_forever(
-            self._dsn,
-            self._closed,
+            self._db.dsn,
+            self._db.closed,
             on_jobs,
             on_handler,
-            connect_timeout=min(self._acquire_timeout, 10.0),
+            connect_timeout=min(self._db.acquire_timeout, 10.0),
             retry=retry,
             on_done=on_done,
         )

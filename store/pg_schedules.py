@@ -8,17 +8,20 @@ from collections.abc import Sequence
 from queue_daemon.domain.schedules import DueSchedule, Schedule, TickAdded
 from queue_daemon.store import queries
 from queue_daemon.store.errors import LimitReached, NotFound
-from queue_daemon.store.pg_base import PgBase, row_as
+from queue_daemon.store.pg_base import Db, row_as
 
 
-class SchedulesPart(PgBase):
+class SchedulesPart:
     """Periodic jobs (``ScheduleStore``)."""
+
+    def __init__(self, db: Db) -> None:
+        self._db = db
 
     async def put_schedule(self, schedule: Schedule, max_schedules: int) -> Schedule:
         """Add or replace; ``LimitReached`` when new and the tenant has ``max_schedules``."""
         q = queries.schedules
         s = schedule
-        async with self._conn() as conn, conn.transaction():
+        async with self._db.conn() as conn, conn.transaction():
             await conn.execute(q.LOCK_CLIENT_SCHEDULES, s.client)
             if not await conn.fetchval(q.SCHEDULE_EXISTS, s.client, s.name):
                 count = await conn.fetchval(q.COUNT_SCHEDULES, s.client)
@@ -40,26 +43,27 @@ class SchedulesPart(PgBase):
 
     async def list_schedules(self, client: str) -> list[Schedule]:
         return [
-            row_as(Schedule, r) for r in await self._fetch(queries.schedules.LIST_SCHEDULES, client)
+            row_as(Schedule, r)
+            for r in await self._db.fetch(queries.schedules.LIST_SCHEDULES, client)
         ]
 
     async def delete_schedule(self, client: str, name: str) -> None:
-        if not await self._fetch(queries.schedules.DELETE_SCHEDULE, client, name):
+        if not await self._db.fetch(queries.schedules.DELETE_SCHEDULE, client, name):
             raise NotFound(f"no schedule {name!r}")
 
     async def claim_schedules(self, *, sysid: str, limit: int, hold: float) -> list[DueSchedule]:
-        rows = await self._fetch(queries.schedules.CLAIM_DUE, limit, sysid, hold)
+        rows = await self._db.fetch(queries.schedules.CLAIM_DUE, limit, sysid, hold)
         return [row_as(DueSchedule, r) for r in rows]
 
     async def next_schedule_due(self) -> float | None:
-        async with self._conn() as conn:
+        async with self._db.conn() as conn:
             seconds: float | None = await conn.fetchval(queries.schedules.NEXT_DUE)
         return seconds
 
     async def record_ticks(self, ticks: Sequence[TickAdded], *, sysid: str) -> None:
         if not ticks:
             return
-        async with self._conn() as conn:
+        async with self._db.conn() as conn:
             columns = map(list, zip(*ticks, strict=True))
             await conn.execute(queries.schedules.RECORD_TICKS, *columns, sysid)
 
@@ -68,7 +72,7 @@ class SchedulesPart(PgBase):
     ) -> None:
         if not schedules:
             return
-        async with self._conn() as conn:
+        async with self._db.conn() as conn:
             await conn.execute(
                 queries.schedules.DEFER_TICKS,
                 [s.client for s in schedules],

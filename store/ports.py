@@ -1,7 +1,7 @@
 """The store's ports: one small protocol per consumer, so each part of the daemon
 depends on the few calls it makes. ``queue_daemon.store.pg.PgStore`` implements them all
-(``Store``); ``tests/fakes/store.py`` implements the ones the engine's
-decisions are unit-tested against, in memory.
+(``Store``), and so does ``tests/fakes/store/`` in memory; the contract suite
+(``tests/contract``) runs the same tests against both.
 
 | port          | used by                                               |
 |---------------|-------------------------------------------------------|

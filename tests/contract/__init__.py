@@ -1,0 +1,1 @@
+"""One contract suite for both stores: every port, against the fake and PostgreSQL."""
