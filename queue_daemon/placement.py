@@ -1,7 +1,8 @@
 """How the daemon places itself on its host before it serves: its own CPU place
 (taken before the embedded PostgreSQL starts, so the server's processes start there
 too and come before handlers as the daemon does), its open-files limit, and the
-permissions of its files.
+permissions of its files, and, as root, the sweep of the directories it keeps
+below ``/var/lib/queue-daemon`` for data directories deleted since.
 
 The app owns these decisions; the cgroup and scheduling-class mechanics are the
 sandbox's (``queue_daemon.runners.sandbox.cpuplace``). Real-time priority while a tenant is busy
@@ -14,10 +15,12 @@ import asyncio
 import logging
 import os
 import resource
+import threading
 from pathlib import Path
 
 from queue_daemon.runners.sandbox.cpuplace import DaemonPlace
-from queue_daemon.store.embedded import host_home, open_to_others
+from queue_daemon.store.embedded import SERVER_HOME, host_home, open_to_others
+from queue_daemon.store.homes import sweep_homes
 
 logger = logging.getLogger(__name__)
 
@@ -101,3 +104,33 @@ def raise_open_files_limit() -> int:
         )
         return soft
     return hard
+
+
+def sweep_homes_in_background() -> threading.Thread | None:
+    """As root, remove the directories below ``SERVER_HOME`` of data directories
+    that are gone (``queue_daemon.store.homes``), in a thread of its own: a
+    daemon's start does not wait for it, and a failure is logged, never raised."""
+    if os.geteuid() != 0:
+        return None
+    thread = threading.Thread(target=_sweep_logged, name="sweep-homes", daemon=True)
+    thread.start()
+    return thread
+
+
+def _sweep_logged() -> None:
+    try:
+        outcomes = sweep_homes()
+    except Exception:
+        logger.warning(
+            "sweeping %s failed", SERVER_HOME, exc_info=True, extra={"action": "home_sweep"}
+        )
+        return
+    removed = sum(o.removed for o in outcomes)
+    logger.log(
+        logging.INFO if outcomes else logging.DEBUG,
+        "swept %s: %d directories of deleted data directories removed, %d kept",
+        SERVER_HOME,
+        removed,
+        len(outcomes) - removed,
+        extra={"action": "home_sweep"},
+    )

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import fcntl
-import hashlib
 import logging
 import os
 import pwd
@@ -33,6 +32,8 @@ import warnings
 from pathlib import Path
 
 import asyncpg
+
+from queue_daemon.store.homes import home_name, homes_lock, write_marker
 
 logger = logging.getLogger(__name__)
 
@@ -180,7 +181,6 @@ async def _reload(dsn: str) -> None:
 PG_USER = "embedded_postgres"  # the system user the server runs as, when root
 SERVER_HOME = Path("/var/lib/queue-daemon")  # the daemon's own directories, when root
 START_TIMEOUT = 60.0
-OWNER_FILE = "data_dir"  # in a directory below SERVER_HOME: the data directory it serves
 
 
 def open_to_others(path: Path) -> bool:
@@ -194,32 +194,17 @@ def open_to_others(path: Path) -> bool:
 def host_home(data_dir: Path) -> Path:
     """A directory of ``data_dir``'s own below ``SERVER_HOME`` (root's, 0711: other
     users may pass, not list), made if missing, for what other users must reach
-    when ``data_dir``'s own path does not let them through."""
+    when ``data_dir``'s own path does not let them through. Its ``data_dir`` file
+    names ``data_dir``: ``queue_daemon.store.homes`` removes it once that is gone."""
     _server_home()
-    owner = str(data_dir.resolve())
-    home = SERVER_HOME / hashlib.sha256(owner.encode()).hexdigest()[:16]
-    if not home.is_dir():
-        home.mkdir(mode=0o711, exist_ok=True)
-        os.chmod(home, 0o711)
-        (home / OWNER_FILE).write_text(owner + "\n")
+    owner = data_dir.resolve()
+    home = SERVER_HOME / home_name(owner)
+    with homes_lock(SERVER_HOME):
+        if not home.is_dir():
+            home.mkdir(mode=0o711, exist_ok=True)
+            os.chmod(home, 0o711)
+        write_marker(home, owner)
     return home
-
-
-def orphaned_homes() -> list[Path]:
-    """The directories below ``SERVER_HOME`` whose data directory is gone (its
-    path is in their ``OWNER_FILE``): what is left when a data directory is
-    deleted without its server's data."""
-    if not SERVER_HOME.is_dir():
-        return []
-    found = []
-    for home in SERVER_HOME.iterdir():
-        try:
-            owner = Path((home / OWNER_FILE).read_text().strip())
-        except OSError:
-            continue  # not a data directory's (the binaries' copy)
-        if not owner.exists():
-            found.append(home)
-    return found
 
 
 def _server_home() -> None:
@@ -296,6 +281,9 @@ def _start_as_root(data_dir: Path, link: Path) -> str:
     user = pwd.getpwnam(PG_USER)
     if link.is_dir():  # a link made here, or the data of an earlier version
         pgdata = link.resolve()
+        if pgdata.parent.parent == SERVER_HOME and pgdata.name == "pg":
+            with homes_lock(SERVER_HOME):  # (again: the data directory may have moved)
+                write_marker(pgdata.parent, data_dir.resolve())
     else:
         pgdata = host_home(data_dir) / "pg"
         if (pgdata / "PG_VERSION").exists():

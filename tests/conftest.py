@@ -16,7 +16,8 @@ import pytest
 
 from harness.databases import with_database
 from harness.pgserver import PgServer
-from queue_daemon.store.embedded import orphaned_homes, stop_server
+from queue_daemon.store.embedded import SERVER_HOME
+from queue_daemon.store.homes import sweep_homes
 
 TEMPLATE = "qd_template"
 
@@ -30,21 +31,26 @@ def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.fixture(scope="session", autouse=True)
-def _server_homes() -> Iterator[None]:
-    """As root, daemons and CLI commands on the embedded default keep the server's
-    data (and handlers' directories) below ``SERVER_HOME``, outside the tests' temp
-    directories: those whose data directory is gone (the tests remove theirs) are
-    stopped and removed, before and after the session. Another test run's, whose
-    data directories still exist, are left alone."""
-    _remove_orphaned_homes()
+def _server_homes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """As root, daemons and CLI commands keep the embedded server's data (and
+    handlers' directories) below ``SERVER_HOME``, outside the tests' temp
+    directories. Those of data directories that are gone are swept before and
+    after the session, and at its end those of this session's own temporary data
+    directories too (pytest keeps them a while; the servers' data goes now). A
+    concurrent run's, whose data directories exist, are left alone. What this
+    session made and the sweep could not remove fails the session's last test."""
+    if os.geteuid() != 0:
+        yield
+        return
+    sweep_homes(SERVER_HOME)
     yield
-    _remove_orphaned_homes()
-
-
-def _remove_orphaned_homes() -> None:
-    for home in orphaned_homes():
-        stop_server(home / "pg")
-        shutil.rmtree(home, ignore_errors=True)
+    ours = tmp_path_factory.getbasetemp().resolve()
+    left = [
+        f"{o.home} ({o.owner}): {o.reason}"
+        for o in sweep_homes(SERVER_HOME, also_gone=lambda owner: owner.is_relative_to(ours))
+        if not o.removed and o.owner is not None and o.owner.is_relative_to(ours)
+    ]
+    assert left == [], "directories below SERVER_HOME outlived their data directories"
 
 
 @pytest.fixture(scope="session")

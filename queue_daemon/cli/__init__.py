@@ -5,6 +5,9 @@
 | parser   | every subcommand and flag, and its environment variable |
 | config   | ``serve``'s flags checked and made into ``Settings``    |
 | commands | ``tenant``, ``admin``, ``stats``, ``journal check``     |
+
+``serve`` first sweeps, in the background, what the daemon keeps on the host for
+data directories deleted since (``placement.sweep_homes_in_background``).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from queue_daemon.cli.parser import build_parser
 from queue_daemon.cli.tenant_client import tenant_client_command
 from queue_daemon.engine.sysid import SysidError
 from queue_daemon.journal import JournalError
+from queue_daemon.placement import sweep_homes_in_background
 from queue_daemon.store.errors import StoreError
 
 __all__ = ["CliError", "build_parser", "main", "password_in_argv", "settings_from"]
@@ -70,6 +74,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "serve":
             settings = settings_from(args)
+            sweep_homes_in_background()
             with asyncio.Runner(loop_factory=event_loop(args.event_loop)) as runner:
                 return runner.run(app.serve(settings, app.print_ready))
         if args.command == "tenant":

@@ -1,5 +1,5 @@
-"""The subcommands other than ``serve``: ``tenant``, ``admin``, ``stats`` and
-``journal check``.
+"""The subcommands other than ``serve``: ``tenant``, ``admin`` (``sweep-homes``
+too), ``stats`` and ``journal check``.
 """
 
 from __future__ import annotations
@@ -90,7 +90,29 @@ def _limit_changes(current: dict[str, float], changes: Sequence[str]) -> dict[st
         raise CliError(str(exc)) from None
 
 
+def sweep_homes_command(args: argparse.Namespace) -> int:
+    """``admin sweep-homes``: one line per directory removed or kept, and why."""
+    from queue_daemon.store import embedded
+    from queue_daemon.store.homes import sweep_homes
+
+    days = args.unmarked_older_than
+    age = None if days is None else number(days, "--unmarked-older-than", float) * 86400
+    root = embedded.SERVER_HOME
+    try:
+        outcomes = sweep_homes(root, unmarked_older_than=age, dry_run=args.dry_run)
+    except PermissionError as exc:
+        raise CliError(f"cannot sweep {root} (root's): {exc.strerror or exc}") from None
+    for o in outcomes:
+        owner = f" ({o.owner})" if o.owner is not None else ""
+        print(f"{'removed' if o.removed else 'kept'}\t{o.home}{owner}\t{o.reason}")
+    removed = sum(o.removed for o in outcomes)
+    print(f"{removed} removed, {len(outcomes) - removed} kept", file=sys.stderr)
+    return 0
+
+
 async def admin_command(args: argparse.Namespace) -> int:
+    if args.action == "sweep-homes":
+        return await asyncio.to_thread(sweep_homes_command, args)
     grace = number(args.grace, "--grace", float, 0) if args.action == "token" else 0.0
     settings = Settings(data_dir=Path(args.data_dir), store=args.store or None)
     store, embedded = await app.open_store(settings)

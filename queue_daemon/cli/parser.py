@@ -281,7 +281,7 @@ def build_parser() -> argparse.ArgumentParser:
     limits.add_argument("client")
     limits.add_argument("changes", nargs="*", metavar="KEY=VALUE")
 
-    admin = sub.add_parser("admin", help="operator tokens")
+    admin = sub.add_parser("admin", help="operator tokens, the host's directories")
     asub = admin.add_subparsers(dest="action", required=True)
     admin_token = asub.add_parser(
         "token", help="issue a new operator token; the previous one works for the grace period"
@@ -291,6 +291,27 @@ def build_parser() -> argparse.ArgumentParser:
         "--grace", default="0", help="seconds the previous token stays valid (default 0)"
     )
     _common(asub.add_parser("revoke", help="end every operator token"))
+    sweep = asub.add_parser(
+        "sweep-homes",
+        help="as root, remove the directories below /var/lib/queue-daemon (embedded server"
+        " data, handlers' directories) of data directories that are gone, stopping their"
+        " servers; a daemon does this as it starts (see docs/operations.md)",
+    )
+    sweep.add_argument(
+        "--dry-run",
+        action="store_true",
+        default=flag(_env("dry_run", "")),
+        help="list what would be removed, remove and stop nothing (env QUEUE_DAEMON_DRY_RUN)",
+    )
+    sweep.add_argument(
+        "--unmarked-older-than",
+        default=_env("unmarked_older_than"),
+        metavar="DAYS",
+        help="also remove directories that name no data directory (made by an earlier"
+        " version) when nothing uses them and nothing in them changed for DAYS days (env"
+        " QUEUE_DAEMON_UNMARKED_OLDER_THAN; default: never)",
+    )
+    sweep.add_argument("--log-level", default=_env("log_level", "WARNING"))
 
     journal = sub.add_parser("journal", help="journal tools")
     jsub = journal.add_subparsers(dest="action", required=True)
