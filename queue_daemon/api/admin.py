@@ -29,7 +29,7 @@ def _limits_body(services: Services, client: str, overrides: dict[str, float]) -
 async def list_tenants(request: web.Request) -> web.Response:
     services = request.app[SERVICES]
     await authorize_admin(request, services)
-    tenants = await services.store.list_tenants()
+    tenants = await services.tenants.list_tenants()
     return json_response(
         {
             "tenants": [
@@ -60,7 +60,7 @@ async def get_limits(request: web.Request) -> web.Response:
     await authorize_admin(request, services)
     client = _client(request)
     try:
-        overrides = await services.store.get_tenant_limits(client)
+        overrides = await services.tenants.get_tenant_limits(client)
     except NotFound:
         raise errors.not_found("no active tenant of that name") from None
     return json_response(_limits_body(services, client, overrides))
@@ -83,7 +83,7 @@ async def set_limits(request: web.Request) -> web.Response:
     except LimitsError as exc:
         raise errors.bad_request(str(exc)) from None
     try:
-        stored = await services.store.set_tenant_limits(client, overrides)
+        stored = await services.tenants.set_tenant_limits(client, overrides)
     except NotFound:
         raise errors.not_found("no active tenant of that name") from None
     await services.tokens.reload()  # this daemon applies them at once; others at their refresh

@@ -29,7 +29,7 @@ PING_TIMEOUT_S = 2.0  # a store that takes longer to answer a ping counts as unr
 async def _ping(services: Services) -> str | None:
     """None if the store answers, else why not."""
     try:
-        await asyncio.wait_for(services.store.ping(), PING_TIMEOUT_S)
+        await asyncio.wait_for(services.ping(), PING_TIMEOUT_S)
     except TimeoutError:
         return f"the store did not answer within {PING_TIMEOUT_S:g} s"
     except StoreError as exc:

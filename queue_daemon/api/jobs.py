@@ -27,11 +27,9 @@ from queue_daemon.domain.jobs import Job, JobState
 from queue_daemon.domain.names import JobType, iso, valid_type
 from queue_daemon.domain.options import ID_RE, MAX_AFTER, JobOptions
 from queue_daemon.domain.views import TypeStats
-from queue_daemon.engine.admit.ids import MAX_KEY, keyed_ids
-from queue_daemon.engine.admit.limits import TenantLimits
-from queue_daemon.engine.admit.quotas import rate_cost
+from queue_daemon.engine.admit.ids import MAX_KEY
+from queue_daemon.engine.admit.intake import NO_OPTIONS
 from queue_daemon.engine.backoff import Backoff
-from queue_daemon.journal import JournalError
 from queue_daemon.store.errors import BadCursor, Conflict, NotFound
 
 logger = logging.getLogger(__name__)
@@ -40,82 +38,56 @@ MAX_WAIT_S = 60.0  # the longest a GET of a job is held (wait=)
 
 
 async def add_jobs(request: web.Request) -> web.Response:
+    """Parse, call the engine's ``Adds``, reply; its refusals become errors in
+    ``web.error_middleware``."""
     began = time.perf_counter()
     services = request.app[SERVICES]
     client = await authorize(request, services)
     jobtype = jobtype_of(request)
+    query = request.query
     now_ms = time.time_ns() // 1_000_000
-    dt_ms = parse_when(request.query, now_ms)
-    settings = services.settings
-    limits = services.limits.of(client)
-    _check_quotas_before_the_body(services, client, limits, request.content_length)
-    body = await read_body(request, client, settings.body_limit)
-    lines = split_payloads(body, request.content_type, limits.payload)
-    cost = rate_cost(len(lines), len(body))
-    wait = services.rates.take(client, cost, limits.rate, limits.burst)
-    if wait:
-        if math.isinf(wait):
-            raise errors.too_large(
-                f"{len(lines)} jobs of {len(body)} bytes in one request (counting {cost} against"
-                f" the rate) are over this tenant's burst of {limits.burst:g}"
-            )
-        raise errors.rate_limited(f"over this tenant's add rate of {limits.rate:g} jobs/s", wait)
-    if await services.waiting.take(client, len(lines), limits.waiting):
-        if len(lines) > limits.waiting:
-            raise errors.too_large(
-                f"{len(lines)} jobs in one request is over this tenant's waiting limit of "
-                f"{limits.waiting}"
-            )
-        raise errors.rate_limited(
-            f"this tenant has its limit of {limits.waiting} waiting jobs",
-            services.waiting.RETRY_AFTER_S,
-        )
+    dt_ms = parse_when(query, now_ms)
+    options = parse_options(query, now_ms)
     key = _idempotency_key(request)
-    given = None if key is None else keyed_ids(client, key, len(lines))
-    options = parse_options(request.query, now_ms, given or [])
-    if options.after:
-        await _dependencies_stored(services, client, options.after)
-    try:
-        ids = await services.intake.add(
-            JobType(client, jobtype),
-            lines,
-            create_ms=now_ms,
-            dt_ms=dt_ms,
-            ids=given,
-            opts=options.encode(),
-        )
-    except JournalError as exc:
-        logger.error("journal write failed: %s", exc, extra={"action": "journal_write_failed"})
-        raise errors.unavailable("the journal cannot be written; nothing was accepted") from None
-    if options.after:
-        services.queuelog.blocked(JobType(client, jobtype).stored, ids, len(options.after))
-        services.metrics.graph(client, "blocked", len(ids))
+    adds = services.adds
+    adds.check(client, request.content_length)
+    body = await read_body(request, client, services.settings.body_limit)
+    lines = split_payloads(body, request.content_type, services.limits.of(client).payload)
+    added = await adds.add(
+        client,
+        jobtype,
+        lines,
+        size=len(body),
+        create_ms=now_ms,
+        dt_ms=dt_ms,
+        options=options,
+        key=key,
+    )
     services.metrics.add_took(time.perf_counter() - began)
-    return json_response({"ids": ids})
+    return json_response({"ids": added.ids})
 
 
-DEPENDENCY_WAIT_S = 2.0  # how long an add waits for its dependencies to reach the store
 REQUIRES = {"all-completed": False, "all-resolved": True}
 
 
-def parse_options(query: Any, now_ms: int, own_ids: list[str]) -> JobOptions:
+def parse_options(query: Any, now_ms: int) -> JobOptions:
     """``after``, ``requires`` and ``deadline`` of an add (docs/api.md), or ApiError."""
     after: tuple[str, ...] = ()
     text = query.get("after")
+    deadline = query.get("deadline")
+    if text is None and deadline is None and "requires" not in query:
+        return NO_OPTIONS  # nearly every add
     if text is not None:
         after = tuple(dict.fromkeys(i for i in text.split(",") if i))
         if not after or not all(ID_RE.fullmatch(i) for i in after):
             raise errors.bad_request("after must be job ids separated by commas")
         if len(after) > MAX_AFTER:
             raise errors.bad_request(f"a job may depend on at most {MAX_AFTER} jobs")
-        if set(after) & set(own_ids):
-            raise errors.bad_request("a job cannot depend on itself")
     requires = query.get("requires", "all-completed")
     if requires not in REQUIRES:
         raise errors.bad_request("requires must be all-completed or all-resolved")
     if "requires" in query and not after:
         raise errors.bad_request("requires applies to jobs added with after")
-    deadline = query.get("deadline")
     deadline_ms = None if deadline is None else _deadline_ms(deadline, now_ms)
     return JobOptions(after, REQUIRES[requires], deadline_ms)
 
@@ -144,24 +116,6 @@ def _deadline_ms(text: str, now_ms: int) -> int:
     return when
 
 
-async def _dependencies_stored(services: Services, client: str, after: tuple[str, ...]) -> None:
-    """Return once every job of ``after`` is in the store (a job acknowledged a
-    moment ago, here or by another daemon, may still be on its way); 400 for those
-    that never come."""
-    deadline = time.monotonic() + DEPENDENCY_WAIT_S
-    # a chained add's dependency is usually a few milliseconds from the store
-    pause = Backoff(0.002, NOT_YET_MAX_S)
-    missing = list(after)
-    while True:
-        missing = sorted(set(missing) - await services.store.existing_jobs(missing, client=client))
-        if not missing:
-            return
-        if time.monotonic() >= deadline:
-            shown = ", ".join(missing[:5]) + (" …" if len(missing) > 5 else "")
-            raise errors.bad_request(f"after names jobs this tenant does not have: {shown}")
-        await pause.sleep()
-
-
 def _idempotency_key(request: web.Request) -> str | None:
     """The add's ``Idempotency-Key`` (1 to 200 printable characters), or None."""
     key = request.headers.get("Idempotency-Key")
@@ -170,27 +124,6 @@ def _idempotency_key(request: web.Request) -> str | None:
     if not 1 <= len(key) <= MAX_KEY or not key.isprintable():
         raise errors.bad_request(f"Idempotency-Key must be 1 to {MAX_KEY} printable characters")
     return key
-
-
-def _check_quotas_before_the_body(
-    services: Services, client: str, limits: TenantLimits, length: int | None
-) -> None:
-    """Refuse an add its tenant's quotas cannot take, before its body is read: its
-    least cost against the rate (one job, plus the announced bytes), and a tenant
-    already at its waiting limit."""
-    least = rate_cost(1, length or 0)
-    wait = services.rates.peek(client, least, limits.rate, limits.burst)
-    if math.isinf(wait):
-        raise errors.too_large(
-            f"a body of {length} bytes is over this tenant's burst of {limits.burst:g}"
-        )
-    if wait:
-        raise errors.rate_limited(f"over this tenant's add rate of {limits.rate:g} jobs/s", wait)
-    if services.waiting.full(client, limits.waiting):
-        raise errors.rate_limited(
-            f"this tenant has its limit of {limits.waiting} waiting jobs",
-            services.waiting.RETRY_AFTER_S,
-        )
 
 
 def job_body(job: Job) -> dict[str, Any]:
@@ -239,7 +172,7 @@ def job_id_of(request: web.Request) -> str:
 
 async def get_job_body(services: Services, client: str, job_id: str) -> dict[str, Any]:
     try:
-        return job_body(await services.store.get_job(client, job_id))
+        return job_body(await services.jobs.get_job(client, job_id))
     except NotFound:
         raise errors.not_found("no such job (or not yet in the store)") from None
 
@@ -257,7 +190,7 @@ async def get_job(request: web.Request) -> web.Response:
     unseen = Backoff(NOT_YET_FIRST_S, NOT_YET_MAX_S)
     while True:
         try:
-            job = await services.store.get_job(client, job_id)
+            job = await services.jobs.get_job(client, job_id)
         except NotFound:
             # acknowledged here a moment ago, perhaps, and not yet in the store
             if not services.journal.lag.unread_lines or time.monotonic() >= unseen_until:
@@ -292,7 +225,7 @@ async def cancel_job(request: web.Request) -> web.Response:
     services = request.app[SERVICES]
     client = await authorize(request, services)
     try:
-        job = await services.store.cancel_job(client, job_id_of(request))
+        job = await services.jobs.cancel_job(client, job_id_of(request))
     except NotFound:
         raise errors.not_found("no such job (or not yet in the store)") from None
     except Conflict:
@@ -322,7 +255,7 @@ async def list_jobs(request: web.Request) -> web.Response:
         after = query.get("after") or None
         page = await services.reads.get(
             ("jobs", client, jobtype, state, limit_text, after),
-            lambda: services.store.list_jobs(
+            lambda: services.jobs.list_jobs(
                 client, type=jobtype, state=state, limit=int(limit_text), after=after
             ),
         )
@@ -346,7 +279,7 @@ def _stats_body(stats: TypeStats) -> dict[str, int]:
 async def stats(request: web.Request) -> web.Response:
     services = request.app[SERVICES]
     client = await authorize(request, services)
-    by_type = await services.reads.get(("stats", client), lambda: services.store.stats(client))
+    by_type = await services.reads.get(("stats", client), lambda: services.jobs.stats(client))
     return json_response({"types": {name: _stats_body(s) for name, s in sorted(by_type.items())}})
 
 
@@ -377,7 +310,7 @@ async def delete_jobs(request: web.Request) -> web.Response:
     more = True
     ends = time.monotonic() + DELETE_TIME_S
     while more and deleted < DELETE_MAX and time.monotonic() < ends:
-        counts = await services.store.delete_done(
+        counts = await services.jobs.delete_done(
             client, type=stored, before=before, limit=DELETE_CHUNK
         )
         if counts:

@@ -309,15 +309,15 @@ def _worker_body(seen: WorkerSeen, *, tenant: bool = False) -> dict[str, Any]:
 async def workers(request: web.Request) -> web.Response:
     services = request.app[SERVICES]
     client = await authorize(request, services)
-    seen = await services.reads.get(("workers", client), lambda: services.store.workers(client))
+    seen = await services.reads.get(("workers", client), lambda: services.dashboard.workers(client))
     return json_response({"workers": [_worker_body(w) for w in seen]})
 
 
 async def admin_workers(request: web.Request) -> web.Response:
     services = request.app[SERVICES]
     await authorize_admin(request, services)
-    seen = await services.store.workers(None)
-    daemons = await services.store.daemons()
+    seen = await services.dashboard.workers(None)
+    daemons = await services.pulled.daemons()
     return json_response(
         {
             "workers": [_worker_body(w, tenant=True) for w in seen],

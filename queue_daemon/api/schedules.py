@@ -131,7 +131,7 @@ async def add_schedule(request: web.Request) -> web.Response:
         next_fire=next_fire,
     )
     try:
-        stored = await services.store.put_schedule(schedule, MAX_SCHEDULES)
+        stored = await services.schedules.put_schedule(schedule, MAX_SCHEDULES)
     except LimitReached:
         raise errors.bad_request(
             f"this tenant has its limit of {MAX_SCHEDULES} schedules; delete one first"
@@ -143,7 +143,7 @@ async def add_schedule(request: web.Request) -> web.Response:
 async def list_schedules(request: web.Request) -> web.Response:
     services = request.app[SERVICES]
     client = await authorize(request, services)
-    schedules = await services.store.list_schedules(client)
+    schedules = await services.schedules.list_schedules(client)
     # up to 1000 schedules' next times: off the event loop
     bodies = (
         await asyncio.to_thread(_bodies, schedules) if len(schedules) > 20 else _bodies(schedules)
@@ -156,7 +156,7 @@ async def delete_schedule(request: web.Request) -> web.Response:
     client = await authorize(request, services)
     name = _name(request)
     try:
-        await services.store.delete_schedule(client, name)
+        await services.schedules.delete_schedule(client, name)
     except NotFound:
         raise errors.not_found("no such schedule") from None
     return json_response({"deleted": name})

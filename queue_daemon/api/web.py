@@ -12,6 +12,7 @@ import json
 import logging
 import math
 import re
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -25,9 +26,16 @@ from queue_daemon.api.bodies import BodyBudget
 from queue_daemon.api.errors import ApiError
 from queue_daemon.api.reads import CoalescedReads
 from queue_daemon.domain.names import valid_type
-from queue_daemon.engine.admit.intake import Intake
+from queue_daemon.engine.admit.adds import (
+    AddRefused,
+    Adds,
+    BadDependencies,
+    NeverFits,
+    NotJournaled,
+    OverRate,
+    OverWaiting,
+)
 from queue_daemon.engine.admit.limits import Limits
-from queue_daemon.engine.admit.quotas import RateLimiter, WaitingLimiter
 from queue_daemon.engine.handlers import HandlerCache
 from queue_daemon.engine.ingest.ingester import Ingester
 from queue_daemon.engine.pull.holds import DoneWaits
@@ -40,27 +48,39 @@ from queue_daemon.observe.overview import Overview
 from queue_daemon.observe.queuelog import QueueLog
 from queue_daemon.settings import Settings
 from queue_daemon.store.errors import StoreError, StoreUnavailable
-from queue_daemon.store.ports import Store
+from queue_daemon.store.ports import (
+    Dashboard,
+    HandlerStore,
+    JobQueries,
+    PulledJobs,
+    ScheduleStore,
+    TenantStore,
+)
 
 logger = logging.getLogger(__name__)
 
 MAX_DELAY_S = 10 * 365 * 24 * 3600  # ten years ahead is the furthest a job can be scheduled
 
 
-@dataclass(slots=True, kw_only=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Services:
-    """What the handlers reach: built and owned by ``queue_daemon.app``."""
+    """What the handlers reach: built and owned by ``queue_daemon.app``. The store
+    only through the ports the routes use."""
 
     settings: Settings
-    store: Store
+    adds: Adds  # the add route's use case: quotas, ids, options, the intake
+    jobs: JobQueries  # a tenant's jobs: get, cancel, list, stats, delete
+    tenants: TenantStore  # tenants and their limits (admin routes)
+    handler_store: HandlerStore  # handlers stored (the handler routes)
+    schedules: ScheduleStore
+    pulled: PulledJobs  # the daemons pulled jobs may be on
+    dashboard: Dashboard  # the tenants' workers seen
+    ping: Callable[[], Awaitable[None]]  # the store's health
     journal: Journal
-    intake: Intake
     tokens: TokenCache
     ingester: Ingester
     queuelog: QueueLog
     handlers: HandlerCache
-    rates: RateLimiter
-    waiting: WaitingLimiter
     limits: Limits
     overview: Overview
     sysid: str
@@ -107,6 +127,8 @@ async def error_middleware(request: web.Request, handler: Any) -> web.StreamResp
         return response
     except ApiError as exc:
         return error_response(exc)
+    except AddRefused as exc:
+        return error_response(refusal(exc))
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
@@ -125,6 +147,20 @@ async def error_middleware(request: web.Request, handler: Any) -> web.StreamResp
     except Exception:
         logger.exception("unhandled error", extra={"action": "internal_error"})
         return error_response(ApiError(500, "internal", "internal error"))
+
+
+def refusal(exc: AddRefused) -> ApiError:
+    """The API's error for an add the engine refused (``engine.admit.adds``)."""
+    match exc:
+        case OverRate() | OverWaiting():
+            return errors.rate_limited(exc.message, exc.retry_after)
+        case NeverFits():
+            return errors.too_large(exc.message)
+        case BadDependencies():
+            return errors.bad_request(exc.message)
+        case NotJournaled():
+            return errors.unavailable(exc.message)
+    return errors.bad_request(exc.message)
 
 
 def jobtype_of(request: web.Request) -> str:

@@ -15,10 +15,11 @@ import pytest
 
 from queue_daemon.domain.jobs import NewJob
 from queue_daemon.domain.schedules import Schedule, TickAdded
+from queue_daemon.engine.admit.adds import Adds
 from queue_daemon.engine.admit.ids import IdGenerator, tick_id
 from queue_daemon.engine.admit.intake import Intake
 from queue_daemon.engine.admit.limits import Limits, TenantLimits
-from queue_daemon.engine.admit.quotas import Admission, RateLimiter, WaitingLimiter
+from queue_daemon.engine.admit.quotas import RateLimiter, WaitingLimiter
 from queue_daemon.engine.ingest.ingester import Ingester
 from queue_daemon.engine.schedule.ticker import Ticker
 from queue_daemon.journal import Journal
@@ -34,7 +35,7 @@ class DiesBeforeRecording:
     """A daemon's view of the store that fails when the tick would be recorded."""
 
     def __init__(self, store: PgStore) -> None:
-        self._store = store
+        self.real = store
         self.claim_schedules = store.claim_schedules
         self.next_schedule_due = store.next_schedule_due
         self.defer_ticks = store.defer_ticks
@@ -48,18 +49,26 @@ async def _ticker(
     tmp_path: Path,
     sysid: str,
     *,
-    admission: Admission | None = None,
+    waiting: WaitingLimiter | None = None,
     limits: TenantLimits | None = None,
 ) -> tuple[Ticker, Journal, QueueLog]:
+    """A daemon's ticker; with no ``waiting`` limiter, no waiting limit (none is counted)."""
     journal = await Journal.open(tmp_path / f"journal-{sysid}")
     queuelog = QueueLog(tmp_path / f"queue-{sysid}.log", sysid=sysid)
     metrics = Metrics()
-    intake = Intake(journal=journal, ids=IdGenerator(sysid), queuelog=queuelog, metrics=metrics)
+    real = store if isinstance(store, PgStore) else store.real
+    adds = Adds(
+        intake=Intake(journal=journal, ids=IdGenerator(sysid), queuelog=queuelog, metrics=metrics),
+        limits=Limits(limits or TenantLimits(waiting=0)),
+        rates=RateLimiter(0, 1),
+        waiting=waiting or WaitingLimiter(real),
+        jobs=real,
+        queuelog=queuelog,
+        metrics=metrics,
+    )
     ticker = Ticker(
         store=store,  # type: ignore[arg-type]  # the ScheduleStore calls only
-        intake=intake,
-        limits=Limits(limits or TenantLimits()),
-        admission=admission,
+        adds=adds,
         queuelog=queuelog,
         metrics=metrics,
         sysid=sysid,
@@ -155,7 +164,7 @@ async def test_a_tick_over_the_waiting_limit_waits_and_is_added_when_it_fits(
         store,
         tmp_path,
         "1",
-        admission=Admission(RateLimiter(0, 1), waiting),
+        waiting=waiting,
         limits=TenantLimits(waiting=1),
     )
     try:

@@ -3,16 +3,22 @@ chunks journaled as results arrive (``queue_daemon.engine.admit.followons``)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import cast
 
 import pytest
 
 from queue_daemon.domain.names import JobType
+from queue_daemon.domain.options import JobOptions
 from queue_daemon.engine.admit import followons
+from queue_daemon.engine.admit.adds import Adds
 from queue_daemon.engine.admit.followons import OVER_LIMITS, FollowOns
-from queue_daemon.engine.admit.limits import TenantLimits
-from queue_daemon.engine.admit.quotas import Admission, RateLimiter, WaitingLimiter
+from queue_daemon.engine.admit.intake import Intake
+from queue_daemon.engine.admit.limits import Limits, TenantLimits
+from queue_daemon.engine.admit.quotas import RateLimiter, WaitingLimiter
 from queue_daemon.journal import JournalError
+from queue_daemon.observe.metrics import Metrics
+from queue_daemon.observe.queuelog import QueueLog
 from queue_daemon.runners.models import HandlerSpec, JobResult
 from queue_daemon.store.ports import TenantStore
 
@@ -28,16 +34,31 @@ class Waiting:
     async def count_waiting(self, client: str) -> int:
         return self.count
 
+    async def existing_jobs(self, ids: Sequence[str], *, client: str) -> set[str]:
+        return set()
+
 
 class Journal:
+    """The intake's side of the journal: what was written, or failing."""
+
     def __init__(self, fail: bool = False) -> None:
         self.written: list[tuple[str, list[str]]] = []
         self.fail = fail
 
-    async def write(self, jobtype: JobType, payloads: list[str]) -> None:
+    async def add(
+        self,
+        jobtype: JobType,
+        payloads: Sequence[str],
+        *,
+        create_ms: int,
+        dt_ms: int,
+        ids: list[str] | None = None,
+        options: JobOptions | None = None,
+    ) -> list[str]:
         if self.fail:
             raise JournalError("no space left on device")
-        self.written.append((jobtype.name, payloads))
+        self.written.append((jobtype.name, list(payloads)))
+        return [f"j{i}" for i in range(len(payloads))]
 
     def payloads(self) -> list[str]:
         return [p for _, chunk in self.written for p in chunk]
@@ -47,24 +68,32 @@ def make(
     journal: Journal,
     *,
     limits: TenantLimits | None = None,
-    admission: Admission | None = None,
+    rate: tuple[float, float] = (0, 1),
+    waiting: Waiting | None = None,
     spec: HandlerSpec = SPEC,
 ) -> tuple[FollowOns, dict[str, int]]:
+    """Follow-ons of one batch, through a real admission over a fake store."""
     dropped: dict[str, int] = {}
 
     def count(client: str, reason: str, n: int) -> None:
         dropped[reason] = dropped.get(reason, 0) + n
 
-    return FollowOns(spec, limits or TenantLimits(), admission, journal.write, count), dropped
+    limits = limits or TenantLimits()
+    store = waiting or Waiting()
+    adds = Adds(
+        intake=cast(Intake, journal),
+        limits=Limits(limits),
+        rates=RateLimiter(*rate),
+        waiting=WaitingLimiter(cast(TenantStore, store)),
+        jobs=store,
+        queuelog=cast(QueueLog, None),  # only adds with dependencies write to it
+        metrics=Metrics(),
+    )
+    return FollowOns(spec, limits, adds, count), dropped
 
 
 def result(*emits: tuple[str, str], exitcode: int = 200, text: str | None = "done") -> JobResult:
     return JobResult(id="j1", exitcode=exitcode, result=text, emits=list(emits))
-
-
-def admission(rate: float = 0, burst: float = 1, waiting: Waiting | None = None) -> Admission:
-    store = cast(TenantStore, waiting or Waiting())
-    return Admission(RateLimiter(rate, burst), WaitingLimiter(store))
 
 
 def said(kept: JobResult) -> str:
@@ -143,8 +172,7 @@ async def test_then_chains_an_ok_result_and_counts_like_any_follow_on_job() -> N
 async def test_over_the_add_rate_the_run_is_retried_and_nothing_is_added() -> None:
     journal = Journal()
     limits = TenantLimits(rate=1, burst=3)
-    gate = admission(rate=1, burst=3)
-    follow, dropped = make(journal, limits=limits, admission=gate)
+    follow, dropped = make(journal, limits=limits, rate=(1, 3))
     assert (await follow.take(result(("kid", "a"), ("kid", "b")))).exitcode == 200
     refused = await follow.take(result(("kid", "c"), ("kid", "d")))
     assert refused.exitcode == OVER_LIMITS  # a retry code
@@ -159,8 +187,7 @@ async def test_over_the_add_rate_the_run_is_retried_and_nothing_is_added() -> No
 
 async def test_over_the_waiting_limit_the_run_is_retried_and_nothing_is_added() -> None:
     journal = Journal()
-    gate = admission(waiting=Waiting(count=8))
-    follow, dropped = make(journal, limits=TenantLimits(waiting=10), admission=gate)
+    follow, dropped = make(journal, limits=TenantLimits(waiting=10), waiting=Waiting(count=8))
     assert (await follow.take(result(("kid", "a"), ("kid", "b")))).exitcode == 200
     refused = await follow.take(result(("kid", "c")))
     assert refused.exitcode == OVER_LIMITS

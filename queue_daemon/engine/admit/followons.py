@@ -23,14 +23,13 @@ a line saying how many were dropped and why.
 from __future__ import annotations
 
 import logging
-import math
 from collections import defaultdict
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from queue_daemon.domain.names import JobType
+from queue_daemon.engine.admit.adds import Adds, NeverFits, OverRate, OverWaiting
 from queue_daemon.engine.admit.limits import TenantLimits
-from queue_daemon.engine.admit.quotas import Admission, rate_cost
 from queue_daemon.journal import JournalError
 from queue_daemon.runners.codes import code_of
 from queue_daemon.runners.models import HandlerSpec, JobResult
@@ -41,8 +40,6 @@ logger = logging.getLogger(__name__)
 CHUNK_BYTES = 4 << 20  # follow-on payload bytes held before they are journaled
 OVER_LIMITS = 129  # a retry code: the run's follow-on jobs are over the add rate or waiting limit
 
-# writes one chunk of follow-on jobs of one type; raises JournalError or ValueError
-Write = Callable[[JobType, list[str]], Awaitable[object]]
 # counts dropped follow-on jobs by tenant and reason
 Count = Callable[[str, str, int], None]
 
@@ -74,14 +71,12 @@ class FollowOns:
         self,
         spec: HandlerSpec,
         limits: TenantLimits,
-        admission: Admission | None,
-        write: Write,
+        adds: Adds,
         count: Count,
     ) -> None:
         self._spec = spec
         self._limits = limits
-        self._admission = admission
-        self._write = write
+        self._adds = adds
         self._count = count
         self._pending: dict[str, list[str]] = defaultdict(list)
         self._pending_bytes = 0
@@ -112,6 +107,8 @@ class FollowOns:
         if drops.counts:
             self._log(result.id, drops)
         if self.failed:
+            if jobs:
+                self._adds.give_back(self._spec.client, len(jobs))
             return replace(result, emits=[], dropped=[])
         for (name, payload), size in zip(jobs, sizes, strict=True):
             self._pending[name].append(payload)
@@ -130,12 +127,16 @@ class FollowOns:
         if self.failed or not pending:
             return not self.failed
         client = self._spec.client
+        unwritten = sum(map(len, pending.values()))
         try:
             for name, payloads in pending.items():
-                await self._write(JobType(client, name), payloads)
+                # a chunk that fails is given back by ``write`` itself
+                unwritten -= len(payloads)
+                await self._adds.write(JobType(client, name), payloads)
         except (JournalError, ValueError) as exc:
             logger.error("follow-on jobs not written: %s", exc, extra={"action": "emit_failed"})
             self.failed = True
+            self._adds.give_back(client, unwritten)
         return not self.failed
 
     def _within_limits(self, result: JobResult) -> tuple[list[tuple[str, str]], list[int], _Drops]:
@@ -190,22 +191,20 @@ class FollowOns:
         (then they are counted), and if not, why the run is retried later (None:
         they could never fit, and are dropped)."""
         client, limits = self._spec.client, self._limits
-        admission = self._admission
-        if admission is None:  # a worker without adds of its own (tests)
-            return True, None
-        cost = rate_cost(n, size)
-        wait = admission.rates.take(client, cost, limits.rate, limits.burst)
-        if math.isinf(wait):
-            said = f"{n} of {size} bytes" if cost > n else f"{n}"
-            drops.add("rate", n, f"{said} at once is over this tenant's burst of {limits.burst:g}")
+        try:
+            await self._adds.admit(client, n, size)
+        except NeverFits as exc:
+            if exc.quota == "rate":
+                drops.add("rate", n, exc.message)
+            else:
+                drops.add(
+                    "waiting", n, f"{n} is over this tenant's waiting limit of {limits.waiting}"
+                )
             return False, None
-        if wait:
+        except OverRate:
             self._count(client, "rate", n)
             return False, f"its {n} follow-on jobs are over this tenant's add rate; retried later"
-        if 0 < limits.waiting < n:
-            drops.add("waiting", n, f"{n} is over this tenant's waiting limit of {limits.waiting}")
-            return False, None
-        if await admission.waiting.take(client, n, limits.waiting):
+        except OverWaiting:
             self._count(client, "waiting", n)
             return False, (
                 f"its {n} follow-on jobs are over this tenant's limit of {limits.waiting}"

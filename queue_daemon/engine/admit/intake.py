@@ -1,16 +1,19 @@
-"""The one place that turns payloads into journaled jobs, for the add route and for
-the follow-on jobs of a finished batch alike: ids, the journal's group-commit
-fsync, the queue log's ``added`` line, the metrics."""
+"""The one place that turns admitted payloads into journaled jobs (``engine.admit.adds``
+admits them, for adds, follow-on jobs and schedule ticks alike): ids, the
+journal's group-commit fsync, the queue log's ``added`` line, the metrics."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
 from queue_daemon.domain.names import JobType
+from queue_daemon.domain.options import JobOptions
 from queue_daemon.engine.admit.ids import IdGenerator
 from queue_daemon.journal import Journal
 from queue_daemon.observe.metrics import Metrics
 from queue_daemon.observe.queuelog import QueueLog
+
+NO_OPTIONS = JobOptions()
 
 
 class Intake:
@@ -30,13 +33,16 @@ class Intake:
         create_ms: int,
         dt_ms: int,
         ids: list[str] | None = None,
-        opts: str = "",
+        options: JobOptions = NO_OPTIONS,
     ) -> list[str]:
         """The new jobs' ids (``ids`` when given: an idempotent add's), once their
         lines are durable. JournalError (nothing was accepted) or ValueError (a
         payload the journal cannot frame) otherwise."""
         ids = ids or self._ids.next_ids(len(payloads))
         stored = jobtype.stored
+        # options are encoded here, where their journal line is written: adds
+        # without them write none
+        opts = options.encode() if options else ""
         await self.journal.write(stored, ids, payloads, create_ms=create_ms, dt_ms=dt_ms, opts=opts)
         self._queuelog.added(stored, ids, payloads, create_ms, dt_ms)
         self._metrics.added(jobtype.client, jobtype.name, len(ids))  # once per call

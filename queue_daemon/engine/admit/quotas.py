@@ -8,10 +8,13 @@ says when it would fit.
 
 The waiting limit reads a tenant's count of waiting, scheduled and blocked
 jobs from the store's state counts (one row per type, never job by job) when
-the tenant adds, at most about once a second, and adds what this daemon
-accepted since; so with several daemons, or jobs not yet ingested, a tenant
-may exceed it by what is added within one refresh. While the store cannot be
-reached the last count stands.
+the tenant adds, at most about once a second, and adds the jobs this daemon
+admitted that its ingester has not stored yet (``stored``: told by the
+ingester) and those it stored since that count began (they may or may not be
+in it). So this daemon's own adds never take a tenant past its limit however
+far ingestion trails the journal; other daemons' adds are seen at their next
+count (docs/api.md says how far that lets a burst pass). While the store
+cannot be reached the last count stands.
 """
 
 from __future__ import annotations
@@ -21,9 +24,13 @@ import contextlib
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from operator import attrgetter
 
+from queue_daemon.domain.names import JobType
+from queue_daemon.journal import Entry
 from queue_daemon.store.errors import StoreError
 from queue_daemon.store.ports import TenantStore
 
@@ -92,10 +99,19 @@ class RateLimiter:
 
 @dataclass(slots=True)
 class _Waiting:
-    count: int = 0  # waiting jobs in the store at the last count
-    added: int = 0  # jobs this daemon accepted since that count began
+    count: int = 0  # waiting jobs in the store at the count in force
+    unstored: int = 0  # jobs admitted here that the ingester has not stored yet
+    stored: int = 0  # jobs the ingester stored, ever
+    stored_at_count: int = 0  # ``stored`` when the count in force began
     next_at: float = 0.0  # when to count again
     counting: asyncio.Task[None] | None = None
+
+    def estimate(self) -> int:
+        """Waiting jobs, at least: those stored since the count began may be in it."""
+        return self.count + self.unstored + self.stored - self.stored_at_count
+
+
+_TYPE_OF = attrgetter("type")
 
 
 class WaitingLimiter:
@@ -114,21 +130,41 @@ class WaitingLimiter:
 
     async def take(self, client: str, n: int, limit: int) -> float:
         """0.0 when ``n`` more waiting jobs fit under ``limit`` (0 = none), and
-        they are counted; else seconds to wait before trying again."""
+        they are counted (until stored, or given back); else seconds to wait
+        before trying again."""
         if limit <= 0:
             return 0.0
         state = self._tenants.get(client)
         if state is None:
             state = self._tenants[client] = _Waiting()
-            task = self._count(client, state, limit)
+            task = self._count(client, state)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(asyncio.shield(task), self.FIRST_COUNT_WAIT_S)
         elif state.counting is None and self._clock() >= state.next_at:
-            self._count(client, state, limit)
-        if state.count + state.added + n > limit:
+            self._count(client, state)
+        if state.estimate() + n > limit:
             return self.RETRY_AFTER_S
-        state.added += n
+        state.unstored += n
         return 0.0
+
+    def give_back(self, client: str, n: int) -> None:
+        """``n`` jobs taken for ``client`` will not be journaled after all."""
+        state = self._tenants.get(client)
+        if state is not None:
+            state.unstored = max(0, state.unstored - n)
+
+    def stored(self, entries: Sequence[Entry]) -> None:
+        """The ingester stored these lines of this daemon's journal: once per
+        batch, counted by type (not job by job in Python)."""
+        tenants = self._tenants
+        if not tenants:
+            return
+        for stored_type, n in Counter(map(_TYPE_OF, entries)).items():
+            state = tenants.get(JobType.parse(stored_type).client)
+            if state is not None:
+                # lines journaled before this daemon started were never counted here
+                state.unstored = max(0, state.unstored - n)
+                state.stored += n
 
     def full(self, client: str, limit: int) -> bool:
         """Whether ``client`` is at ``limit`` by the last count and what was added
@@ -138,24 +174,25 @@ class WaitingLimiter:
         if limit <= 0 or state is None:
             return False
         if state.counting is None and self._clock() >= state.next_at:
-            self._count(client, state, limit)  # for the next add: jobs may have gone since
-        return state.count + state.added >= limit
+            self._count(client, state)  # for the next add: jobs may have gone since
+        return state.estimate() >= limit
 
-    def _count(self, client: str, state: _Waiting, limit: int) -> asyncio.Task[None]:
-        task = asyncio.ensure_future(self._recount(client, state, limit))
+    def _count(self, client: str, state: _Waiting) -> asyncio.Task[None]:
+        task = asyncio.ensure_future(self._recount(client, state))
         state.counting = task
         return task
 
-    async def _recount(self, client: str, state: _Waiting, limit: int) -> None:
+    async def _recount(self, client: str, state: _Waiting) -> None:
         began = self._clock()
-        added_before = state.added
+        stored_before = state.stored
         try:
             count = await self._store.count_waiting(client)
         except StoreError as exc:
             logger.debug("waiting count of %s failed: %s", client, exc)
         else:
+            # jobs stored before the count began are in it; those stored since may be
             state.count = count
-            state.added -= added_before  # those are in the count, or in the journal still
+            state.stored_at_count = stored_before
         finally:
             took = self._clock() - began
             # a long count (a deep backlog) is repeated less often
@@ -167,12 +204,3 @@ class WaitingLimiter:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-
-
-@dataclass(frozen=True, slots=True)
-class Admission:
-    """The add rate and waiting limiters of a daemon, which adds and follow-on
-    jobs alike take from."""
-
-    rates: RateLimiter
-    waiting: WaitingLimiter

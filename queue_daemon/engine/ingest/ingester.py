@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 
 from queue_daemon.domain.jobs import NewJob
@@ -100,9 +101,18 @@ def to_new_jobs(entries: list[Entry]) -> list[NewJob]:
 class Ingester:
     """Runs ``workers`` concurrent ingestion pipelines until stopped."""
 
-    def __init__(self, journal: Journal, store: JobIntake, *, batch: int, workers: int) -> None:
+    def __init__(
+        self,
+        journal: Journal,
+        store: JobIntake,
+        *,
+        batch: int,
+        workers: int,
+        on_stored: Callable[[Sequence[Entry]], None] = lambda entries: None,
+    ) -> None:
         self._journal = journal
         self._store = store
+        self._on_stored = on_stored  # told of each batch in the store (admission's counts)
         self._batch = batch
         self._workers = workers
         self._stopping = asyncio.Event()
@@ -171,6 +181,7 @@ class Ingester:
             finally:
                 if not helper:
                     self._first_busy_since = None
+            self._on_stored(entries)
             await self._room.acquire()
             self._unsettled.append((reservation, jobs, opted, epoch))
             self._to_settle.set()

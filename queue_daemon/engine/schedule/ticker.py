@@ -28,7 +28,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -36,10 +35,8 @@ from cronsim import CronSimError
 
 from queue_daemon.domain.names import JobType
 from queue_daemon.domain.schedules import DueSchedule, TickAdded
+from queue_daemon.engine.admit.adds import AddRefused, Adds, NeverFits, OverRate
 from queue_daemon.engine.admit.ids import tick_id
-from queue_daemon.engine.admit.intake import Intake
-from queue_daemon.engine.admit.limits import Limits
-from queue_daemon.engine.admit.quotas import Admission, rate_cost
 from queue_daemon.engine.backoff import Backoff
 from queue_daemon.engine.schedule.cron import Cron, CronError, zone
 from queue_daemon.journal import JournalError
@@ -97,9 +94,7 @@ class Ticker:
         self,
         *,
         store: ScheduleStore,
-        intake: Intake,
-        limits: Limits,
-        admission: Admission | None,
+        adds: Adds,
         queuelog: QueueLog,
         metrics: Metrics,
         sysid: str,
@@ -107,9 +102,7 @@ class Ticker:
         hold: float = HOLD_S,
     ) -> None:
         self._store = store
-        self._intake = intake
-        self._limits = limits
-        self._admission = admission
+        self._adds = adds
         self._queuelog = queuelog
         self._metrics = metrics
         self._sysid = sysid
@@ -179,15 +172,10 @@ class Ticker:
                 continue
             groups.setdefault(JobType(schedule.client, schedule.type), []).append(tick)
         added: list[TickAdded] = []
-        now_ms = time.time_ns() // 1_000_000
         for jobtype, ticks in groups.items():
             try:
-                await self._intake.add(
-                    jobtype,
-                    [t.due.payload for t in ticks],
-                    create_ms=now_ms,
-                    dt_ms=now_ms,
-                    ids=[t.job for t in ticks],
+                await self._adds.write(
+                    jobtype, [t.due.payload for t in ticks], ids=[t.job for t in ticks]
                 )
             except (JournalError, ValueError) as exc:
                 logger.warning(
@@ -214,14 +202,13 @@ class Ticker:
     async def _admit(self, schedule: DueSchedule) -> str | None:
         """None when the tick fits its tenant's add rate and waiting limit (and is
         counted against them), else which it is over."""
-        admission = self._admission
-        if admission is None:
-            return None
-        client = schedule.client
-        limits = self._limits.of(client)
-        cost = rate_cost(1, len(schedule.payload.encode()))
-        if admission.rates.take(client, cost, limits.rate, limits.burst):
+        payload = schedule.payload
+        try:
+            await self._adds.admit(schedule.client, 1, len(payload.encode()))
+        except NeverFits as exc:
+            return exc.quota
+        except OverRate:
             return "rate"
-        if await admission.waiting.take(client, 1, limits.waiting):
+        except AddRefused:
             return "waiting"
         return None
