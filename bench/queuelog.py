@@ -44,7 +44,9 @@ def _ids(n: int, start: int) -> list[str]:
 
 async def hot_path(folder: Path, rounds: int = 300) -> dict[str, float]:
     """Lines per second built by each event method (the writer thread excluded)."""
-    log = QueueLog(folder / "hot.log", sysid="1", rotation=Rotation(max_bytes=0, daily=False))
+    log = QueueLog(
+        folder / "hot.log", sysid="1", rotation=Rotation(logfile_max_bytes=0, logfile_daily=False)
+    )
     payloads = ['{"image":"s3://bucket/key-0001.png","w":640}'] * PER_REQUEST
     rates: dict[str, float] = {}
     ids = _ids(PER_REQUEST, 0)
@@ -83,7 +85,7 @@ async def write_log(folder: Path, lines: int) -> list[Path]:
     log = QueueLog(
         folder / "queue-1.log",
         sysid="1",
-        rotation=Rotation(max_bytes=64 << 20, daily=False, gzip=True),
+        rotation=Rotation(logfile_max_bytes=64 << 20, logfile_daily=False, logfile_gzip=True),
     )
     types = [f"t{a}-type{b}" for a in range(5) for b in range(4)]
     written = 0

@@ -212,9 +212,9 @@ class Daemon:
             settings.logfile_path(identity.sysid),
             sysid=identity.sysid,
             rotation=Rotation(
-                max_bytes=settings.logfile_max_bytes,
-                daily=settings.logfile_daily,
-                gzip=settings.logfile_gzip,
+                logfile_max_bytes=settings.logfile_max_bytes,
+                logfile_daily=settings.logfile_daily,
+                logfile_gzip=settings.logfile_gzip,
             ),
         )
         await asyncio.to_thread(queuelog.compress_leftovers)

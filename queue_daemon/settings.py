@@ -16,6 +16,7 @@ from queue_daemon.engine.admit.limits import TenantLimits
 from queue_daemon.observe.labels import METRICS_TENANTS, METRICS_TYPES
 from queue_daemon.observe.logfile import Rotation
 from queue_daemon.runners.sandbox.addresses import Network
+from queue_daemon.runners.sandbox.users import TENANT_UID_BASE, TENANT_UID_SPAN
 from queue_daemon.runners.settings import RunnerSettings
 
 MIB = 1 << 20
@@ -37,9 +38,9 @@ class Settings:
     logfile: Path | None = None  # default data_dir/queue-<sysid>.log
     # rotate the queue logfile at this size (0 = never), and at the first write after UTC
     # midnight; gzip rotated queue logfiles (in a background thread)
-    logfile_max_bytes: int = default_of(Rotation, "max_bytes")
-    logfile_daily: bool = default_of(Rotation, "daily")
-    logfile_gzip: bool = default_of(Rotation, "gzip")
+    logfile_max_bytes: int = default_of(Rotation, "logfile_max_bytes")
+    logfile_daily: bool = default_of(Rotation, "logfile_daily")
+    logfile_gzip: bool = default_of(Rotation, "logfile_gzip")
     host: str = "127.0.0.1"
     port: int = 8080
     sysid: str | None = None  # None = reserved automatically in the store
@@ -66,8 +67,8 @@ class Settings:
     max_batch: int = 200  # most jobs claimed (and handed to one context) at a time
     job_ttl: float = 86_400.0  # seconds after creation when retries stop
     retention: float = 7 * 86_400.0  # seconds archived jobs are kept
-    tenant_uid_base: int = 2_000_000  # the first uid of the tenants' range
-    tenant_uid_count: int = 1 << 20  # uids in the range: tenants beyond it run nothing
+    tenant_uid_base: int = TENANT_UID_BASE  # the first uid of the tenants' range
+    tenant_uid_count: int = TENANT_UID_SPAN  # uids in the range: tenants beyond it run nothing
     run_as: str | None = default_of(RunnerSettings, "run_as")  # user for handlers when root
     context_idle: float = default_of(RunnerSettings, "context_idle")  # seconds kept warm
     tenant_rate: float = 100_000.0  # jobs/s one tenant may add (0 = unlimited)

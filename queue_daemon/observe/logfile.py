@@ -23,9 +23,9 @@ DEFAULT_MAX_BYTES = 256 << 20
 class Rotation:
     """When the live file is renamed aside and a new one started."""
 
-    max_bytes: int = DEFAULT_MAX_BYTES  # 0 = never by size
-    daily: bool = True  # at the first write after UTC midnight
-    gzip: bool = False  # compress rotated files (in another thread)
+    logfile_max_bytes: int = DEFAULT_MAX_BYTES  # 0 = never by size
+    logfile_daily: bool = True  # at the first write after UTC midnight
+    logfile_gzip: bool = False  # compress rotated files (in another thread)
 
 
 class LogFile:
@@ -78,14 +78,14 @@ class LogFile:
             os.fsync(self._fd)
 
     def _due_by_day(self) -> bool:
-        if not self.rotation.daily or not self._file_bytes:
+        if not self.rotation.logfile_daily or not self._file_bytes:
             return False
         return datetime.now(UTC).strftime("%Y%m%d") != self._file_day
 
     def _fitting(self, view: memoryview) -> memoryview:
         """The leading whole lines of ``view`` that fit the size limit; rotates
         first when not even one line fits a non-empty file."""
-        limit = self.rotation.max_bytes
+        limit = self.rotation.logfile_max_bytes
         if not limit or self._file_bytes + len(view) <= limit:
             return view
         room = limit - self._file_bytes
@@ -112,7 +112,7 @@ class LogFile:
         os.rename(self.path, target)
         self._open()
         logger.info("queue log rotated to %s", target.name, extra={"action": "queuelog_rotated"})
-        if self.rotation.gzip:
+        if self.rotation.logfile_gzip:
             self._compress(target)
 
     def _compress(self, path: Path) -> None:
@@ -123,7 +123,7 @@ class LogFile:
     def compress_leftovers(self) -> None:
         """Compress rotated files a stopped daemon left uncompressed (blocking: the
         listing; the compression runs in the background)."""
-        if not self.rotation.gzip:
+        if not self.rotation.logfile_gzip:
             return
         for path in sorted(self.path.parent.glob(f"{self.path.name}.2*")):
             if path.suffix not in (".gz", ".partial") and path.is_file():

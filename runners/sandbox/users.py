@@ -52,19 +52,19 @@ class NoUidYet(SandboxError):
 
 class TenantUids:
     """Each tenant's uid from a registry of slots (unique, never reused: the
-    store's ``tenant_uids``), placed in the range ``base`` .. ``base +
-    count``; a uid that is a user of this host (it has a passwd entry) is never
+    store's ``tenant_uids``), placed in the range ``tenant_uid_base`` .. ``tenant_uid_base +
+    tenant_uid_count``; a uid that is a user of this host (it has a passwd entry) is never
     used, since that user's files and processes would be the tenant's."""
 
     def __init__(
         self,
         slots: Callable[[], Mapping[str, int]],
-        base: int = TENANT_UID_BASE,
-        count: int = TENANT_UID_SPAN,
+        tenant_uid_base: int = TENANT_UID_BASE,
+        tenant_uid_count: int = TENANT_UID_SPAN,
     ) -> None:
         self._slots = slots
-        self.base = base
-        self.count = count
+        self.tenant_uid_base = tenant_uid_base
+        self.tenant_uid_count = tenant_uid_count
         self._taken: dict[int, str | None] = {}  # uid -> the host user it is, checked once
 
     def of(self, client: str) -> RunAs:
@@ -73,12 +73,12 @@ class TenantUids:
         slot = self._slots().get(client)
         if slot is None:
             raise NoUidYet(f"tenant {client!r} has no uid here yet")
-        if not 0 <= slot < self.count:
+        if not 0 <= slot < self.tenant_uid_count:
             raise SandboxError(
-                f"tenant {client!r} has uid slot {slot}, past the {self.count} of"
+                f"tenant {client!r} has uid slot {slot}, past the {self.tenant_uid_count} of"
                 " --tenant-uid-count"
             )
-        uid = self.base + slot
+        uid = self.tenant_uid_base + slot
         if uid not in self._taken:
             self._taken[uid] = host_owner(uid)
         owner = self._taken[uid]

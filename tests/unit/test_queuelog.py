@@ -136,7 +136,7 @@ def test_payload_size_is_utf8_bytes() -> None:
 
 async def test_rotation_by_size_keeps_lines_whole(tmp_path: Path) -> None:
     path = tmp_path / "queue-s1.log"
-    log = QueueLog(path, sysid="s1", rotation=Rotation(max_bytes=1000, daily=False))
+    log = QueueLog(path, sysid="s1", rotation=Rotation(logfile_max_bytes=1000, logfile_daily=False))
     ids = [f"{i}-1" for i in range(200)]
     for start in range(0, 200, 30):  # several flushes of several lines
         chunk = ids[start : start + 30]
@@ -160,7 +160,7 @@ async def test_rotation_by_day_and_gzip(tmp_path: Path) -> None:
     path.write_bytes(b'{"ev":"added","t":1,"tenant":"a","type":"t","id":"old"}\n')
     yesterday = (datetime.now(UTC) - timedelta(days=1)).timestamp()
     os.utime(path, (yesterday, yesterday))
-    log = QueueLog(path, sysid="s1", rotation=Rotation(daily=True, gzip=True))
+    log = QueueLog(path, sysid="s1", rotation=Rotation(logfile_daily=True, logfile_gzip=True))
     log.added("a-t", ["new"], ["p"], T0, T0)
     await log.close()  # waits for the compression too
     rotated = [f for f in listing(tmp_path) if f != path]
@@ -174,7 +174,7 @@ async def test_rotated_files_left_uncompressed_are_compressed_at_start(tmp_path:
     left = tmp_path / "queue-s1.log.20261121T000000Z"
     left.write_bytes(b'{"ev":"added","t":1,"tenant":"a","type":"t","id":"left"}\n')
     (tmp_path / ".queue-s1.log.20261121T000000Z.gz.partial").write_bytes(b"\x1f\x8b")
-    log = QueueLog(path, rotation=Rotation(gzip=True))
+    log = QueueLog(path, rotation=Rotation(logfile_gzip=True))
     log.compress_leftovers()
     await log.close()
     names = [f.name for f in listing(tmp_path, "queue-s1.log*")]
@@ -185,7 +185,7 @@ async def test_rotated_files_left_uncompressed_are_compressed_at_start(tmp_path:
 
 async def test_a_line_over_the_size_limit_goes_in_whole(tmp_path: Path) -> None:
     path = tmp_path / "q.log"
-    log = QueueLog(path, rotation=Rotation(max_bytes=50, daily=False))
+    log = QueueLog(path, rotation=Rotation(logfile_max_bytes=50, logfile_daily=False))
     log.log("a-t", "1-1", ["x" * 200])
     log.log("a-t", "2-1", ["y"])
     await log.close()
