@@ -1,7 +1,7 @@
 """The durable local append-only journal: every accepted job is written here first."""
 
 from queue_daemon.journal.check import CheckProblem, CheckReport, SegmentSummary, check
-from queue_daemon.journal.errors import JournalError, JournalUnavailable
+from queue_daemon.journal.errors import JournalError, JournalInUse, JournalUnavailable
 from queue_daemon.journal.journal import Journal
 from queue_daemon.journal.models import Entry, JournalLag, Reservation
 
@@ -11,6 +11,7 @@ __all__ = [
     "Entry",
     "Journal",
     "JournalError",
+    "JournalInUse",
     "JournalLag",
     "JournalUnavailable",
     "Reservation",

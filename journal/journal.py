@@ -98,7 +98,7 @@ class Journal(JournalReader):
     async def open(
         cls, path: Path, *, segment_bytes: int = 64 << 20, cache_bytes: int = 64 << 20
     ) -> Journal:
-        """Create the directory if missing, lock it (JournalError if held), recover.
+        """Create the directory if missing, lock it (JournalInUse if held), recover.
 
         ``cache_bytes`` bounds the bodies of written batches kept in memory for readers.
         """

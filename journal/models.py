@@ -60,7 +60,3 @@ class Reservation:
     @property
     def first_seq(self) -> int:
         return self.batches[0].seq
-
-    @property
-    def last_seq(self) -> int:
-        return self.batches[-1].seq

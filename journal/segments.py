@@ -12,7 +12,7 @@ import zlib
 from collections.abc import Iterable
 from pathlib import Path
 
-from queue_daemon.journal.errors import JournalError, JournalUnavailable
+from queue_daemon.journal.errors import JournalError, JournalInUse, JournalUnavailable
 from queue_daemon.journal.format import parse_segment_name, segment_name
 
 LOCK_FILE = "lock"
@@ -55,7 +55,7 @@ def acquire_lock(directory: Path) -> int:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         os.close(fd)
-        raise JournalError(f"journal {directory} is in use by another process") from None
+        raise JournalInUse(f"journal {directory} is in use by another process") from None
     except BaseException:
         os.close(fd)
         raise

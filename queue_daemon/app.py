@@ -1,8 +1,10 @@
-"""The one place that wires journal, store, ingester, worker, runners and HTTP into a daemon.
+"""The one place that wires journal, store, ingester, engine, runners and HTTP into a daemon
+(the engine's parts are built by ``queue_daemon.wiring.engine``).
 
 Start order: store (embedded PostgreSQL if no DSN) → migrations → sysid and
-journal → tenant cache → ingester, worker (claim loop, leases, expiry, purge),
-the schedules' ticker and runner pool → HTTP. Stop order (SIGTERM): stop
+journal → tenant cache → ingester, the engine (the store's notices, the run
+loop's claim loops, the upkeep services: leases, expiry, purge...), the
+schedules' ticker and runner pool → HTTP. Stop order (SIGTERM): stop
 accepting requests and finish the ones in flight → stop adding schedule ticks →
 stop claiming; running jobs finish within the
 drain timeout or go back to the store at once → close the runner contexts →
@@ -19,8 +21,7 @@ import gc
 import logging
 import signal
 import sys
-import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
@@ -33,20 +34,19 @@ from queue_daemon.api.routes import build_app
 from queue_daemon.api.server import AppRunner, ConnectionCaps, quiet_exhaustion
 from queue_daemon.api.web import Services
 from queue_daemon.engine import sysid as sysids
+from queue_daemon.engine.admit.adds import Adds
 from queue_daemon.engine.admit.ids import IdGenerator
 from queue_daemon.engine.admit.intake import Intake
 from queue_daemon.engine.admit.limits import Limits
-from queue_daemon.engine.admit.quotas import Admission, RateLimiter, WaitingLimiter
-from queue_daemon.engine.backoff import Backoff
+from queue_daemon.engine.admit.quotas import RateLimiter, WaitingLimiter
 from queue_daemon.engine.graph import Resolved
 from queue_daemon.engine.handlers import HandlerCache
 from queue_daemon.engine.ingest.adoption import Adopter
 from queue_daemon.engine.ingest.ingester import Ingester
 from queue_daemon.engine.pull.holds import DoneWaits
 from queue_daemon.engine.pull.pulls import Pulls
-from queue_daemon.engine.run.loop import Worker, WorkerSettings
+from queue_daemon.engine.run.loop import RunLoop
 from queue_daemon.engine.schedule.ticker import Ticker
-from queue_daemon.observe.collectors import Sources
 from queue_daemon.observe.logfile import Rotation
 from queue_daemon.observe.metrics import Metrics
 from queue_daemon.observe.overview import Overview
@@ -62,8 +62,12 @@ from queue_daemon.runners.pool import RunnerPool, RunnerSettings
 from queue_daemon.runners.sandbox import TenantUids
 from queue_daemon.settings import Settings
 from queue_daemon.store.embedded import EmbeddedPostgres
-from queue_daemon.store.errors import StoreError, StoreUnavailable
+from queue_daemon.store.errors import StoreError
 from queue_daemon.store.pg import PgStore
+from queue_daemon.wiring.engine import EngineSettings, build_engine
+from queue_daemon.wiring.metrics import sources
+from queue_daemon.wiring.store import open_store
+from queue_daemon.wiring.tasks import Tasks
 
 logger = logging.getLogger(__name__)
 
@@ -75,100 +79,12 @@ READ_INTERVAL = 0.1  # seconds between two reads of one tenant's stats or page o
 LINGERING_TIME = 1.0  # seconds; see AppRunner below
 
 
-POOL_SIZE = 10  # the daemon's connections to the store
-
-
-async def open_store(settings: Settings) -> tuple[PgStore, EmbeddedPostgres | None]:
-    """Connect (starting the embedded server if no DSN), waiting for PostgreSQL to come up."""
-    embedded = None
-    dsn = settings.store
-    if dsn is None:
-        embedded = EmbeddedPostgres(settings.data_dir)
-        dsn = await asyncio.to_thread(embedded.start)
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + settings.store_connect_timeout
-    backoff = Backoff(0.1, 2.0)
-    while True:
-        try:
-            # every connection open from the start and kept: one opened on demand (auth
-            # and start-up, ~10 ms) fell on a claim's way when a flood kept the rest busy
-            store = await PgStore.connect(dsn, min_size=POOL_SIZE, max_size=POOL_SIZE, idle_close=0)
-            return store, embedded
-        except StoreUnavailable as exc:
-            if loop.time() >= deadline:
-                if embedded is not None:
-                    await asyncio.to_thread(embedded.stop_if_last)
-                raise StoreError(f"cannot reach the store: {exc}") from exc
-            logger.warning("waiting for the store: %s", exc, extra={"action": "store_wait"})
-            await backoff.sleep()
-
-
-class Supervisor:
-    """Background tasks whose failure is logged and stops the daemon, never lost."""
-
-    def __init__(self, on_failure: Callable[[], None]) -> None:
-        self._tasks: set[asyncio.Task[Any]] = set()
-        self._on_failure = on_failure
-
-    def start(self, name: str, coro: Awaitable[Any]) -> asyncio.Task[Any]:
-        task = asyncio.ensure_future(coro)
-        task.set_name(name)
-        self._tasks.add(task)
-        task.add_done_callback(self._done)
-        return task
-
-    def _done(self, task: asyncio.Task[Any]) -> None:
-        self._tasks.discard(task)
-        if task.cancelled():
-            return
-        exc = task.exception()
-        if exc is not None:
-            logger.error(
-                "background task %s failed",
-                task.get_name(),
-                exc_info=exc,
-                extra={"action": "task_failed", "task": task.get_name()},
-            )
-            self._on_failure()
-
-    async def cancel_all(self) -> None:
-        tasks = list(self._tasks)
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-
-
-def _sources(
-    identity: sysids.Identity, ingester: Ingester, worker: Worker, pool: RunnerPool
-) -> Sources:
-    """What the metrics read from the daemon's parts when scraped."""
-    journal = identity.journal
-
-    def journal_lag() -> tuple[int, int, int | None]:
-        lag = journal.lag
-        return lag.unread_lines, lag.unread_bytes, lag.oldest_unread_ms
-
-    return Sources(
-        sysid=identity.sysid,
-        journal_lag=journal_lag,
-        journal_writable=lambda: journal.write_problem() is None,
-        ingested=lambda: ingester.ingested,
-        running=lambda: worker.running,
-        contexts=pool.contexts_by_lang,
-        cold_starts=lambda: pool.cold_starts,
-        output_throttled=lambda: pool.output_budget.throttled,
-        lease_age=lambda: time.monotonic() - identity.renewed_at,
-        lease_lost=lambda: identity.lost,
-        renew_failures=lambda: identity.renew_failures,
-    )
-
-
 class Daemon:
     """One daemon's parts, started and stopped in the order of the module docstring."""
 
     def __init__(self, settings: Settings, on_failure: Callable[[], None]) -> None:
         self.settings = settings
-        self.supervisor = Supervisor(on_failure)
+        self.tasks = Tasks(on_failure)
         self.store: PgStore | None = None
         self.embedded: EmbeddedPostgres | None = None
         self.cpu_place = CpuPlacement()
@@ -176,7 +92,7 @@ class Daemon:
         self.queuelog: QueueLog | None = None
         self.ingester: Ingester | None = None
         self.pool: RunnerPool | None = None
-        self.worker: Worker | None = None
+        self.run_loop: RunLoop | None = None
         self.pulls: Pulls | None = None
         self.done_waits: DoneWaits | None = None
         self.ticker: asyncio.Task[Any] | None = None
@@ -226,8 +142,14 @@ class Daemon:
             made=made_data_dir,
         )
         work_root = await asyncio.to_thread(runner_work_root, settings.data_dir)
+        # admission counts the jobs admitted here until the ingester stores them
+        self.waiting = waiting = WaitingLimiter(store, settings.waiting_refresh)
         self.ingester = ingester = Ingester(
-            journal, store, batch=settings.ingest_batch, workers=settings.ingest_workers
+            journal,
+            store,
+            batch=settings.ingest_batch,
+            workers=settings.ingest_workers,
+            on_stored=waiting.stored,
         )
         uids = TenantUids(
             lambda: tokens.uid_slots, settings.tenant_uid_base, settings.tenant_uid_count
@@ -250,82 +172,72 @@ class Daemon:
         metrics = Metrics(
             metrics_tenants=settings.metrics_tenants, metrics_types=settings.metrics_types
         )
-        intake = Intake(journal=journal, ids=ids, queuelog=queuelog, metrics=metrics)
-        self.waiting = WaitingLimiter(store, settings.waiting_refresh)
-        admission = Admission(
-            RateLimiter(settings.tenant_rate, settings.tenant_burst), self.waiting
-        )
-        self.pulls = pulls = Pulls(
-            store=store,
-            handlers=handlers,
-            intake=intake,
-            admission=admission,
+        adds = Adds(
+            intake=Intake(journal=journal, ids=ids, queuelog=queuelog, metrics=metrics),
             limits=limits,
+            rates=RateLimiter(settings.tenant_rate, settings.tenant_burst),
+            waiting=waiting,
+            jobs=store,
             queuelog=queuelog,
             metrics=metrics,
-            job_ttl=settings.job_ttl,
         )
         self.done_waits = done_waits = DoneWaits(store.done_among)
         store.on_resolved = Resolved(queuelog, metrics)
-        self.worker = worker = Worker(
+        engine = build_engine(
             store=store,
-            intake=intake,
             pool=pool,
             handlers=handlers,
-            queuelog=queuelog,
-            sysid=identity.sysid,
-            settings=WorkerSettings(
-                concurrency=settings.concurrency,
-                max_batch=settings.max_batch,
-                tenant_running=settings.tenant_running,
-                lease=settings.lease,
-                job_ttl=settings.job_ttl,
-                retention=settings.retention,
-                payload_limit=settings.payload_limit,
-            ),
+            adds=adds,
             limits=limits,
+            queuelog=queuelog,
             metrics=metrics,
-            admission=admission,
+            sysid=identity.sysid,
             ensure_uid=tokens.ensure_uid_slot,
-            jobs_noted=pulls.waits.on_jobs,
-            done_noted=done_waits.on_done,
+            settings=EngineSettings.of(settings),
+            done=[done_waits.on_done],
         )
-        metrics.watch(store, _sources(identity, ingester, worker, pool))
-        supervisor = self.supervisor
-        supervisor.start("ingester", ingester.run())
+        self.pulls = pulls = engine.pulls
+        self.run_loop = run_loop = engine.run_loop
+        metrics.watch(store, sources(identity, ingester, run_loop, pool))
+        tasks = self.tasks
+        tasks.start("ingester", ingester.run())
         adopter = Adopter(settings, store, settings.journal_dir(identity.sysid))
-        supervisor.start("journal-adoption", adopter.run())
-        supervisor.start("memory", memory.give_back())
-        supervisor.start("worker", worker.run())
-        supervisor.start("runner-pool", pool.run())
-        supervisor.start("sysid-lease", sysids.keep_leased(store, identity, settings.lease))
-        supervisor.start("token-cache", tokens.run(settings.token_refresh))
-        supervisor.start("queue-log", queuelog.run())
-        supervisor.start("done-waits", done_waits.run())
+        tasks.start("journal-adoption", adopter.run())
+        tasks.start("memory", memory.give_back())
+        tasks.start("notices", engine.notices.listen(store))
+        tasks.start("run-loop", run_loop.run())
+        tasks.start("upkeep", engine.upkeep.run())
+        tasks.start("runner-pool", pool.run())
+        tasks.start("sysid-lease", sysids.keep_leased(store, identity, settings.lease))
+        tasks.start("token-cache", tokens.run(settings.token_refresh))
+        tasks.start("queue-log", queuelog.run())
+        tasks.start("done-waits", done_waits.run())
         throughput = Throughput()
-        supervisor.start("throughput", throughput.run(store))
+        tasks.start("throughput", throughput.run(store))
         ticker = Ticker(
             store=store,
-            intake=intake,
-            limits=limits,
-            admission=admission,
+            adds=adds,
             queuelog=queuelog,
             metrics=metrics,
             sysid=identity.sysid,
         )
-        self.ticker = supervisor.start("schedules", ticker.run())
+        self.ticker = tasks.start("schedules", ticker.run())
 
         services = Services(
             settings=settings,
-            store=store,
+            adds=adds,
+            jobs=store,
+            tenants=store,
+            handler_store=store,
+            schedules=store,
+            pulled=store,
+            dashboard=store,
+            ping=store.ping,
             journal=journal,
-            intake=intake,
             tokens=tokens,
             ingester=ingester,
             queuelog=queuelog,
             handlers=handlers,
-            rates=admission.rates,
-            waiting=admission.waiting,
             limits=limits,
             overview=Overview(store, throughput, identity.sysid),
             sysid=identity.sysid,
@@ -382,8 +294,8 @@ class Daemon:
             await self.runner.cleanup()  # stop accepting; requests in flight finish
         if self.ticker is not None:
             self.ticker.cancel()  # no more ticks: a tick journaled but not recorded is re-added
-        if self.worker is not None:
-            await self.worker.drain(settings.drain_timeout)  # running jobs finish or go back
+        if self.run_loop is not None:
+            await self.run_loop.drain(settings.drain_timeout)  # running jobs finish or go back
         if self.pool is not None:
             await self.pool.close()
         if self.ingester is not None and self.identity is not None:
@@ -393,7 +305,7 @@ class Daemon:
                     extra={"action": "drain_timeout"},
                 )
             self.ingester.stop()
-        await self.supervisor.cancel_all()
+        await self.tasks.cancel_all()
         if self.waiting is not None:
             await self.waiting.close()
         if self.queuelog is not None:

@@ -9,7 +9,7 @@ from typing import Any
 from queue_daemon.api import errors
 from queue_daemon.domain.names import JobType, iso, valid_type
 from queue_daemon.domain.tenants import HandlerRecord
-from queue_daemon.engine.pull.pulls import PULLED_LANG
+from queue_daemon.engine.handlers import PULLED_LANG
 from queue_daemon.runners.models import LANGS
 
 MAX_SOURCE_BYTES = 1 << 20  # default limit of each of body, before, beforeEach, afterEach

@@ -12,13 +12,13 @@ from pathlib import Path
 
 import orjson
 
-from queue_daemon import app
 from queue_daemon.api.auth import hash_token, new_token
 from queue_daemon.cli.config import CliError, number
 from queue_daemon.domain.names import valid_client
 from queue_daemon.engine.admit.limits import LIMIT_KEYS, LimitsError, validate_overrides
 from queue_daemon.settings import Settings
 from queue_daemon.store.errors import Conflict, NotFound
+from queue_daemon.wiring.store import open_store
 
 RESERVED_CLIENTS = frozenset({"admin"})  # its paths would collide with /admin/... routes
 
@@ -115,7 +115,7 @@ async def admin_command(args: argparse.Namespace) -> int:
         return await asyncio.to_thread(sweep_homes_command, args)
     grace = number(args.grace, "--grace", float, 0) if args.action == "token" else 0.0
     settings = Settings(data_dir=Path(args.data_dir), store=args.store or None)
-    store, embedded = await app.open_store(settings)
+    store, embedded = await open_store(settings)
     try:
         if args.action == "token":
             token = new_token()
@@ -140,7 +140,7 @@ async def tenant_command(args: argparse.Namespace) -> int:
         if args.client in RESERVED_CLIENTS:
             raise CliError(f"{args.client} is reserved: /{args.client}/… are operator routes")
     settings = Settings(data_dir=Path(args.data_dir), store=args.store or None)
-    store, embedded = await app.open_store(settings)
+    store, embedded = await open_store(settings)
     try:
         if args.action == "add":
             token = new_token()

@@ -8,8 +8,9 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Protocol
 
-from queue_daemon.domain.jobs import ClaimedJob, Release, ReleaseHow
+from queue_daemon.domain.jobs import Release, ReleaseHow
 
 RETRY_BASE_S = 1.0  # first retry after about a second
 RETRY_CAP_S = 300.0  # never wait more than five minutes between runs
@@ -35,6 +36,20 @@ def retry_delay(attempts: int, rng: random.Random | None = None) -> float:
     return min(RETRY_CAP_S, base * jitter)
 
 
+class Attempt(Protocol):
+    """What an outcome needs of a job that ran: a claimed job (``ClaimedJob``) or
+    one a pull worker completes (``HeldJob``)."""
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def attempts(self) -> int: ...  # including this run
+
+    @property
+    def create_dt(self) -> datetime: ...
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Policy:
     max_attempts: int = 5
@@ -42,7 +57,7 @@ class Policy:
 
 
 def release_for(
-    job: ClaimedJob,
+    job: Attempt,
     exitcode: int,
     result: str | None,
     policy: Policy,
@@ -67,12 +82,12 @@ def release_for(
     )
 
 
-def put_back(job: ClaimedJob) -> Release:
+def put_back(job: Attempt) -> Release:
     """The job did not run (shutdown, its context died before it): eligible at once, no attempt."""
     return Release(id=job.id, how=ReleaseHow.UNGET, refund_attempt=True)
 
 
-def no_handler(job: ClaimedJob, policy: Policy, *, now: datetime | None = None) -> Release:
+def no_handler(job: Attempt, policy: Policy, *, now: datetime | None = None) -> Release:
     """A job whose type has no handler waits, without using attempts, until a
     handler is added or its time runs out (then it is done with 503)."""
     age = ((now or datetime.now(UTC)) - job.create_dt).total_seconds()

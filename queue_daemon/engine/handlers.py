@@ -10,6 +10,8 @@ from queue_daemon.runners.models import HandlerSpec
 from queue_daemon.store.errors import NotFound
 from queue_daemon.store.ports import HandlerLookup
 
+PULLED_LANG = "worker"  # a handler of this lang marks its type as pulled: workers claim it
+
 
 def spec_of(record: HandlerRecord) -> HandlerSpec:
     client, name = JobType.parse(record.type)

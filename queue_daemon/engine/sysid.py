@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from queue_daemon.domain.names import valid_sysid
-from queue_daemon.journal import Journal, JournalError
+from queue_daemon.journal import Journal, JournalInUse
 from queue_daemon.settings import Settings
 from queue_daemon.store.errors import StoreError, SysidTaken
 from queue_daemon.store.ports import SysidLeases
@@ -51,10 +51,8 @@ async def open_journal(path: Path, settings: Settings) -> Journal | None:
     """The journal at ``path``, or None if a live process holds it (its file lock)."""
     try:
         return await Journal.open(path, segment_bytes=settings.segment_bytes)
-    except JournalError as exc:
-        if "in use" in str(exc):
-            return None
-        raise
+    except JournalInUse:
+        return None
 
 
 def _write_sysid(path: Path, sysid: str) -> None:

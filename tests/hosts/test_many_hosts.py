@@ -33,7 +33,7 @@ import pytest
 
 from harness.api import Api, Handlers, until
 from harness.daemons import REPO, DaemonFactory, DaemonProcess
-from queue_daemon.app import POOL_SIZE
+from queue_daemon.wiring.store import POOL_SIZE
 from tests.acceptance.scrape import scrape
 from tests.hosts import tlspg
 from tests.hosts.network import Host, Network, NetworkError, missing_tools

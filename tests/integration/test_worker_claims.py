@@ -1,4 +1,4 @@
-"""The worker's claim loops against a real store, with a stand-in runner pool.
+"""The run loop's claim loops against a real store, with a stand-in runner pool.
 
 - A claim of one tenant's jobtype that is slow (a flood's) does not hold up
   another tenant's job: a second claim loop takes it meanwhile, and never two
@@ -17,19 +17,17 @@ import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import pytest
 
 from queue_daemon.domain.jobs import ClaimedJob, NewJob
-from queue_daemon.engine.admit.intake import Intake
-from queue_daemon.engine.handlers import HandlerCache
-from queue_daemon.engine.run.loop import Worker, WorkerSettings
+from queue_daemon.engine.run.loop import RunLoop
 from queue_daemon.observe.queuelog import QueueLog
 from queue_daemon.runners.models import HandlerSpec, JobInput, JobResult, ResultSink
-from queue_daemon.runners.pool import RunnerPool
 from queue_daemon.store.pg import PgStore
-from queue_daemon.store.ports import Store
+from queue_daemon.wiring.engine import EngineSettings
+from tests.engines import engine_of, run_engine
 
 
 class GatedStore:
@@ -121,33 +119,29 @@ async def _until(check: Callable[[], bool], what: str, within: float = 10.0) -> 
 @pytest.fixture
 async def running(
     store: PgStore, tmp_path: Path
-) -> AsyncIterator[tuple[GatedStore, InstantPool, Worker]]:
+) -> AsyncIterator[tuple[GatedStore, InstantPool, RunLoop]]:
     for jobtype in ("flood-busy", "calm-clock"):
         await store.put_handler(jobtype, {"lang": "python", "body": "def handler(p, ctx): pass"})
     gated = GatedStore(store, "flood-busy")
     pool = InstantPool(gated)
-    worker = Worker(
-        store=cast(Store, gated),
-        intake=cast(Intake, None),  # only follow-on jobs are written to it
-        pool=cast(RunnerPool, pool),
-        handlers=HandlerCache(cast(Store, gated)),
+    engine = engine_of(
+        gated,
+        pool,
+        intake=None,  # only follow-on jobs are written to it
         queuelog=QueueLog(tmp_path / "queue.log"),
+        settings=EngineSettings(),
         sysid="1",
-        settings=WorkerSettings(),
     )
-    task = asyncio.create_task(worker.run())
     try:
-        yield gated, pool, worker
+        async with run_engine(engine, gated):
+            yield gated, pool, engine.run_loop
     finally:
         gated.claim_gate.set()
         gated.read_gate.set()
-        task.cancel()
-        async with asyncio.timeout(10):  # the worker ends when cancelled
-            await asyncio.gather(task, return_exceptions=True)
 
 
 async def test_another_tenants_job_overtakes_a_claim_in_flight(
-    store: PgStore, running: tuple[GatedStore, InstantPool, Worker]
+    store: PgStore, running: tuple[GatedStore, InstantPool, RunLoop]
 ) -> None:
     gated, pool, _ = running
     await store.add_jobs(_jobs("flood-busy", 50, "f"))
@@ -162,18 +156,18 @@ async def test_another_tenants_job_overtakes_a_claim_in_flight(
 
 
 async def test_jobs_noted_during_a_read_of_the_waiting_types_are_claimed_without_another(
-    store: PgStore, running: tuple[GatedStore, InstantPool, Worker]
+    store: PgStore, running: tuple[GatedStore, InstantPool, RunLoop]
 ) -> None:
-    gated, pool, worker = running
+    gated, pool, loop = running
     await _until(lambda: gated.reads >= 1, "the first read of the waiting types")
-    await _until(lambda: worker._waiting._reading is None, "that read to end")
+    await _until(lambda: loop._waiting._reading is None, "that read to end")
     gated.reads_waiting.clear()
     gated.read_gate.clear()
-    worker.on_jobs(None)  # "anything may have changed": the next claim reads again
+    loop.on_jobs(None)  # "anything may have changed": the next claim reads again
     await asyncio.wait_for(gated.reads_waiting.wait(), 10)  # that read hangs
     reads = gated.reads
     await store.add_jobs(_jobs("calm-clock", 2, "n"))  # after the read began
-    await _until(lambda: "calm-clock" in worker._waiting.counts, "the notice of the new jobs")
+    await _until(lambda: "calm-clock" in loop._waiting.counts, "the notice of the new jobs")
     gated.read_gate.set()  # the read returns without them (it began before they were added)
     await _until(lambda: {"n0", "n1"} <= set(pool.ran), "the new jobs to run")
     assert [pool.reads_when_ran[job] for job in ("n0", "n1")] == [reads, reads], (
@@ -182,12 +176,12 @@ async def test_jobs_noted_during_a_read_of_the_waiting_types_are_claimed_without
 
 
 async def test_a_claim_in_flight_across_a_handler_replacement_runs_the_new_version(
-    store: PgStore, running: tuple[GatedStore, InstantPool, Worker]
+    store: PgStore, running: tuple[GatedStore, InstantPool, RunLoop]
 ) -> None:
     gated, pool, _ = running
     old = await store.get_handler("flood-busy")
     await store.add_jobs(_jobs("flood-busy", 1, "a"))
-    # the worker has the old version in hand and its claim hangs
+    # the run loop has the old version in hand and its claim hangs
     await asyncio.wait_for(gated.claims_waiting.wait(), 10)
     new = await store.put_handler("flood-busy", {"lang": "python", "body": "def handler(p, c): 2"})
     assert new.id != old.id

@@ -1,6 +1,6 @@
 """The engine's decisions, without PostgreSQL: the pure ones directly, and the
-worker's and the ingester's loops against the in-memory store of
-``tests/fakes/store.py`` and a pool that runs jobs at once. (The same paths run
+run loop's and the ingester's loops against the in-memory store of
+``tests/fakes/store/`` and a pool that runs jobs at once. (The same paths run
 against a real PostgreSQL in tests/integration and tests/acceptance.)"""
 
 from __future__ import annotations
@@ -10,7 +10,6 @@ import time
 from collections.abc import AsyncIterator, Callable, Sequence, Set
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import cast
 
 import orjson
 import pytest
@@ -18,18 +17,20 @@ from prometheus_client import generate_latest
 
 from queue_daemon.domain.jobs import NewJob
 from queue_daemon.domain.names import JobType
-from queue_daemon.engine.admit.intake import Intake
-from queue_daemon.engine.handlers import HandlerCache
 from queue_daemon.engine.ingest.ingester import Ingester
 from queue_daemon.engine.run.fairness import BusyMarks, TenantBatches
-from queue_daemon.engine.run.loop import Worker, WorkerSettings
+from queue_daemon.engine.run.loop import RunLoop, RunSettings
 from queue_daemon.engine.run.pick import NO_HANDLER_RECHECK_S, WaitingTypes, claimable
 from queue_daemon.engine.run.sizes import BATCH_TARGET_S, FIRST_BATCH, LEARNING_BATCHES, BatchSizes
 from queue_daemon.journal import Journal, JournalError
 from queue_daemon.observe.metrics import Metrics
 from queue_daemon.observe.queuelog import QueueLog
 from queue_daemon.runners.models import HandlerSpec, JobInput, JobResult, ResultSink
+from queue_daemon.wiring.engine import EngineSettings
+from tests.engines import engine_of, run_engine
 from tests.fakes.store import DONE, FakeStore
+
+SETTINGS = EngineSettings(run=RunSettings(concurrency=3, lease=30.0), job_ttl=60.0)
 
 
 async def until(check: Callable[[], bool], what: str, within: float = 5.0) -> None:
@@ -120,7 +121,7 @@ async def test_a_short_claim_makes_the_waiting_counts_stale() -> None:
     assert store.calls["waiting_jobtypes"] == 2
 
 
-# --- the worker against the fake store ------------------------------------------------
+# --- the run loop against the fake store ------------------------------------------------
 
 
 class InstantPool:
@@ -172,14 +173,20 @@ class InstantPool:
 
 
 class RecordingIntake:
-    """Follow-on jobs as the worker hands them over; ``broken`` makes them fail."""
+    """Follow-on jobs as the run loop hands them over; ``broken`` makes them fail."""
 
     def __init__(self) -> None:
         self.added: list[tuple[JobType, list[str]]] = []
         self.broken = False
 
     async def add(
-        self, jobtype: JobType, payloads: Sequence[str], *, create_ms: int, dt_ms: int
+        self,
+        jobtype: JobType,
+        payloads: Sequence[str],
+        *,
+        create_ms: int,
+        dt_ms: int,
+        ids: list[str] | None = None,
     ) -> list[str]:
         if self.broken:
             raise JournalError("the journal cannot be written")
@@ -187,35 +194,27 @@ class RecordingIntake:
         return [f"f{len(self.added)}"]
 
 
-Running = tuple[FakeStore, InstantPool, RecordingIntake, Worker]
+Running = tuple[FakeStore, InstantPool, RecordingIntake, RunLoop]
 
 
-@pytest.fixture
-async def running(tmp_path: Path) -> AsyncIterator[Running]:
+@pytest.fixture(name="running")
+async def running_engine(tmp_path: Path) -> AsyncIterator[Running]:
     store, pool, intake = FakeStore(), InstantPool(), RecordingIntake()
-    worker = Worker(
-        store=store,
-        intake=cast(Intake, intake),
-        pool=pool,
-        handlers=HandlerCache(store),
-        queuelog=QueueLog(tmp_path / "queue.log"),
-        sysid="s1",
-        settings=WorkerSettings(concurrency=3, job_ttl=60.0, lease=30.0),
+    engine = engine_of(
+        store, pool, intake=intake, queuelog=QueueLog(tmp_path / "queue.log"), settings=SETTINGS
     )
-    task = asyncio.create_task(worker.run())
     try:
-        yield store, pool, intake, worker
+        async with run_engine(engine, store):
+            yield store, pool, intake, engine.run_loop
     finally:
         pool.gate.set()
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
 
 
 async def test_jobs_run_and_are_archived_with_their_results(running: Running) -> None:
-    store, pool, _, worker = running
+    store, pool, _, loop = running
     store.set_handler("acme-t", "...")
     ids = store.add("acme-t", "a", "b")
-    worker.on_jobs({"acme-t": 2})
+    loop.on_jobs({"acme-t": 2})
     await until(lambda: len(store.done()) == 2, "both jobs archived")
     assert sorted(pool.ran) == sorted(ids)
     assert {(r.code, r.exitcode, r.result) for r in store.done()} == {
@@ -225,14 +224,14 @@ async def test_jobs_run_and_are_archived_with_their_results(running: Running) ->
 
 
 async def test_never_more_claimed_than_free_slots(running: Running) -> None:
-    store, pool, _, worker = running
+    store, pool, _, loop = running
     store.set_handler("acme-t", "...")
     pool.gate.clear()  # runs hang: claimed jobs stay running
     store.add("acme-t", *"abcdefgh")
-    worker.on_jobs(None)
-    await until(lambda: worker.running == 3, "the free slots to fill")
+    loop.on_jobs(None)
+    await until(lambda: loop.running == 3, "the free slots to fill")
     await asyncio.sleep(0.05)  # give a wrong extra claim its chance to show
-    assert worker.running == 3 and pool.most_at_once == 3
+    assert loop.running == 3 and pool.most_at_once == 3
     assert sum(1 for r in store.rows.values() if r.lock == "s1") == 3
     pool.gate.set()
     await until(lambda: len(store.done()) == 8, "every job to run")
@@ -241,10 +240,10 @@ async def test_never_more_claimed_than_free_slots(running: Running) -> None:
 async def test_a_type_without_a_handler_waits_and_its_expired_jobs_end_503(
     running: Running,
 ) -> None:
-    store, pool, _, worker = running
+    store, pool, _, loop = running
     old = store.add("acme-none", "old", ago=120.0)  # past the job's time (60 s)
     young = store.add("acme-none", "young")
-    worker.on_jobs(None)
+    loop.on_jobs(None)
     await until(lambda: len(store.done()) == 1, "the expired job archived")
     (done,) = store.done()
     assert (done.id, done.code, done.exitcode) == (old[0], "error", 503)
@@ -253,32 +252,32 @@ async def test_a_type_without_a_handler_waits_and_its_expired_jobs_end_503(
 
 
 async def test_jobs_waiting_for_a_handler_run_as_soon_as_it_comes(running: Running) -> None:
-    store, pool, _, worker = running
+    store, pool, _, loop = running
     (job_id,) = store.add("acme-late", "x")
-    worker.on_jobs(None)
+    loop.on_jobs(None)
     await until(lambda: store.calls.get("waiting_jobtypes", 0) >= 2, "the waiting types read")
     assert pool.ran == []  # no handler: not listed, not claimed
     store.set_handler("acme-late", "...")
-    worker.on_handler("acme-late")
+    loop.on_handler("acme-late")
     # well before the next periodic read (POLL_S): the new handler's type is read at once
     await until(lambda: store.rows[job_id].lock == DONE, "the job to run", within=0.5)
 
 
 async def test_follow_ons_go_through_the_intake(running: Running) -> None:
-    store, _, intake, worker = running
+    store, _, intake, loop = running
     store.set_handler("acme-t", "...")
     store.add("acme-t", "emit")
-    worker.on_jobs(None)
+    loop.on_jobs(None)
     await until(lambda: len(store.done()) == 1, "the job archived")
     assert intake.added == [(JobType("acme", "next"), ["emit"])]
 
 
 async def test_follow_ons_not_durable_put_the_jobs_back_unrun(running: Running) -> None:
-    store, pool, intake, worker = running
+    store, pool, intake, loop = running
     store.set_handler("acme-t", "...")
     intake.broken = True
     (job_id,) = store.add("acme-t", "emit")
-    worker.on_jobs(None)
+    loop.on_jobs(None)
     await until(lambda: len(pool.ran) >= 2, "the job to run again")
     row = store.rows[job_id]
     assert row.code is None and store.done() == []  # never archived without its follow-ons
@@ -288,11 +287,11 @@ async def test_follow_ons_not_durable_put_the_jobs_back_unrun(running: Running) 
 
 
 async def test_a_failed_release_is_tried_again(running: Running) -> None:
-    store, _, _, worker = running
+    store, _, _, loop = running
     store.set_handler("acme-t", "...")
     store.fail["release"] = 2
     store.add("acme-t", "a")
-    worker.on_jobs(None)
+    loop.on_jobs(None)
     await until(lambda: len(store.done()) == 1, "the release to go through")
     assert store.calls["release"] == 3
 
@@ -302,30 +301,20 @@ async def test_a_run_ended_after_its_lease_was_lost_is_not_counted_as_finished(
 ) -> None:
     store, pool, metrics = FakeStore(), InstantPool(), Metrics()
     queuelog = QueueLog(tmp_path / "queue.log")
-    worker = Worker(
-        store=store,
-        intake=cast(Intake, RecordingIntake()),
-        pool=pool,
-        handlers=HandlerCache(store),
-        queuelog=queuelog,
-        sysid="s1",
-        settings=WorkerSettings(concurrency=3, job_ttl=60.0, lease=30.0),
-        metrics=metrics,
+    engine = engine_of(
+        store, pool, intake=RecordingIntake(), queuelog=queuelog, settings=SETTINGS, metrics=metrics
     )
+    loop = engine.run_loop
     store.set_handler("acme-t", "...")
     pool.gate.clear()
     kept, lost = store.add("acme-t", "a", "b")
-    task = asyncio.create_task(worker.run())
-    try:
-        worker.on_jobs(None)
-        await until(lambda: worker.running == 2, "both jobs to run")
+    async with run_engine(engine, store):
+        loop.on_jobs(None)
+        await until(lambda: loop.running == 2, "both jobs to run")
         # meanwhile the lease of one ran out and another daemon holds it now
         store.rows[lost].lock = "s2"
         pool.gate.set()
-        await until(lambda: worker.running == 0, "both runs to end")
-    finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
+        await until(lambda: loop.running == 0, "both runs to end")
     assert [r.id for r in store.done()] == [kept]
     assert store.rows[lost].lock == "s2" and store.rows[lost].code is None
     await queuelog.close()

@@ -4,9 +4,9 @@ until a job comes, ``engine.waits``), renewals, completes and hand-backs.
 A claim locks its jobs with ``w:<claim token>:<worker>``: only a request that
 names that token and worker acts on them, so a worker that stalled past its
 lease, after another worker claimed the job again, changes nothing. A complete
-decides each job's outcome as a daemon-run job's (``engine.outcomes``: the
-handler's ``maxAttempts``, the job's time, backoff) and journals its follow-on
-jobs (``engine.followons``: ``then``, the tenant's limits) while the store
+decides each job's outcome as a daemon-run job's, in the same step
+(``engine.releases``: the handler's ``maxAttempts``, the job's time, backoff)
+and journals its follow-on jobs (``then``, the tenant's limits) while the store
 holds the jobs locked, in one transaction: an outcome is never stored without
 its follow-on jobs being durable, and a stale claim writes nothing.
 """
@@ -22,21 +22,15 @@ from datetime import UTC, datetime
 
 from queue_daemon.domain.jobs import ClaimedJob, Release
 from queue_daemon.domain.names import JobType
-from queue_daemon.domain.outcomes import Policy, release_for
 from queue_daemon.domain.pulled import HeldJob, PulledJob
-from queue_daemon.engine.admit.followons import FollowOns
-from queue_daemon.engine.admit.intake import Intake
-from queue_daemon.engine.admit.limits import Limits
-from queue_daemon.engine.admit.quotas import Admission
-from queue_daemon.engine.handlers import HandlerCache
+from queue_daemon.engine.handlers import PULLED_LANG, HandlerCache
 from queue_daemon.engine.pull.holds import RECHECK_S, JobWaits
+from queue_daemon.engine.releases import Releases
 from queue_daemon.observe.metrics import Metrics
 from queue_daemon.observe.queuelog import QueueLog
 from queue_daemon.runners.models import HandlerSpec, JobResult
-from queue_daemon.runners.output import clip
 from queue_daemon.store.ports import Claim, PulledJobs
 
-PULLED_LANG = "worker"  # a handler of this lang marks its type as pulled
 MAX_ITEMS = 1000  # jobs per claim, and items per batch request
 
 
@@ -63,34 +57,21 @@ def lock_of(claim: str, worker: str) -> str:
     return f"w:{claim}:{worker}"
 
 
-def valid_claim(claim: object) -> bool:
-    """A claim token as this daemon gives them out (32 hex digits)."""
-    return (
-        isinstance(claim, str) and len(claim) == 32 and all(c in "0123456789abcdef" for c in claim)
-    )
-
-
 class Pulls:
     def __init__(
         self,
         *,
         store: PulledJobs,
         handlers: HandlerCache,
-        intake: Intake,
-        admission: Admission | None,
-        limits: Limits,
+        releases: Releases,
         queuelog: QueueLog,
         metrics: Metrics,
-        job_ttl: float,
     ) -> None:
         self._store = store
         self._handlers = handlers
-        self._intake = intake
-        self._admission = admission
-        self._limits = limits
+        self._releases = releases
         self._queuelog = queuelog
         self._metrics = metrics
-        self._job_ttl = job_ttl
         self.waits = JobWaits()
 
     async def spec(self, jobtype: JobType) -> HandlerSpec:
@@ -172,7 +153,7 @@ class Pulls:
 
         async def decide(held: list[HeldJob]) -> list[Release]:
             logged.clear()
-            return await self._releases(client, held, by_id, logged)
+            return await self._decide(held, by_id, logged)
 
         claims = [(c.id, c.claim) for c in completions]
         applied = await self._store.complete_pulled(
@@ -188,9 +169,8 @@ class Pulls:
         self._metrics.pulled(client, "stale", stale - len(unknown))
         return applied, unknown
 
-    async def _releases(
+    async def _decide(
         self,
-        client: str,
         held: list[HeldJob],
         by_id: dict[str, Completion],
         logged: list[tuple[str, list[Release], dict[str, int]]],
@@ -198,38 +178,25 @@ class Pulls:
         by_type: dict[str, list[HeldJob]] = defaultdict(list)
         for job in held:
             by_type[job.type].append(job)
-        limits = self._limits.of(client)
         now = datetime.now(UTC)
         releases: list[Release] = []
         for stored, jobs in by_type.items():
-            jobtype = JobType.parse(stored)
-            spec = await self._handlers.get(stored) or _orphan_spec(jobtype)
-            follow = FollowOns(
-                spec, limits, self._admission, self._write, self._metrics.follow_ons_dropped
-            )
-            policy = Policy(max_attempts=spec.max_attempts, job_ttl=self._job_ttl)
+            spec = await self._handlers.get(stored) or _orphan_spec(JobType.parse(stored))
+            batch = self._releases.of(spec)
             mine: list[Release] = []
             for job in jobs:
                 done = by_id[job.id]
-                ran = await follow.take(
+                ran = await batch.take(
                     JobResult(
                         id=job.id, exitcode=done.exitcode, result=done.result, emits=done.jobs
                     )
                 )
-                text = None if ran.result is None else clip(ran.result, limits.result)
-                claimed = ClaimedJob(
-                    id=job.id, type=stored, data="", attempts=job.attempts, create_dt=job.create_dt
-                )
-                mine.append(release_for(claimed, ran.exitcode, text, policy, now=now))
-            if not await follow.flush():
+                mine.append(batch.release(job, ran, now=now))
+            if not await batch.flush():
                 raise FollowOnsNotWritten("the journal cannot be written; nothing was changed")
             releases += mine
             logged.append((stored, mine, {job.id: job.attempts for job in jobs}))
         return releases
-
-    async def _write(self, jobtype: JobType, payloads: list[str]) -> None:
-        now_ms = time.time_ns() // 1_000_000
-        await self._intake.add(jobtype, payloads, create_ms=now_ms, dt_ms=now_ms)
 
     async def _unknown(
         self, client: str, claims: Sequence[tuple[str, str]], answered: Container[str]

@@ -1,6 +1,6 @@
 """Running one claimed batch: its handler's version, the runner pool, and the
-results turned into releases (``engine.outcomes``) and follow-on jobs (through
-the intake), each run's time measured for the batch sizes and the queue log."""
+results turned into releases and follow-on jobs (``engine.releases``), each
+run's time measured for the batch sizes and the queue log."""
 
 from __future__ import annotations
 
@@ -11,24 +11,22 @@ from datetime import UTC, datetime
 from typing import Protocol
 
 from queue_daemon.domain.jobs import ClaimedJob, Release
-from queue_daemon.domain.names import JobType
-from queue_daemon.domain.outcomes import Policy, no_handler, put_back, release_for
-from queue_daemon.engine.admit.followons import FollowOns
-from queue_daemon.engine.admit.intake import Intake
-from queue_daemon.engine.admit.limits import Limits
-from queue_daemon.engine.admit.quotas import Admission
+from queue_daemon.domain.outcomes import put_back
 from queue_daemon.engine.handlers import HandlerCache
+from queue_daemon.engine.releases import Releases
 from queue_daemon.engine.run.sizes import BatchSizes
 from queue_daemon.observe.metrics import Metrics
 from queue_daemon.observe.queuelog import QueueLog
 from queue_daemon.runners.models import HandlerSpec, JobInput, JobResult, ResultSink
-from queue_daemon.runners.output import clip
 
 logger = logging.getLogger(__name__)
 
+# gives a client its uid slot before its first run (``api.auth.TokenCache``)
+EnsureUid = Callable[[str], Awaitable[None]]
+
 
 class Runners(Protocol):
-    """What the worker uses of the runner pool (``queue_daemon.runners.pool.RunnerPool``)."""
+    """What the run loop uses of the runner pool (``queue_daemon.runners.pool.RunnerPool``)."""
 
     @property
     def busy_remark_s(self) -> float:
@@ -51,30 +49,26 @@ class Runners(Protocol):
 
 
 class BatchRunner:
+    """Runs claimed batches in the runner pool and decides their releases."""
+
     def __init__(
         self,
         *,
         pool: Runners,
         handlers: HandlerCache,
-        intake: Intake,
-        admission: Admission | None,
-        limits: Limits,
-        ensure_uid: Callable[[str], Awaitable[None]] | None = None,
+        releases: Releases,
+        ensure_uid: EnsureUid,
         queuelog: QueueLog,
         metrics: Metrics,
         sizes: BatchSizes,
-        job_ttl: float,
     ) -> None:
         self._pool = pool
         self._handlers = handlers
-        self._intake = intake
-        self._admission = admission
-        self._ensure_uid = ensure_uid  # gives a client its uid slot before its first run
-        self._limits = limits
+        self._releases = releases
+        self._ensure_uid = ensure_uid
         self._queuelog = queuelog
         self._metrics = metrics
         self._sizes = sizes
-        self._job_ttl = job_ttl
 
     async def releases(
         self,
@@ -93,10 +87,9 @@ class BatchRunner:
             # may not have heard of yet (replaced or deleted meanwhile)
             spec = await self._handlers.at_least(jobtype, jobs[0].handler)
             if spec is None:  # deleted between the check and the claim
-                policy = Policy(job_ttl=self._job_ttl)
-                return [no_handler(job, policy) for job in jobs]
+                return self._releases.no_handler(jobs)
             return await self.run(spec, jobs, run_ms, start_by=start_by)
-        except Exception:  # not a cancellation: the worker puts those jobs back itself
+        except Exception:  # not a cancellation: the run loop puts those jobs back itself
             logger.exception("batch of %s failed", jobtype, extra={"action": "batch_failed"})
             return [put_back(job) for job in jobs]
 
@@ -111,14 +104,10 @@ class BatchRunner:
         """The releases of a batch's runs; ``run_ms`` gets each run's time (measured
         by the runner, else the batch's time shared out)."""
         inputs = [JobInput(id=job.id, payload=job.data, attempt=job.attempts) for job in jobs]
-        if self._ensure_uid is not None:
-            await self._ensure_uid(spec.client)
-        limits = self._limits.of(spec.client)
-        follow = FollowOns(
-            spec, limits, self._admission, self._write, self._metrics.follow_ons_dropped
-        )
+        await self._ensure_uid(spec.client)
+        batch = self._releases.of(spec)
         began = time.monotonic()
-        results = await self._pool.run_batch(spec, inputs, follow, start_by=start_by)
+        results = await self._pool.run_batch(spec, inputs, batch.follow, start_by=start_by)
         elapsed = time.monotonic() - began
         self._sizes.timed(jobs[0].type, elapsed, len(jobs))
         share = elapsed * 1000 / len(jobs)
@@ -126,27 +115,16 @@ class BatchRunner:
         for ran in results:
             if ran.ran:
                 run_ms[ran.id] = share if ran.run_ms is None else ran.run_ms
-            by_id[ran.id] = ran if follow.took(ran.id) else await follow.take(ran)
+            by_id[ran.id] = await batch.take(ran)
         self._metrics.ran(spec.lang, elapsed)
-        policy = Policy(max_attempts=spec.max_attempts, job_ttl=self._job_ttl)
         now = datetime.now(UTC)
         releases: list[Release] = []
         for job in jobs:
             result = by_id.get(job.id)
-            if result is None or not result.ran:
-                releases.append(put_back(job))
-                continue
-            text = result.result
-            if text is not None:
-                text = clip(text, limits.result)
-            releases.append(release_for(job, result.exitcode, text, policy, now=now))
-            if result.log:
+            releases.append(batch.release(job, result, now=now))
+            if result is not None and result.ran and result.log:
                 self._queuelog.log(job.type, job.id, result.log)
-        if not await follow.flush():
+        if not await batch.flush():
             # follow-on jobs could not be made durable: run the jobs again later
             releases = [put_back(job) for job in jobs]
         return releases
-
-    async def _write(self, jobtype: JobType, payloads: list[str]) -> None:
-        now_ms = time.time_ns() // 1_000_000
-        await self._intake.add(jobtype, payloads, create_ms=now_ms, dt_ms=now_ms)

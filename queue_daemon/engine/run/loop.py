@@ -1,11 +1,14 @@
-"""The daemon loop that runs jobs: claim by the scheduler's pick, run in the
-runner pool, release with outcomes; and the upkeep loops beside it.
+"""The run loop: claim by the scheduler's pick, run in the runner pool, release
+with outcomes.
 
-The decisions live in rooms of their own: what may be picked
-(``engine.waiting``), how big a batch is (``engine.batching``), how much of the
-daemon one tenant may hold and who is busy (``engine.fairness``), running a
-batch (``engine.batches``), leases, expiry and purge (``engine.upkeep``). This
-module holds the loops and the bookkeeping that ties them together.
+The decisions live in modules of their own: what may be picked
+(``engine.run.pick``), how big a batch is (``engine.run.sizes``), how much of
+the daemon one tenant may hold (``engine.run.fairness``), running a batch and
+its releases (``engine.run.batch``, ``engine.releases``). The store's upkeep
+(leases, expiry, purge...) and the busy marks are services of their own
+(``engine.upkeep``, ``engine.run.busy``); the store's notices come through
+``engine.notices``. This module holds the claim loops and the bookkeeping that
+ties them together; ``queue_daemon.wiring`` builds its parts.
 
 Backpressure: a claim never takes more jobs than the scheduler has free
 slots, so everything this daemon locks is running or about to run.
@@ -16,26 +19,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import time
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from queue_daemon.domain.jobs import ClaimedJob, Release
 from queue_daemon.domain.names import JobType
 from queue_daemon.domain.outcomes import put_back
-from queue_daemon.engine.admit.intake import Intake
-from queue_daemon.engine.admit.limits import Limits, TenantLimits
-from queue_daemon.engine.admit.quotas import Admission
 from queue_daemon.engine.backoff import Backoff
-from queue_daemon.engine.handlers import HandlerCache
-from queue_daemon.engine.pull.pulls import PULLED_LANG
+from queue_daemon.engine.handlers import PULLED_LANG, HandlerCache
 from queue_daemon.engine.run.batch import BatchRunner, Runners
-from queue_daemon.engine.run.fairness import BusyMarks, TenantBatches
+from queue_daemon.engine.run.fairness import TenantBatches
 from queue_daemon.engine.run.pick import POLL_S, WaitingTypes, claimable
 from queue_daemon.engine.run.sizes import BatchSizes
-from queue_daemon.engine.upkeep.leases import Upkeep
 from queue_daemon.observe.metrics import Metrics
 from queue_daemon.observe.queuelog import QueueLog
 from queue_daemon.scheduler import Pick, Scheduler
@@ -46,105 +42,57 @@ logger = logging.getLogger(__name__)
 
 RETRY_FIRST_S = 0.05  # a failed claim or release is tried again after this, doubling
 RETRY_MAX_S = 5.0
-LISTEN_RETRY_FIRST_S = 0.1  # reconnecting the store's listener, doubling
-LISTEN_RETRY_MAX_S = 5.0
 # Claim loops running at once, never two claims of one jobtype: two claims of
 # one type cost PostgreSQL about 40% more CPU per job (their SKIP LOCKED scans
 # step over each other's rows). The second loop lets another tenant's job be
 # claimed while a claim of a flooding tenant's type is in flight.
 CLAIM_LOOPS = 2
-# How often the tenants running more contexts than their share of the cores are
-# found and their handlers put behind the others' on the CPU (runners.sandbox.cpushare).
-BUSY_CHECK_S = 0.25
-# How often jobs whose deadline passed are ended (408), and dependencies that a
-# crash left unresolved are resolved.
-DEADLINE_CHECK_S = 1.0
-FOLD_COUNTS_S = 1.0  # the waiting counts' appended moves are folded this often
-# a batch is stopped this long after its soonest deadline: after the store's check
-# has ended that job (with its run), so its outcome is refused, not put back
-DEADLINE_GRACE_S = DEADLINE_CHECK_S + 0.5
+# a batch is stopped this long after its soonest deadline: after the upkeep's
+# check (every engine.upkeep.deadlines.CHECK_S, 1 s) has ended that job (with its
+# run), so its outcome is refused, not put back
+DEADLINE_GRACE_S = 1.5
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class WorkerSettings:
-    concurrency: int = 1024
-    tenant_running: int | None = None
+class RunSettings:
+    concurrency: int = 1024  # jobs running at once
+    tenant_running: int | None = None  # of them, one tenant's
     max_batch: int = 200
     max_parallel_batches: int = 64  # at most one per runner context
-    lease: float = 60.0
-    job_ttl: float = 86_400.0
-    retention: float = 7 * 86_400.0
-    purge_interval: float = 600.0
-    payload_limit: int = 1 << 20
+    lease: float = 60.0  # seconds a claim holds its jobs (renewed by engine.upkeep.renew)
 
 
-def _cores() -> int:
-    affinity = getattr(os, "sched_getaffinity", None)  # Linux; elsewhere every core
-    return len(affinity(0)) if affinity else os.cpu_count() or 1
+class RunLoop:
+    """Claims batches of daemon-run types, runs them and releases them."""
 
-
-class Worker:
     def __init__(
         self,
         *,
         store: JobQueue,
-        intake: Intake,
+        scheduler: Scheduler,
+        waiting: WaitingTypes,
+        sizes: BatchSizes,
+        tenants: TenantBatches,
+        batches: BatchRunner,
         pool: Runners,
         handlers: HandlerCache,
         queuelog: QueueLog,
+        metrics: Metrics,
         sysid: str,
-        settings: WorkerSettings,
-        limits: Limits | None = None,
-        metrics: Metrics | None = None,
-        admission: Admission | None = None,
-        ensure_uid: Callable[[str], Awaitable[None]] | None = None,
-        jobs_noted: Callable[[dict[str, int] | None], None] | None = None,
-        done_noted: Callable[[set[str] | None], None] | None = None,
+        settings: RunSettings,
     ) -> None:
         self._store = store
+        self._scheduler = scheduler
+        self._waiting = waiting
+        self._sizes = sizes
+        self._tenants = tenants
+        self._runner = batches
         self._pool = pool
         self._handlers = handlers
         self._queuelog = queuelog
+        self._metrics = metrics
         self._sysid = sysid
         self._settings = settings
-        self._jobs_noted = jobs_noted  # told of new jobs too (held claims of pull workers)
-        self._done_noted = done_noted  # told of done jobs (held GETs)
-        self._metrics = metrics or Metrics()
-        self._scheduler = Scheduler(
-            concurrency=settings.concurrency,
-            tenant_running=settings.tenant_running,
-            max_batch=settings.max_batch,
-        )
-        # per-tenant limits: running caps go to the scheduler, the rest apply here
-        limits = limits or Limits(
-            TenantLimits(running=settings.tenant_running or 0, payload=settings.payload_limit)
-        )
-        limits.on_change(self._limits_changed)
-        self._sizes = BatchSizes(settings.max_batch)
-        self._tenants = TenantBatches(settings.max_parallel_batches)
-        self._busy = BusyMarks(_cores(), pool.busy_remark_s)
-        self._waiting = WaitingTypes(store)
-        self._runner = BatchRunner(
-            pool=pool,
-            handlers=handlers,
-            intake=intake,
-            admission=admission,
-            limits=limits,
-            ensure_uid=ensure_uid,
-            queuelog=queuelog,
-            metrics=self._metrics,
-            sizes=self._sizes,
-            job_ttl=settings.job_ttl,
-        )
-        self._upkeep = Upkeep(
-            store=store,
-            queuelog=queuelog,
-            metrics=self._metrics,
-            sysid=sysid,
-            lease=settings.lease,
-            job_ttl=settings.job_ttl,
-            retention=settings.retention,
-        )
         self._running: dict[str, ClaimedJob] = {}
         self._batches: set[asyncio.Task[None]] = set()
         self._wake = asyncio.Event()
@@ -155,19 +103,12 @@ class Worker:
         self.started = 0
         self.finished = 0
 
-    def _limits_changed(self, limits: Limits) -> None:
-        self._scheduler.set_tenant_caps(
-            {client: t.running or None for client, t in limits.overridden().items()}
-        )
-
-    # notifications from the store's listener
+    # the store's notices (engine.notices)
     def on_jobs(self, added: dict[str, int] | None = None) -> None:
         """New jobs: ``added`` counts the due ones per jobtype; None when it is
         not known what changed (the waiting types are read again)."""
         self._waiting.noted(added)
         self._wake.set()
-        if self._jobs_noted is not None:
-            self._jobs_noted(added)
 
     def on_handler(self, jobtype: str) -> None:
         self._handlers.invalidate(jobtype)
@@ -182,27 +123,15 @@ class Worker:
     def running(self) -> int:
         return len(self._running)
 
+    def running_ids(self) -> list[str]:
+        """The jobs this daemon runs now (their leases are renewed)."""
+        return list(self._running)
+
     async def run(self) -> None:
-        """Every loop of the worker, until cancelled."""
-        settings = self._settings
+        """The claim loops, until cancelled."""
         async with asyncio.TaskGroup() as group:
-            retry = Backoff(LISTEN_RETRY_FIRST_S, LISTEN_RETRY_MAX_S)
-            group.create_task(
-                self._store.listen(
-                    self.on_jobs, self.on_handler, retry=retry, on_done=self._done_noted
-                )
-            )
             for _ in range(CLAIM_LOOPS):
                 group.create_task(self._claim_loop())
-            group.create_task(self._every(settings.lease / 3, self._renew))
-            group.create_task(self._every(min(5.0, settings.lease / 4), self._expire))
-            group.create_task(self._every(settings.purge_interval, self._upkeep.purge))
-            group.create_task(self._every(DEADLINE_CHECK_S, self._upkeep.deadlines))
-            group.create_task(self._every(FOLD_COUNTS_S, self._upkeep.fold_counts))
-            group.create_task(
-                self._every(self._upkeep.unhandled_every, self._upkeep.sweep_unhandled, first=1.0)
-            )
-            group.create_task(self._every(BUSY_CHECK_S, self._mark_busy))
 
     async def drain(self, within: float) -> None:
         """Stop claiming; let running batches finish for ``within`` seconds, then
@@ -215,33 +144,6 @@ class Worker:
                 task.cancel()
             if pending:
                 await asyncio.wait(pending)
-
-    async def _every(
-        self, interval: float, step: Callable[[], Awaitable[object]], *, first: float | None = None
-    ) -> None:
-        """``step`` every ``interval`` seconds, the first time after ``first`` (default
-        ``interval``)."""
-        wait = interval if first is None else first
-        while True:
-            await asyncio.sleep(wait)
-            wait = interval
-            try:
-                await step()
-            except StoreError as exc:
-                logger.warning("%s failed: %s", step.__name__, exc, extra={"action": "worker_step"})
-
-    async def _mark_busy(self) -> None:
-        """Tell the runners which tenants are busy (``engine.fairness.BusyMarks``)."""
-        busy = self._busy.check(self._tenants.take_peak(), time.monotonic())
-        if busy is not None:
-            await self._pool.mark_busy(busy)
-
-    async def _renew(self) -> None:
-        await self._upkeep.renew(list(self._running))
-
-    async def _expire(self) -> None:
-        if await self._upkeep.expire():
-            self.on_jobs()
 
     async def _claim_loop(self) -> None:
         backoff = Backoff(RETRY_FIRST_S, RETRY_MAX_S)

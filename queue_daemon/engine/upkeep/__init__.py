@@ -1,1 +1,2 @@
-"""Upkeep: renewing, expiring and purging, each a service started by one supervisor."""
+"""Upkeep: the store's periodic services, one a module (renew, expire,
+deadlines, counts, unhandled, purge), started by one supervisor."""
