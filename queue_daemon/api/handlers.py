@@ -12,7 +12,7 @@ from queue_daemon.api.auth import authorize
 from queue_daemon.api.handler_fields import bad_handler, handler_body, parse_handler
 from queue_daemon.api.web import SERVICES, jobtype_of, json_response, read_body
 from queue_daemon.domain.names import JobType
-from queue_daemon.engine.pull.pulls import PULLED_LANG
+from queue_daemon.engine.handlers import PULLED_LANG
 from queue_daemon.runners.check import check_handler
 from queue_daemon.store.errors import LimitReached, NotFound
 
