@@ -53,7 +53,7 @@ async def add_handler(request: web.Request) -> web.Response:
         raise bad_handler(problem)
     max_handlers = services.limits.of(client).handlers
     try:
-        record = await services.store.put_handler(
+        record = await services.handler_store.put_handler(
             JobType(client, jobtype).stored, data, max_handlers=max_handlers or None
         )
     except LimitReached:
@@ -68,7 +68,8 @@ async def get_handler(request: web.Request) -> web.Response:
     services = request.app[SERVICES]
     client = await authorize(request, services)
     try:
-        record = await services.store.get_handler(JobType(client, jobtype_of(request)).stored)
+        stored = JobType(client, jobtype_of(request)).stored
+        record = await services.handler_store.get_handler(stored)
     except NotFound:
         raise errors.not_found("no handler for this type") from None
     return json_response(handler_body(record))
@@ -79,7 +80,7 @@ async def delete_handler(request: web.Request) -> web.Response:
     client = await authorize(request, services)
     jobtype = jobtype_of(request)
     try:
-        await services.store.delete_handler(JobType(client, jobtype).stored)
+        await services.handler_store.delete_handler(JobType(client, jobtype).stored)
     except NotFound:
         raise errors.not_found("no handler for this type") from None
     services.handlers.invalidate(JobType(client, jobtype).stored)

@@ -91,7 +91,8 @@ async def _check_drops(
     lines = await until(logged, 20, "the queue log's record of the dropped jobs")
     assert len(lines) == dropped, lines
     warning = (
-        f"WARNING queue_daemon.engine.followons: dropped {dropped} follow-on job(s) of job {job_id}"
+        "WARNING queue_daemon.engine.admit.followons: "
+        f"dropped {dropped} follow-on job(s) of job {job_id}"
     )
     log = deployment.daemon.stderr_text()
     assert warning in log, log[-3000:]
