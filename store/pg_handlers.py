@@ -9,6 +9,7 @@ from typing import Any
 
 import orjson
 
+from queue_daemon.domain.names import JobType
 from queue_daemon.domain.tenants import HandlerRecord
 from queue_daemon.domain.views import DaemonLease, FailedJob, QueueDepth, RunningJob, RunningJobs
 from queue_daemon.store import queries
@@ -46,7 +47,7 @@ class HandlersPart:
                 queries.handlers.PUT_HANDLER, self._handler_id(), type, body
             )
         else:
-            client = type.partition("-")[0]
+            client = JobType.client_of(type)
             async with self._db.conn() as conn, conn.transaction():
                 await conn.execute(queries.handlers.LOCK_CLIENT_HANDLERS, client)
                 if not await conn.fetchval(queries.handlers.HANDLER_LIVE, type):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 from datetime import datetime
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 
 class JobState(enum.StrEnum):
@@ -54,6 +54,28 @@ class Job:
 class JobPage:
     jobs: list[Job]
     next: str | None  # opaque cursor for the following page, None at the end
+
+
+class Attempt(Protocol):
+    """What an outcome needs of a job that ran: a claimed job (``ClaimedJob``) or
+    one a pull worker completes (``HeldJob``)."""
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def attempts(self) -> int: ...  # including this run
+
+    @property
+    def create_dt(self) -> datetime: ...
+
+
+class Started(Attempt, Protocol):
+    """What the queue log needs of a job that starts a run: one the daemon
+    claimed (``ClaimedJob``) or one a pull worker claimed (``PulledJob``)."""
+
+    @property
+    def due_ms(self) -> int | None: ...  # epoch ms since when it was due, if known
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -8,9 +8,8 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Protocol
 
-from queue_daemon.domain.jobs import Release, ReleaseHow
+from queue_daemon.domain.jobs import Attempt, Release, ReleaseHow
 
 RETRY_BASE_S = 1.0  # first retry after about a second
 RETRY_CAP_S = 300.0  # never wait more than five minutes between runs
@@ -36,24 +35,10 @@ def retry_delay(attempts: int, rng: random.Random | None = None) -> float:
     return min(RETRY_CAP_S, base * jitter)
 
 
-class Attempt(Protocol):
-    """What an outcome needs of a job that ran: a claimed job (``ClaimedJob``) or
-    one a pull worker completes (``HeldJob``)."""
-
-    @property
-    def id(self) -> str: ...
-
-    @property
-    def attempts(self) -> int: ...  # including this run
-
-    @property
-    def create_dt(self) -> datetime: ...
-
-
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Policy:
+    job_ttl: float  # seconds from creation after which retries stop (--job-ttl)
     max_attempts: int = 5
-    job_ttl: float = 86_400.0  # seconds from creation after which retries stop
 
 
 def release_for(

@@ -14,8 +14,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import datetime
 
-from queue_daemon.domain.jobs import Release
-from queue_daemon.domain.outcomes import Attempt, Policy, no_handler, put_back, release_for
+from queue_daemon.domain.jobs import Attempt, Release
+from queue_daemon.domain.outcomes import Policy, no_handler, put_back, release_for
 from queue_daemon.engine.admit.adds import Adds
 from queue_daemon.engine.admit.followons import FollowOns
 from queue_daemon.engine.admit.limits import Limits

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import orjson
 
-from queue_daemon.domain.jobs import ClaimedJob, ExpiredLock, Release, ReleaseHow
+from queue_daemon.domain.jobs import ExpiredLock, Release, ReleaseHow, Started
 from queue_daemon.domain.names import JobType
 from queue_daemon.observe.logfile import LogFile, Rotation
 from queue_daemon.observe.records import Ev, record_head
@@ -51,7 +51,7 @@ def payload_sizes(payloads: Sequence[str]) -> Iterable[int]:
     return map(payload_size, payloads)
 
 
-def _due_ms(job: ClaimedJob) -> int:
+def _due_ms(job: Started) -> int:
     if job.due_ms is not None:
         return job.due_ms
     return int(job.create_dt.timestamp() * 1000)
@@ -105,7 +105,7 @@ class QueueLog:
     def started(
         self,
         jobtype: str,
-        jobs: Sequence[ClaimedJob],
+        jobs: Sequence[Started],
         at_ms: int | None = None,
         *,
         worker: str | None = None,

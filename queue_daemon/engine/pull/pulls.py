@@ -20,7 +20,7 @@ from collections.abc import Callable, Container, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-from queue_daemon.domain.jobs import ClaimedJob, Release
+from queue_daemon.domain.jobs import Release
 from queue_daemon.domain.names import JobType
 from queue_daemon.domain.pulled import HeldJob, PulledJob
 from queue_daemon.engine.handlers import PULLED_LANG, HandlerCache
@@ -120,7 +120,7 @@ class Pulls:
             return claim, []
         if jobs:
             self._metrics.pulled(jobtype.client, "claimed", len(jobs))
-            self._queuelog.started(stored, [_claimed(job) for job in jobs], worker=worker)
+            self._queuelog.started(stored, jobs, worker=worker)
         return claim, jobs
 
     async def renew(
@@ -210,16 +210,6 @@ class Pulls:
 def _locks(claims: Sequence[tuple[str, str]], worker: str) -> list[Claim]:
     return [(job_id, lock_of(claim, worker)) for job_id, claim in claims]
 
-
-def _claimed(job: PulledJob) -> ClaimedJob:
-    return ClaimedJob(
-        id=job.id,
-        type=job.type,
-        data="",
-        attempts=job.attempts,
-        create_dt=job.create_dt,
-        due_ms=job.due_ms,
-    )
 
 
 def _orphan_spec(jobtype: JobType) -> HandlerSpec:
