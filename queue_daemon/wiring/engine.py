@@ -30,15 +30,15 @@ from queue_daemon.engine.upkeep.unhandled import SweepSettings, SweepUnhandled
 from queue_daemon.observe.metrics import Metrics
 from queue_daemon.observe.queuelog import QueueLog
 from queue_daemon.scheduler import Scheduler
-from queue_daemon.settings import Settings
+from queue_daemon.settings import DEFAULTS, Settings
 from queue_daemon.store.ports import Store
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class EngineSettings:
     run: RunSettings = field(default_factory=RunSettings)
-    job_ttl: float = 86_400.0  # seconds from a job's creation after which retries stop
-    retention: float = 7 * 86_400.0  # seconds done jobs are kept
+    job_ttl: float = DEFAULTS.job_ttl  # seconds from a job's creation after which retries stop
+    retention: float = DEFAULTS.retention  # seconds done jobs are kept
 
     @classmethod
     def of(cls, settings: Settings) -> EngineSettings:

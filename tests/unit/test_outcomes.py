@@ -50,7 +50,7 @@ def test_code_of(exitcode: int, code: str) -> None:
 
 @pytest.mark.parametrize(("exitcode", "code"), [(200, "ok"), (201, "ok"), (400, "failed")])
 def test_ok_and_failed_end_the_job_at_once(exitcode: int, code: str) -> None:
-    release = release_for(job(attempts=1), exitcode, "r", Policy(), now=NOW)
+    release = release_for(job(attempts=1), exitcode, "r", Policy(job_ttl=86_400.0), now=NOW)
     assert (release.how, release.code, release.exitcode, release.result) == (
         ReleaseHow.ARCHIVE,
         code,
@@ -61,7 +61,7 @@ def test_ok_and_failed_end_the_job_at_once(exitcode: int, code: str) -> None:
 
 @pytest.mark.parametrize(("exitcode", "code"), [(100, "retry"), (500, "error"), (302, "error")])
 def test_retry_and_error_run_again_until_attempts_are_used(exitcode: int, code: str) -> None:
-    policy = Policy(max_attempts=3)
+    policy = Policy(max_attempts=3, job_ttl=86_400.0)
     for attempts in (1, 2):
         release = release_for(job(attempts=attempts), exitcode, None, policy, now=NOW)
         assert (release.how, release.code) == (ReleaseHow.RETRY, code)

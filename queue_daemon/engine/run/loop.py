@@ -35,6 +35,7 @@ from queue_daemon.engine.run.sizes import BatchSizes
 from queue_daemon.observe.metrics import Metrics
 from queue_daemon.observe.queuelog import QueueLog
 from queue_daemon.scheduler import Pick, Scheduler
+from queue_daemon.settings import DEFAULTS
 from queue_daemon.store.errors import StoreError
 from queue_daemon.store.ports import JobQueue
 
@@ -55,11 +56,12 @@ DEADLINE_GRACE_S = 1.5
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RunSettings:
-    concurrency: int = 1024  # jobs running at once
-    tenant_running: int | None = None  # of them, one tenant's
-    max_batch: int = 200
+    # the daemon's flags of the same names, with their defaults (queue_daemon.settings)
+    concurrency: int = DEFAULTS.concurrency  # jobs running at once
+    tenant_running: int | None = DEFAULTS.tenant_running  # of them, one tenant's
+    max_batch: int = DEFAULTS.max_batch
     max_parallel_batches: int = 64  # at most one per runner context
-    lease: float = 60.0  # seconds a claim holds its jobs (renewed by engine.upkeep.renew)
+    lease: float = DEFAULTS.lease  # seconds a claim holds its jobs (engine.upkeep.renew)
 
 
 class RunLoop:
