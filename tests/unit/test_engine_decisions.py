@@ -22,12 +22,13 @@ from queue_daemon.engine.run.fairness import BusyMarks, TenantBatches
 from queue_daemon.engine.run.loop import RunLoop, RunSettings
 from queue_daemon.engine.run.pick import NO_HANDLER_RECHECK_S, WaitingTypes, claimable
 from queue_daemon.engine.run.sizes import BATCH_TARGET_S, FIRST_BATCH, LEARNING_BATCHES, BatchSizes
-from queue_daemon.journal import Journal, JournalError
+from queue_daemon.journal import Journal
 from queue_daemon.observe.metrics import Metrics
 from queue_daemon.observe.queuelog import QueueLog
 from queue_daemon.runners.models import HandlerSpec, JobInput, JobResult, ResultSink
 from queue_daemon.wiring.engine import EngineSettings
 from tests.engines import engine_of, run_engine
+from tests.fakes.intake import RecordingIntake
 from tests.fakes.store import DONE, FakeStore
 
 SETTINGS = EngineSettings(run=RunSettings(concurrency=3, lease=30.0), job_ttl=60.0)
@@ -172,26 +173,6 @@ class InstantPool:
         pass
 
 
-class RecordingIntake:
-    """Follow-on jobs as the run loop hands them over; ``broken`` makes them fail."""
-
-    def __init__(self) -> None:
-        self.added: list[tuple[JobType, list[str]]] = []
-        self.broken = False
-
-    async def add(
-        self,
-        jobtype: JobType,
-        payloads: Sequence[str],
-        *,
-        create_ms: int,
-        dt_ms: int,
-        ids: list[str] | None = None,
-    ) -> list[str]:
-        if self.broken:
-            raise JournalError("the journal cannot be written")
-        self.added.append((jobtype, list(payloads)))
-        return [f"f{len(self.added)}"]
 
 
 Running = tuple[FakeStore, InstantPool, RecordingIntake, RunLoop]

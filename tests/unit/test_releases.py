@@ -3,7 +3,6 @@ batches and the pull workers' completes share."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import cast
@@ -18,35 +17,17 @@ from queue_daemon.engine.admit.intake import Intake
 from queue_daemon.engine.admit.limits import Limits, TenantLimits
 from queue_daemon.engine.admit.quotas import RateLimiter, WaitingLimiter
 from queue_daemon.engine.releases import Releases
-from queue_daemon.journal import JournalError
 from queue_daemon.observe.metrics import Metrics
 from queue_daemon.observe.queuelog import QueueLog
 from queue_daemon.runners.models import HandlerSpec, JobResult
 from queue_daemon.store.ports import TenantStore
+from tests.fakes.intake import RecordingIntake
 from tests.fakes.store import FakeStore
 
 NOW = datetime(2026, 11, 26, 12, 0, tzinfo=UTC)
 SPEC = HandlerSpec(version="v1", client="acme", type="t", lang="python", body="...", max_attempts=2)
 
 
-class RecordingIntake:
-    def __init__(self) -> None:
-        self.added: list[tuple[JobType, list[str]]] = []
-        self.broken = False
-
-    async def add(
-        self,
-        jobtype: JobType,
-        payloads: Sequence[str],
-        *,
-        create_ms: int,
-        dt_ms: int,
-        ids: list[str] | None = None,
-    ) -> list[str]:
-        if self.broken:
-            raise JournalError("the journal cannot be written")
-        self.added.append((jobtype, list(payloads)))
-        return [f"f{n}" for n in range(len(payloads))]
 
 
 @pytest.fixture
