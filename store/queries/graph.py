@@ -50,6 +50,14 @@ added AS (
     ON CONFLICT (id) DO NOTHING
     RETURNING id, type, lock, dt
 ),
+counted AS (
+    -- a job added done (its dependency failed) is counted here: type_counts'
+    -- triggers (migration 0003) count updates and deletes, not inserts
+    INSERT INTO type_counts AS c (type, code, n)
+    SELECT type, 'failed', count(*) FROM added WHERE lock = '__done'
+    GROUP BY type ORDER BY type
+    ON CONFLICT (type, code) DO UPDATE SET n = c.n + EXCLUDED.n
+),
 edges AS (
     INSERT INTO job_deps (dep, job)
     SELECT d.id, a.id FROM deps d CROSS JOIN added a
