@@ -85,3 +85,7 @@ class BatchReleases:
         """Journal the pending follow-on jobs; False when any of the batch's could
         not be made durable (then none of its jobs may be released as run)."""
         return await self.follow.flush()
+
+    def abandon(self) -> None:
+        """The batch ends without ``flush``: its pending follow-on jobs are dropped."""
+        self.follow.abandon()

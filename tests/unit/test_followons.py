@@ -3,6 +3,7 @@ chunks journaled as results arrive (``queue_daemon.engine.admit.followons``)."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from typing import cast
 
@@ -11,7 +12,7 @@ import pytest
 from queue_daemon.domain.names import JobType
 from queue_daemon.domain.options import JobOptions
 from queue_daemon.engine.admit import followons
-from queue_daemon.engine.admit.adds import Adds
+from queue_daemon.engine.admit.adds import Adds, OverWaiting
 from queue_daemon.engine.admit.followons import OVER_LIMITS, FollowOns
 from queue_daemon.engine.admit.intake import Intake
 from queue_daemon.engine.admit.limits import Limits, TenantLimits
@@ -202,3 +203,38 @@ async def test_over_the_waiting_limit_the_run_is_retried_and_nothing_is_added() 
     assert await follow.flush()
     assert journal.payloads() == ["a", "b"]
     assert dropped == {"waiting": 12}
+
+
+async def test_a_batch_that_ends_without_its_flush_gives_its_follow_ons_back() -> None:
+    """Admitted follow-on jobs hold waiting-limit slots until journaled: a batch
+    cancelled (a deadline, a drain) before its flush gives them back, or the
+    tenant would stay at its limit until the daemon restarts."""
+    limits = TenantLimits(waiting=10)
+    follow, _ = make(Journal(), limits=limits)
+    for _ in range(2):
+        await follow.take(result(*[("kid", "a")] * 5))
+    adds = follow._adds
+    with pytest.raises(OverWaiting):
+        await adds.admit("acme", 1, 1)
+    follow.abandon()
+    await adds.admit("acme", 10, 10)  # every slot is free again
+
+
+async def test_a_flush_cancelled_midway_gives_back_the_chunks_not_written() -> None:
+    writing = asyncio.Event()
+
+    class Stalling(Journal):
+        async def add(self, jobtype: JobType, payloads: Sequence[str], **kw: object) -> list[str]:
+            writing.set()
+            await asyncio.Event().wait()  # a journal write that never ends
+            raise AssertionError("unreachable")
+
+    follow, _ = make(cast(Journal, Stalling()), limits=TenantLimits(waiting=10))
+    await follow.take(result(("a", "x"), ("b", "y"), ("c", "z")))
+    flushing = asyncio.ensure_future(follow.flush())
+    await asyncio.wait_for(writing.wait(), 5)
+    flushing.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await flushing
+    # the chunk being written and the two not begun are all given back
+    await follow._adds.admit("acme", 10, 10)

@@ -168,7 +168,7 @@ class Adds:
             self._waiting.give_back(client, n)
             logger.error("journal write failed: %s", exc, extra={"action": "journal_write_failed"})
             raise NotJournaled("the journal cannot be written; nothing was accepted") from None
-        except Exception:
+        except BaseException:  # a cancelled add too: its slots are not left counted
             self._waiting.give_back(client, n)
             raise
         if after:
@@ -202,7 +202,7 @@ class Adds:
             return await self._intake.add(
                 jobtype, payloads, create_ms=now_ms, dt_ms=now_ms, ids=ids
             )
-        except Exception:
+        except BaseException:
             self._waiting.give_back(jobtype.client, len(payloads))
             raise
 

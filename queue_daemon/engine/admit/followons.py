@@ -137,7 +137,18 @@ class FollowOns:
             logger.error("follow-on jobs not written: %s", exc, extra={"action": "emit_failed"})
             self.failed = True
             self._adds.give_back(client, unwritten)
+        except BaseException:  # cancelled: the chunks not begun will never be written
+            self._adds.give_back(client, unwritten)
+            raise
         return not self.failed
+
+    def abandon(self) -> None:
+        """The batch ends without its flush (cancelled, or its run failed): what
+        is pending will never be journaled, so the waiting limit gets it back."""
+        pending, self._pending, self._pending_bytes = self._pending, defaultdict(list), 0
+        unwritten = sum(map(len, pending.values()))
+        if unwritten:
+            self._adds.give_back(self._spec.client, unwritten)
 
     def _within_limits(self, result: JobResult) -> tuple[list[tuple[str, str]], list[int], _Drops]:
         limits = self._limits

@@ -106,25 +106,34 @@ class BatchRunner:
         inputs = [JobInput(id=job.id, payload=job.data, attempt=job.attempts) for job in jobs]
         await self._ensure_uid(spec.client)
         batch = self._releases.of(spec)
-        began = time.monotonic()
-        results = await self._pool.run_batch(spec, inputs, batch.follow, start_by=start_by)
-        elapsed = time.monotonic() - began
-        self._sizes.timed(jobs[0].type, elapsed, len(jobs))
-        share = elapsed * 1000 / len(jobs)
-        by_id: dict[str, JobResult] = {}
-        for ran in results:
-            if ran.ran:
-                run_ms[ran.id] = share if ran.run_ms is None else ran.run_ms
-            by_id[ran.id] = await batch.take(ran)
-        self._metrics.ran(spec.lang, elapsed)
-        now = datetime.now(UTC)
-        releases: list[Release] = []
-        for job in jobs:
-            result = by_id.get(job.id)
-            releases.append(batch.release(job, result, now=now))
-            if result is not None and result.ran and result.log:
-                self._queuelog.log(job.type, job.id, result.log)
-        if not await batch.flush():
+        try:
+            began = time.monotonic()
+            results = await self._pool.run_batch(spec, inputs, batch.follow, start_by=start_by)
+            elapsed = time.monotonic() - began
+            self._sizes.timed(jobs[0].type, elapsed, len(jobs))
+            share = elapsed * 1000 / len(jobs)
+            by_id: dict[str, JobResult] = {}
+            took = batch.follow.took
+            for ran in results:
+                if ran.ran:
+                    run_ms[ran.id] = share if ran.run_ms is None else ran.run_ms
+                # most results were taken as they arrived: no coroutine for those
+                by_id[ran.id] = ran if took(ran.id) else await batch.take(ran)
+            self._metrics.ran(spec.lang, elapsed)
+            now = datetime.now(UTC)
+            releases: list[Release] = []
+            for job in jobs:
+                result = by_id.get(job.id)
+                releases.append(batch.release(job, result, now=now))
+                if result is not None and result.ran and result.log:
+                    self._queuelog.log(job.type, job.id, result.log)
+            flushed = await batch.flush()
+        except BaseException:
+            # cancelled (a deadline, a drain) or failed before the flush: its
+            # follow-on jobs will never be journaled
+            batch.abandon()
+            raise
+        if not flushed:
             # follow-on jobs could not be made durable: run the jobs again later
             releases = [put_back(job) for job in jobs]
         return releases
