@@ -200,12 +200,16 @@ async def test_the_quotas_in_order_and_what_never_fits() -> None:
         await add(adds, 4)  # within the burst, over the waiting limit
     assert never.value.quota == "waiting"
     assert "4 jobs in one request is over this tenant's waiting limit of 3" in str(never.value)
+    assert len(await add(adds, 2)) == 2  # the refused 4 took nothing from the rate
+    with pytest.raises(OverWaiting):
+        await add(adds, 2)  # 3 tokens left, but 4 would wait
+    assert len(await add(adds, 1)) == 1  # the refused 2 took no tokens either
     with pytest.raises(OverRate) as rate:
-        await add(adds, 2)  # the refused 4 took the rate's tokens
+        await add(adds, 3)  # 2 tokens left: the rate is checked first
     assert rate.value.retry_after > 0
     with pytest.raises(NeverFits):
         adds.check("acme", 10 << 20)  # a body announced over the burst: before it is read
-    assert journal.lines == []
+    assert len(journal.lines) == 3
 
 
 async def test_an_add_cannot_depend_on_its_own_jobs() -> None:

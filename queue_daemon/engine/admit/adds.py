@@ -12,7 +12,7 @@ An add, in this order:
 - the intake (``intake.Intake``): the journal, the queue log, the metrics.
 
 A refusal raises an ``AddRefused`` and nothing is accepted; what was taken
-from the waiting limit is given back. Follow-on jobs and ticks take their
+from the add rate and the waiting limit is given back. Follow-on jobs and ticks take their
 quotas with ``admit`` (per run, per tick) and are journaled with ``write``
 (per chunk, per type), keeping their own rules around them
 (``followons``, ``engine.schedule.ticker``).
@@ -156,8 +156,12 @@ class Adds:
                     "rate",
                 )
             raise OverRate(f"over this tenant's add rate of {limits.rate:g} jobs/s", wait)
-        await self._take_waiting(client, n, limits)
         typed = JobType(client, jobtype)
+        try:
+            await self._take_waiting(client, n, limits)
+        except AddRefused:
+            self._rates.refund(client, cost, limits.burst)
+            raise
         try:
             if after:
                 await self._dependencies_stored(client, after)
@@ -165,11 +169,11 @@ class Adds:
                 typed, payloads, create_ms=create_ms, dt_ms=dt_ms, ids=given, options=options
             )
         except JournalError as exc:
-            self._waiting.give_back(client, n)
+            self._give_back(client, n, cost, limits)
             logger.error("journal write failed: %s", exc, extra={"action": "journal_write_failed"})
             raise NotJournaled("the journal cannot be written; nothing was accepted") from None
         except BaseException:  # a cancelled add too: its slots are not left counted
-            self._waiting.give_back(client, n)
+            self._give_back(client, n, cost, limits)
             raise
         if after:
             self._queuelog.blocked(typed.stored, ids, len(after))
@@ -190,7 +194,11 @@ class Adds:
             )
         if wait:
             raise OverRate(f"over this tenant's add rate of {limits.rate:g} jobs/s", wait)
-        await self._take_waiting(client, n, limits)
+        try:
+            await self._take_waiting(client, n, limits)
+        except AddRefused:  # refused whole: the rate is not spent either
+            self._rates.refund(client, cost, limits.burst)
+            raise
 
     async def write(
         self, jobtype: JobType, payloads: Sequence[str], *, ids: list[str] | None = None
@@ -209,6 +217,11 @@ class Adds:
     def give_back(self, client: str, n: int) -> None:
         """``n`` admitted jobs of ``client`` that will not be journaled."""
         self._waiting.give_back(client, n)
+
+    def _give_back(self, client: str, n: int, cost: int, limits: TenantLimits) -> None:
+        """An add refused after both its quotas were taken: nothing was accepted."""
+        self._waiting.give_back(client, n)
+        self._rates.refund(client, cost, limits.burst)
 
     async def _take_waiting(self, client: str, n: int, limits: TenantLimits) -> None:
         if await self._waiting.take(client, n, limits.waiting):

@@ -68,6 +68,13 @@ class RateLimiter:
         ``rate`` and ``burst`` override the limiter's own for this client."""
         return self._wait(client, n, rate, burst, take=True)
 
+    def refund(self, client: str, n: int, burst: float | None = None) -> None:
+        """Give back ``n`` tokens taken for an add refused after its rate check."""
+        bucket = self._buckets.get(client)
+        if bucket is not None:
+            cap = self.burst if burst is None else max(burst, 1.0)
+            bucket.tokens = min(cap, bucket.tokens + n)
+
     def peek(
         self, client: str, n: int, rate: float | None = None, burst: float | None = None
     ) -> float:
