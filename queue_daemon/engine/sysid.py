@@ -88,7 +88,7 @@ async def acquire(store: SysidLeases, settings: Settings) -> Identity:
         journal = await open_journal(path, settings)
         deadline = time.monotonic() + PINNED_WAIT_S
         while journal is None and time.monotonic() < deadline:
-            # another daemon may be ingesting it as an orphan (engine.adoption)
+            # another daemon may be ingesting it as an orphan (engine.ingest.adoption)
             await asyncio.sleep(0.5)
             journal = await open_journal(path, settings)
         if journal is None:

@@ -43,8 +43,11 @@ for _package in ("journal", "store", "scheduler", "runners"):
 
 
 def sources_of(package: str) -> list[Path]:
-    """The package's own files (queue_daemon's without the linked rooms)."""
+    """The package's own files (queue_daemon's without the linked rooms), or the
+    one module ``package`` names."""
     base = ROOT / package
+    if base.is_file():
+        return [base]
     return sorted(
         path
         for path in base.rglob("*.py")

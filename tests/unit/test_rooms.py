@@ -110,3 +110,21 @@ def test_the_engine_is_its_phases() -> None:
     engine = ROOT / "queue_daemon" / "engine"
     folders = {p.name for p in engine.iterdir() if p.is_dir() and p.name != "__pycache__"}
     assert folders == set(PHASES)
+
+
+def test_the_engines_shared_modules_import_no_phase_but_admission() -> None:
+    """What the phases share sits at the engine's top and leans on no phase
+    (follow-on jobs in the shared releases go through admission)."""
+    engine = ROOT / "queue_daemon" / "engine"
+    bad = [
+        (path.name, name)
+        for path in sorted(engine.glob("*.py"))
+        for _, name in imports_of(f"queue_daemon/engine/{path.name}")
+        for phase in PHASES
+        if phase != "admit"
+        and (
+            name == f"queue_daemon.engine.{phase}"
+            or name.startswith(f"queue_daemon.engine.{phase}.")
+        )
+    ]
+    assert bad == []

@@ -1,5 +1,5 @@
 """Jobs of pulled types, run by the tenants' own workers over HTTP: claims (held
-until a job comes, ``engine.waits``), renewals, completes and hand-backs.
+until a job comes, ``engine.pull.holds``), renewals, completes and hand-backs.
 
 A claim locks its jobs with ``w:<claim token>:<worker>``: only a request that
 names that token and worker acts on them, so a worker that stalled past its

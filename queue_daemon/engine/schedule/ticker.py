@@ -8,7 +8,7 @@ Every daemon runs it; the store makes each tick one job however many do:
   first taken (the database's clock, kept in the row): after an outage that is
   the latest missed tick, added once, with the ones before it skipped.
 - The job's id is derived from the tenant, the schedule's name and version and
-  the tick (``engine.ids.tick_id``), and the job goes through the ordinary
+  the tick (``engine.admit.ids.tick_id``), and the job goes through the ordinary
   intake (journal, then ingestion). A daemon that dies after journaling the
   job, before recording the tick, leaves the row to be taken over when the
   hold ends: the next daemon journals the same id, and ingestion, idempotent

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from queue_daemon.domain.jobs import Release, ReleaseHow
 from queue_daemon.observe.metrics import Metrics
 from queue_daemon.observe.queuelog import QueueLog
+from queue_daemon.settings import DEFAULTS
 from queue_daemon.store.ports import JobQueue
 
 LEASE_EXPIRED_EXIT = 500  # store.queries.queue's: every run's lease ran out
@@ -16,7 +17,7 @@ LEASE_EXPIRED_EXIT = 500  # store.queries.queue's: every run's lease ran out
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ExpireSettings:
-    lease: float = 60.0
+    lease: float = DEFAULTS.lease
 
     @property
     def every(self) -> float:

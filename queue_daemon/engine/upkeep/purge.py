@@ -6,12 +6,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from queue_daemon.observe.queuelog import QueueLog
+from queue_daemon.settings import DEFAULTS
 from queue_daemon.store.ports import JobQueue
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PurgeSettings:
-    retention: float = 7 * 86_400.0  # seconds a done job is kept
+    retention: float = DEFAULTS.retention  # seconds a done job is kept
     every: float = 600.0
 
 

@@ -7,12 +7,13 @@ from __future__ import annotations
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
+from queue_daemon.settings import DEFAULTS
 from queue_daemon.store.ports import JobQueue
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RenewSettings:
-    lease: float = 60.0  # seconds a claim holds its jobs from the last renewal
+    lease: float = DEFAULTS.lease  # seconds a claim holds its jobs from the last renewal
 
     @property
     def every(self) -> float:

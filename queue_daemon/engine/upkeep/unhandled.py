@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from queue_daemon.domain.jobs import Release, ReleaseHow
 from queue_daemon.observe.metrics import Metrics
 from queue_daemon.observe.queuelog import QueueLog
+from queue_daemon.settings import DEFAULTS
 from queue_daemon.store.ports import JobQueue
 
 NO_HANDLER_RESULT = "no handler for this type before the job's time ran out"
@@ -21,7 +22,7 @@ class SweepSettings:
     20 ms of the store's time), a round every 5 s: 100,000 idle types are all
     looked at every 100 s, at a steady cost instead of in one burst."""
 
-    job_ttl: float = 86_400.0  # seconds from a job's creation to the end of its time
+    job_ttl: float = DEFAULTS.job_ttl  # seconds from a job's creation to the end of its time
     round_s: float = 5.0
     steps: int = 5_000  # waiting types a round
 
