@@ -25,10 +25,9 @@ from queue_daemon.api.web import (
 )
 from queue_daemon.domain.jobs import Job, JobState
 from queue_daemon.domain.names import JobType, iso, valid_type
-from queue_daemon.domain.options import ID_RE, MAX_AFTER, JobOptions
+from queue_daemon.domain.options import ID_RE, MAX_AFTER, NO_OPTIONS, JobOptions
 from queue_daemon.domain.views import TypeStats
 from queue_daemon.engine.admit.ids import MAX_KEY
-from queue_daemon.engine.admit.intake import NO_OPTIONS
 from queue_daemon.engine.backoff import Backoff
 from queue_daemon.store.errors import BadCursor, Conflict, NotFound
 

@@ -49,3 +49,6 @@ class JobOptions:
             elif part.startswith("d") and part[1:].isdigit():
                 deadline = int(part[1:])
         return cls(after, resolve_any, deadline)
+
+
+NO_OPTIONS = JobOptions()  # an add without options: nearly every one

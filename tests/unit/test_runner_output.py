@@ -6,8 +6,9 @@ import random
 
 import pytest
 
+from queue_daemon.domain.outcomes import code_of
 from queue_daemon.runners.check import check_handler
-from queue_daemon.runners.codes import code_of, valid_exitcode
+from queue_daemon.runners.codes import valid_exitcode
 from queue_daemon.runners.output import (
     STATUS_TRIES,
     OutputLimits,

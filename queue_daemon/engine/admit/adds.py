@@ -28,9 +28,9 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from queue_daemon.domain.names import JobType
-from queue_daemon.domain.options import JobOptions
+from queue_daemon.domain.options import NO_OPTIONS, JobOptions
 from queue_daemon.engine.admit.ids import keyed_ids
-from queue_daemon.engine.admit.intake import NO_OPTIONS, Intake
+from queue_daemon.engine.admit.intake import Intake
 from queue_daemon.engine.admit.limits import Limits, TenantLimits
 from queue_daemon.engine.admit.quotas import RateLimiter, WaitingLimiter, rate_cost
 from queue_daemon.engine.backoff import Backoff

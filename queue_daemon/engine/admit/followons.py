@@ -28,10 +28,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from queue_daemon.domain.names import JobType
+from queue_daemon.domain.outcomes import code_of
 from queue_daemon.engine.admit.adds import Adds, NeverFits, OverRate, OverWaiting
 from queue_daemon.engine.admit.limits import TenantLimits
 from queue_daemon.journal import JournalError
-from queue_daemon.runners.codes import code_of
 from queue_daemon.runners.models import HandlerSpec, JobResult
 from queue_daemon.runners.output import emit_problem
 

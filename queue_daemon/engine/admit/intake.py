@@ -7,13 +7,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from queue_daemon.domain.names import JobType
-from queue_daemon.domain.options import JobOptions
+from queue_daemon.domain.options import NO_OPTIONS, JobOptions
 from queue_daemon.engine.admit.ids import IdGenerator
 from queue_daemon.journal import Journal
 from queue_daemon.observe.metrics import Metrics
 from queue_daemon.observe.queuelog import QueueLog
-
-NO_OPTIONS = JobOptions()
 
 
 class Intake:
