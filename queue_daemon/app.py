@@ -27,11 +27,11 @@ from typing import Any
 from aiohttp import web
 
 from queue_daemon import memory
-from queue_daemon.api.auth import TokenCache
 from queue_daemon.api.bodies import BodyBudget
 from queue_daemon.api.reads import CoalescedReads
 from queue_daemon.api.routes import build_app
 from queue_daemon.api.server import AppRunner, ConnectionCaps, quiet_exhaustion
+from queue_daemon.api.tokens import TokenCache
 from queue_daemon.api.web import Services
 from queue_daemon.engine import sysid as sysids
 from queue_daemon.engine.admit.adds import Adds

@@ -21,10 +21,10 @@ import orjson
 from aiohttp import web
 
 from queue_daemon.api import bodies, errors
-from queue_daemon.api.auth import TokenCache
 from queue_daemon.api.bodies import BodyBudget
 from queue_daemon.api.errors import ApiError
 from queue_daemon.api.reads import CoalescedReads
+from queue_daemon.api.tokens import TokenCache
 from queue_daemon.domain.names import valid_type
 from queue_daemon.engine.admit.adds import (
     AddRefused,

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import orjson
 
-from queue_daemon.api.auth import hash_token, new_token
+from queue_daemon.api.tokens import hash_token, new_token
 from queue_daemon.cli.config import CliError, number
 from queue_daemon.domain.names import valid_client
 from queue_daemon.engine.admit.limits import LIMIT_KEYS, LimitsError, validate_overrides

@@ -9,7 +9,7 @@ import time
 import asyncpg
 import pytest
 
-from queue_daemon.api.auth import hash_token, legacy_hash_token
+from queue_daemon.api.tokens import hash_token, legacy_hash_token
 from queue_daemon.store import queries
 from queue_daemon.store.errors import NotFound
 from queue_daemon.store.migrate import available_migrations

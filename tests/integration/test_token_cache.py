@@ -8,7 +8,7 @@ import asyncio
 
 import pytest
 
-from queue_daemon.api.auth import TokenCache, hash_token, new_token
+from queue_daemon.api.tokens import TokenCache, hash_token, new_token
 from queue_daemon.store.pg import PgStore
 
 
