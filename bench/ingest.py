@@ -70,7 +70,7 @@ async def measure_ingest(
             raise BenchError(f"journal holds {journal.lag.unread_lines} unread lines, not {rows}")
         store = await PgStore.connect(dsn)
         try:
-            ingester = Ingester(journal, store, batch=batch, workers=workers)
+            ingester = Ingester(journal, store, ingest_batch=batch, ingest_workers=workers)
             start = time.perf_counter()
             task = asyncio.create_task(ingester.run())
             try:

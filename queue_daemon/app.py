@@ -147,8 +147,8 @@ class Daemon:
         self.ingester = ingester = Ingester(
             journal,
             store,
-            batch=settings.ingest_batch,
-            workers=settings.ingest_workers,
+            ingest_batch=settings.ingest_batch,
+            ingest_workers=settings.ingest_workers,
             on_stored=waiting.stored,
         )
         uids = TenantUids(

@@ -11,8 +11,8 @@ from queue_daemon.domain.names import JobType, iso, valid_type
 from queue_daemon.domain.tenants import HandlerRecord
 from queue_daemon.engine.handlers import PULLED_LANG
 from queue_daemon.runners.models import LANGS
+from queue_daemon.settings import DEFAULTS
 
-MAX_SOURCE_BYTES = 1 << 20  # default limit of each of body, before, beforeEach, afterEach
 MAX_TIMEOUT_S = 3600.0
 MAX_ATTEMPTS = 100
 _TEXT_FIELDS = ("body", "before", "beforeEach", "afterEach")
@@ -34,7 +34,7 @@ def _source(fields: dict[str, Any], name: str, limit: int) -> str:
     return value
 
 
-def parse_handler(fields: Any, *, source_limit: int = MAX_SOURCE_BYTES) -> dict[str, object]:
+def parse_handler(fields: Any, *, handler_limit: int = DEFAULTS.handler_limit) -> dict[str, object]:
     """The stored ``data`` of a handler from the fields a tenant sent, or ApiError."""
     if not isinstance(fields, dict):
         raise bad_handler("a JSON handler must be an object")
@@ -46,7 +46,7 @@ def parse_handler(fields: Any, *, source_limit: int = MAX_SOURCE_BYTES) -> dict[
         raise bad_handler(f"lang must be one of {', '.join((*LANGS, PULLED_LANG))}")
     data: dict[str, object] = {"lang": lang}
     for name in _TEXT_FIELDS:
-        data[name] = _source(fields, name, source_limit)
+        data[name] = _source(fields, name, handler_limit)
     if lang == PULLED_LANG:
         # no code: the tenant's own workers claim the type's jobs
         if any(data[n] for n in _TEXT_FIELDS):

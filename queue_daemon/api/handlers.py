@@ -36,7 +36,7 @@ async def add_handler(request: web.Request) -> web.Response:
         except UnicodeDecodeError as exc:
             raise bad_handler(f"body is not valid UTF-8 at byte {exc.start}") from None
         fields = {"lang": request.query.get("lang", ""), "body": source}
-    data = parse_handler(fields, source_limit=settings.handler_limit)
+    data = parse_handler(fields, handler_limit=settings.handler_limit)
     problem = (
         None
         if data["lang"] == PULLED_LANG

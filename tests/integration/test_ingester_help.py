@@ -65,7 +65,7 @@ async def _moved_behind_a_slow_batch(
 ) -> None:
     slow = SlowBatchStore(store, "flood-busy")
     journal = await Journal.open(tmp_path / "j")
-    ingester = Ingester(journal, cast(Store, slow), batch=5000, workers=2)
+    ingester = Ingester(journal, cast(Store, slow), ingest_batch=5000, ingest_workers=2)
     task = asyncio.create_task(ingester.run())
     try:
         now_ms = time.time_ns() // 1_000_000

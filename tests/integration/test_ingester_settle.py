@@ -75,7 +75,7 @@ async def test_the_read_point_passes_a_batch_once_its_rows_are_flushed(
     flushing = FlushStore(store, conn)
     flushing.gate.clear()
     journal = await Journal.open(tmp_path / "j")
-    ingester = Ingester(journal, cast(Store, flushing), batch=5000, workers=1)
+    ingester = Ingester(journal, cast(Store, flushing), ingest_batch=5000, ingest_workers=1)
     task = asyncio.create_task(ingester.run())
     try:
         await _write(journal, "a", 3)
@@ -109,7 +109,7 @@ async def test_rows_lost_before_their_flush_are_inserted_again(
 ) -> None:
     flushing = FlushStore(store, conn, lose=1)
     journal = await Journal.open(tmp_path / "j")
-    ingester = Ingester(journal, cast(Store, flushing), batch=5000, workers=1)
+    ingester = Ingester(journal, cast(Store, flushing), ingest_batch=5000, ingest_workers=1)
     task = asyncio.create_task(ingester.run())
     try:
         await _write(journal, "a", 5)

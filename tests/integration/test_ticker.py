@@ -92,7 +92,7 @@ def yearly(client: str, fire: datetime) -> Schedule:
 
 
 async def _ingest(journal: Journal, store: PgStore) -> None:
-    ingester = Ingester(journal, store, batch=100, workers=1)
+    ingester = Ingester(journal, store, ingest_batch=100, ingest_workers=1)
     task = asyncio.create_task(ingester.run())
     try:
         assert await ingester.drain(10)

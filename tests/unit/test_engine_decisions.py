@@ -313,7 +313,7 @@ async def test_a_run_ended_after_its_lease_was_lost_is_not_counted_as_finished(
 
 async def ingest_all(journal: Journal, store: FakeStore, *, batch: int) -> Ingester:
     """Run an ingester until the journal is in the store, then stop it."""
-    ingester = Ingester(journal, store, batch=batch, workers=1)
+    ingester = Ingester(journal, store, ingest_batch=batch, ingest_workers=1)
     task = asyncio.create_task(ingester.run())
     try:
         assert await ingester.drain(10.0), "the journal was not ingested"

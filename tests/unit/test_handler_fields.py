@@ -90,12 +90,12 @@ def test_numbers_of_the_wrong_type_are_bad_handler(field: str, value: Any) -> No
 def test_the_source_limit_is_per_field_and_in_bytes() -> None:
     fields = {"lang": "python", "body": "#" + "é" * 50, "before": "x" * 102}  # 101, 102 bytes
     with pytest.raises(ApiError) as info:
-        parse_handler(fields, source_limit=101)
+        parse_handler(fields, handler_limit=101)
     assert (info.value.status, info.value.kind, info.value.message) == (
         413,
         "too_large",
         "before is over 101 bytes",
     )
-    assert parse_handler({**fields, "before": "x" * 101}, source_limit=102)["before"] == "x" * 101
+    assert parse_handler({**fields, "before": "x" * 101}, handler_limit=102)["before"] == "x" * 101
     with pytest.raises(ApiError):
-        parse_handler({"lang": "python", "body": "#" + "é" * 51}, source_limit=102)
+        parse_handler({"lang": "python", "body": "#" + "é" * 51}, handler_limit=102)

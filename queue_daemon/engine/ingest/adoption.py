@@ -68,7 +68,9 @@ class Adopter:
                     extra={"action": "journal_adopted", "sysid": sysid, "lines": lines},
                 )
                 settings = self._settings
-                ingester = Ingester(journal, self._store, batch=settings.ingest_batch, workers=1)
+                ingester = Ingester(
+                    journal, self._store, ingest_batch=settings.ingest_batch, ingest_workers=1
+                )
                 task = asyncio.create_task(ingester.run())
                 try:
                     await ingester.drain(float("inf"))

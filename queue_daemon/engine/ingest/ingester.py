@@ -106,15 +106,15 @@ class Ingester:
         journal: Journal,
         store: JobIntake,
         *,
-        batch: int,
-        workers: int,
+        ingest_batch: int,
+        ingest_workers: int,
         on_stored: Callable[[Sequence[Entry]], None] = lambda entries: None,
     ) -> None:
         self._journal = journal
         self._store = store
         self._on_stored = on_stored  # told of each batch in the store (admission's counts)
-        self._batch = batch
-        self._workers = workers
+        self._batch = ingest_batch
+        self._workers = ingest_workers
         self._stopping = asyncio.Event()
         self.ingested = 0  # rows newly inserted by this daemon
         self._first_busy_since: float | None = None  # the first pipeline's batch began
