@@ -7,6 +7,7 @@ import contextlib
 import os
 import shutil
 import tempfile
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -43,12 +44,23 @@ def _server_homes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
         yield
         return
     sweep_homes(SERVER_HOME)
+    began = time.time()
     yield
     ours = tmp_path_factory.getbasetemp().resolve()
+
+    def made_here(home: Path, owner: Path) -> bool:
+        """Made by this session: for its temporary data directories, or for a
+        directory of its own (``mkdtemp``) since it began."""
+        marker = home / "data_dir"
+        return owner.is_relative_to(ours) or (marker.exists() and marker.stat().st_mtime >= began)
+
     left = [
         f"{o.home} ({o.owner}): {o.reason}"
         for o in sweep_homes(SERVER_HOME, also_gone=lambda owner: owner.is_relative_to(ours))
-        if not o.removed and o.owner is not None and o.owner.is_relative_to(ours)
+        if not o.removed
+        and o.owner is not None
+        and not o.owner.exists()
+        and made_here(o.home, o.owner)
     ]
     assert left == [], "directories below SERVER_HOME outlived their data directories"
 
