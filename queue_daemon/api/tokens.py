@@ -75,7 +75,7 @@ class TokenCache:
         self._began = 0  # reloads begun
         self._began_at = -1e9  # loop time the last one began
         self._copy = 0  # the number of the reload whose copy is in force (0: none)
-        self._reloading: tuple[int, asyncio.Future[None]] | None = None
+        self._reloading: asyncio.Future[None] | None = None  # the reload in flight
         self.loaded = False
         self.uid_slots: dict[str, int] = {}  # client -> its slot in the tenant uid range
 
@@ -151,32 +151,30 @@ class TokenCache:
             self._began += 1
             self._began_at = asyncio.get_running_loop().time()
             task = asyncio.ensure_future(self._read(self._began))
-            task.add_done_callback(_retrieve)
-            self._reloading = (self._began, task)
-        return self._reloading[1]
+            self._reloading = task
+            task.add_done_callback(self._reloaded)
+        return self._reloading
+
+    def _reloaded(self, task: asyncio.Future[None]) -> None:
+        if self._reloading is task:
+            self._reloading = None
+        if not task.cancelled():
+            task.exception()  # seen: its waiters may all have gone
 
     async def _read(self, number: int) -> None:
-        try:
-            if self._key is None:
-                self._key = await self._store.token_key()
-            by_hash = await self._store.tenant_tokens()
-            for digest in await self._store.admin_tokens():
-                by_hash[digest] = ADMIN
-            if self._limits is not None:
-                self._limits.update(await self._store.tenant_limits())
-            self.uid_slots = await self._store.tenant_uid_slots()
-            self._by_hash = by_hash
-            self._copy = number
-            self.loaded = True
-        finally:
-            self._reloading = None
+        if self._key is None:
+            self._key = await self._store.token_key()
+        by_hash = await self._store.tenant_tokens()
+        for digest in await self._store.admin_tokens():
+            by_hash[digest] = ADMIN
+        if self._limits is not None:
+            self._limits.update(await self._store.tenant_limits())
+        self.uid_slots = await self._store.tenant_uid_slots()
+        self._by_hash = by_hash
+        self._copy = number
+        self.loaded = True
 
 
 def _never() -> bool:
     return False
 
-
-def _retrieve(task: asyncio.Future[None]) -> None:
-    """Mark a reload's failure seen (its waiters may all have gone)."""
-    if not task.cancelled():
-        task.exception()
