@@ -103,6 +103,7 @@ class Options:
     abuse_samples: int = 200
     daemon_args: list[str] = field(default_factory=list)
     peers: bool = False
+    peer_names: list[str] = field(default_factory=list)  # --peers: only these (default all)
     results: Path | None = None
 
 
@@ -170,8 +171,15 @@ def parse_args(argv: list[str] | None) -> Options:
     parser.add_argument(
         "--peers",
         action="store_true",
-        help="instead of the sections: this project beside pgqueuer and procrastinate "
-        "(bench/peers; installs them into a virtual environment of their own)",
+        help="instead of the sections: this project beside pgqueuer, procrastinate and "
+        "graphile-worker (bench/peers; installs them into environments of their own)",
+    )
+    parser.add_argument(
+        "--peer",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="--peers: only this peer (repeatable; default: every peer)",
     )
     parser.add_argument(
         "--results", type=Path, default=None, help="--peers: where its JSON and PNG go"
@@ -179,6 +187,16 @@ def parse_args(argv: list[str] | None) -> Options:
     args = parser.parse_args(argv)
     if args.peers and args.only:
         parser.error("--peers runs workloads of its own; it takes no --only")
+    if args.peer:
+        from bench.peers.run import PEERS
+
+        if not args.peers:
+            parser.error("--peer goes with --peers")
+        unknown_peers = sorted(set(args.peer) - set(PEERS))
+        if unknown_peers:
+            parser.error(
+                f"unknown peer(s) {', '.join(unknown_peers)}; choose from {', '.join(PEERS)}"
+            )
     sections = [s.strip() for group in args.only for s in group.split(",") if s.strip()]
     unknown = [s for s in sections if s not in SECTIONS]
     if unknown:
@@ -212,6 +230,7 @@ def parse_args(argv: list[str] | None) -> Options:
         abuse_samples=args.abuse_samples or (10 if quick else 200),
         daemon_args=list(args.daemon_arg),
         peers=args.peers,
+        peer_names=list(dict.fromkeys(args.peer)),
         results=args.results,
     )
 

@@ -13,7 +13,12 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 OURS = "this project"
-COLOURS = {OURS: "#2b7a3d", "pgqueuer": "#4c72b0", "procrastinate": "#c44e52"}
+COLOURS = {
+    OURS: "#2b7a3d",
+    "pgqueuer": "#4c72b0",
+    "procrastinate": "#c44e52",
+    "graphile-worker": "#8172b2",
+}
 
 
 def main(source: str, target: str) -> int:
@@ -42,13 +47,15 @@ def main(source: str, target: str) -> int:
         better = "higher is better" if row["higher_is_better"] else "lower is better"
         ratio = "" if row["ratio"] is None else f"; ratio {row['ratio']:.2f}"
         ax.set_title(f"{row['workload']}\n{row['unit']}, {better}{ratio}", fontsize=9)
-        ax.tick_params(axis="x", labelsize=8)
+        ax.tick_params(axis="x", labelsize=7)
         ax.margins(y=0.15)
     for ax in list(axes.flat)[len(rows) :]:
         ax.axis("off")
     machine = document["machine"]
+    ran = {name for row in rows for name in row["peers"]}
+    node = "graphile-worker" in ran
     versions = ", ".join(
-        f"{k} {v}" for k, v in document["versions"].items() if k in ("pgqueuer", "procrastinate")
+        f"{k} {v}" for k, v in document["versions"].items() if k in ran or (node and k == "node")
     )
     fig.suptitle(
         f"{document['date']}: {machine['cores']} cores, {machine['cpu']}; {versions}", fontsize=9

@@ -7,6 +7,9 @@ Each peer is used as its documentation shows: pgqueuer's ``Queries.enqueue``
 ``tools/benchmark.py`` does; procrastinate's ``defer_async`` /
 ``batch_defer_async`` and ``App.run_worker_async`` over its psycopg pool.
 
+``graphile_driver.mjs`` is its node twin for graphile-worker: the same roles,
+arguments and result lines.
+
 Roles (the result is one ``RESULT {json}`` line on stdout):
 
   install   create the peer's schema in an empty database

@@ -1,6 +1,7 @@
-"""``python -m bench --peers``: this project beside pgqueuer and procrastinate, measured
-in one run, one after the other, on one PostgreSQL server with the same settings
-(each system on a fresh database of its own).
+"""``python -m bench --peers``: this project beside pgqueuer, procrastinate and
+graphile-worker, measured in one run, one after the other, on one PostgreSQL server
+with the same settings (each system on a fresh database of its own); ``--peer NAME``
+runs only the peers named.
 
 Workloads (``--quick``: smaller, for a smoke run):
 
@@ -12,9 +13,12 @@ Workloads (``--quick``: smaller, for a smoke run):
   latency        add → start p50 / p99 at a steady 100 jobs/s, 20 s
   e2e deep       the e2e workload while 1,000,000 jobs wait in another queue
 
-The peers run from their own virtual environment (``bench/peers/venv.py``),
-each the way its documentation shows, with the worker and batch settings of
-``PEERS`` below (printed with the results). A peer's e2e that has not finished
+The Python peers run from their own virtual environment (``bench/peers/venv.py``,
+driven by ``driver.py``), graphile-worker on the project's node with the packages
+pinned in ``package-lock.json`` (``bench/peers/node_env.py``, driven by
+``graphile_driver.mjs``, which speaks ``driver.py``'s roles); each the way its
+documentation shows, with the worker and batch settings of ``PEERS`` below
+(printed with the results). A peer's e2e that has not finished
 within ``E2E_LIMIT_S`` (--quick: a quarter) is stopped and its rate is what it did until then.
 
 The table is printed, written as JSON (``bench/results/peers-<date>-<time>.json``,
@@ -40,7 +44,7 @@ from typing import TYPE_CHECKING, Any
 
 import asyncpg
 
-from bench.peers import ours
+from bench.peers import node_env, ours
 from bench.peers import venv as peer_venv
 from bench.pg import vacuum_analyze
 from bench.procs import ROOT, BenchError, Child
@@ -81,6 +85,8 @@ class PeerSettings:
         ).strip()
 
 
+NODE_PEER = "graphile-worker"  # run by node (graphile_driver.mjs), the others by python
+
 PEERS: dict[str, PeerSettings] = {
     # as pgqueuer's tools/benchmark.py runs it: several PgQueuer instances in one
     # process, each on its own asyncpg connection, with uvloop
@@ -102,6 +108,22 @@ PEERS: dict[str, PeerSettings] = {
         latency=(1, 1),
         note="Workers with wait=False (stop once the queue is empty), listen/notify on.",
     ),
+    # as its documentation's performance page: processes x concurrentJobs x
+    # localQueue.size (0: no local queue), completeJobBatchDelay and
+    # failJobBatchDelay 0; its page's own shape is 24 x 500
+    NODE_PEER: PeerSettings(
+        enqueue1=(2, 16),
+        enqueue1000=(2, 2),
+        work=((2, 24, 500), (1, 24, 500), (2, 50, 1000), (1, 10, 0)),
+        tune_jobs=50_000,
+        latency=(24, 500),
+        note=(
+            "Jobs added with WorkerUtils addJob (1 a call) / addJobs; concurrency is "
+            "concurrentJobs, the dequeue batch localQueue.size (0: none), "
+            "completeJobBatchDelay and failJobBatchDelay 0; the end to end drains with "
+            "runOnce (its --once), the latency worker is run() with LISTEN/NOTIFY."
+        ),
+    ),
 }
 
 # jobs of the bench's queue not yet done, per peer
@@ -110,6 +132,11 @@ REMAINING_SQL = {
     "procrastinate": (
         "SELECT count(*) FROM procrastinate_jobs "
         "WHERE queue_name = 'default' AND status <> 'succeeded'"
+    ),
+    # a job done is deleted; a failed one stays (with its error)
+    NODE_PEER: (
+        "SELECT count(*) FROM graphile_worker._private_jobs j "
+        "JOIN graphile_worker._private_tasks t ON t.id = j.task_id WHERE t.identifier = 'noop'"
     ),
 }
 
@@ -141,11 +168,13 @@ class Row:
 
 
 class PeerRunner:
-    """Runs the driver of one peer against databases of the bench's server."""
+    """Runs the driver of one peer against databases of the bench's server;
+    ``driver`` is the argv that starts it (``driver.py`` in the peers' python, or
+    ``graphile_driver.mjs`` in node), the role and its arguments follow."""
 
-    def __init__(self, run: Run, python: Path, name: str) -> None:
+    def __init__(self, run: Run, driver: Sequence[str], name: str) -> None:
         self.run = run
-        self.python = python
+        self.driver = list(driver)
         self.name = name
         self.settings = PEERS[name]
         self.shape = self.settings.work[0]
@@ -154,8 +183,7 @@ class PeerRunner:
 
     def _argv(self, role: str, dsn: str, *args: str) -> list[str]:
         return [
-            str(self.python),
-            str(peer_venv.DRIVER),
+            *self.driver,
             role,
             "--peer",
             self.name,
@@ -396,7 +424,8 @@ def _number(value: float | None) -> str:
 
 
 def render(rows: Sequence[Row]) -> str:
-    names = list(PEERS)
+    """The table: a column for each peer that has a figure (or a failure) in a row."""
+    names = list(dict.fromkeys(name for row in rows for name in row.peers))
     head = ["workload", "unit", "this project", *names, "ratio", "of"]
     cells = []
     for row in rows:
@@ -464,18 +493,31 @@ def write(rows: Sequence[Row], document: dict[str, Any], python: Path, out: Path
     return path
 
 
+def drivers(names: Sequence[str]) -> tuple[Path, dict[str, list[str]], dict[str, str]]:
+    """The peers' python (it also draws the chart), the driver argv of each peer
+    named, and the versions installed; the environments are made first if needed."""
+    python = peer_venv.ensure()
+    versions = peer_venv.versions(python)
+    argv = {name: [str(python), str(peer_venv.DRIVER)] for name in names if name != NODE_PEER}
+    if NODE_PEER in names:
+        node = node_env.ensure()
+        versions.update(node_env.versions(node))
+        argv[NODE_PEER] = node.driver()
+    return python, argv, versions
+
+
 def main(run: Run, out: Path | None = None) -> int:
     sizes = Sizes.of(run.opts.quick)
+    names = [name for name in PEERS if not run.opts.peer_names or name in run.opts.peer_names]
     try:
-        python = peer_venv.ensure()
-        versions = peer_venv.versions(python)
+        python, argv, versions = drivers(names)
     except (BenchError, subprocess.TimeoutExpired) as exc:
         print(f"bench: the peers' environment could not be made: {exc}", flush=True)
         return 1
     print("bench: peers " + ", ".join(f"{n} {v}" for n, v in versions.items()), flush=True)
-    for name, settings in PEERS.items():
-        print(f"bench: {name}: {settings.describe()}", flush=True)
-    peers = [PeerRunner(run, python, name) for name in PEERS]
+    for name in names:
+        print(f"bench: {name}: {PEERS[name].describe()}", flush=True)
+    peers = [PeerRunner(run, argv[name], name) for name in names]
     rows = measure(run, peers, sizes)
     print()
     print(render(rows))

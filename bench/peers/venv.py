@@ -3,7 +3,7 @@ versions pinned in ``requirements.txt``, kept apart from the project's.
 
 It lives in the user's cache (``$XDG_CACHE_HOME`` or ``~/.cache``), named after
 the hash of the pins, so a second run reuses it and a change of pins makes a
-new one.
+new one. The node peer's packages sit beside it (``node_env``).
 """
 
 from __future__ import annotations
@@ -28,10 +28,14 @@ def pins() -> list[str]:
     return [line.strip() for line in lines if line.strip() and not line.startswith("#")]
 
 
+def cache() -> Path:
+    """Where the peers' environments live: the user's cache, ``queue-daemon/`` in it."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "queue-daemon"
+
+
 def location() -> Path:
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
     digest = hashlib.sha256(REQUIREMENTS.read_bytes()).hexdigest()[:12]
-    return cache / "queue-daemon" / f"bench-peers-{digest}"
+    return cache() / f"bench-peers-{digest}"
 
 
 def ensure() -> Path:

@@ -1,12 +1,17 @@
 """The peers table's arithmetic (bench/peers/run.py): which peer is best, and the
-ratio turned so that above 1 this project is ahead, for rates and for latencies."""
+ratio turned so that above 1 this project is ahead, for rates and for latencies;
+the peers' settings and how their drivers are started, without running them."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
+from bench.cli import parse_args
+from bench.peers import node_env
 from bench.peers.ours import percentiles
-from bench.peers.run import Row, render
+from bench.peers.run import NODE_PEER, PEERS, REMAINING_SQL, Row, render
 from bench.procs import BenchError
 
 
@@ -56,3 +61,58 @@ def test_percentiles() -> None:
     assert percentiles([float(i) for i in range(1, 101)]) == (50.5, 99.0)
     with pytest.raises(BenchError):
         percentiles([])
+
+
+def test_the_table_has_a_column_for_each_peer_that_ran() -> None:
+    rows = [
+        Row(
+            "e2e",
+            "jobs/s",
+            True,
+            ours=20_000.0,
+            peers={"pgqueuer": 19_000.0, "procrastinate": 700.0, NODE_PEER: 40_000.0},
+        )
+    ]
+    head, _, line = render(rows).splitlines()
+    assert head.split()[-4:] == ["procrastinate", NODE_PEER, "ratio", "of"]
+    assert "40,000" in line and line.split()[-2:] == ["0.50", NODE_PEER]
+    only = render([Row("e2e", "jobs/s", True, ours=1.0, peers={NODE_PEER: 2.0})])
+    assert "pgqueuer" not in only and NODE_PEER in only
+
+
+def test_every_peer_has_its_remaining_count_and_graphile_worker_its_shapes() -> None:
+    assert set(REMAINING_SQL) == set(PEERS)
+    settings = PEERS[NODE_PEER]
+    assert (2, 24, 500) in settings.work  # its performance page's shape
+    assert any(batch == 0 for _, _, batch in settings.work)  # and one without a local queue
+    text = settings.describe()
+    assert "2 x 24 x 500" in text and "localQueue.size" in text and "runOnce" in text
+
+
+def test_peer_picks_peers_and_goes_with_peers_only() -> None:
+    opts = parse_args(["--peers", "--peer", NODE_PEER, "--peer", NODE_PEER])
+    assert opts.peers and opts.peer_names == [NODE_PEER]
+    assert parse_args(["--peers"]).peer_names == []
+    with pytest.raises(SystemExit):
+        parse_args(["--peers", "--peer", "sidekiq"])
+    with pytest.raises(SystemExit):
+        parse_args(["--peer", NODE_PEER])
+
+
+def test_the_node_driver_is_started_by_node_with_its_packages(tmp_path: Path) -> None:
+    env = node_env.NodeEnv(node=("/opt/node/bin/node",), root=tmp_path)
+    argv = env.driver()
+    assert argv[0] == "/opt/node/bin/node"
+    assert argv[1].endswith("graphile_driver.mjs") and Path(argv[1]).is_file()
+    assert argv[2:] == ["--modules", str(tmp_path)]
+    assert node_env.location().name.startswith("bench-peers-node-")
+
+
+def test_npm_is_the_one_beside_node(tmp_path: Path) -> None:
+    cli = tmp_path / "lib" / "node_modules" / "npm" / "bin" / "npm-cli.js"
+    cli.parent.mkdir(parents=True)
+    cli.write_text("")
+    node = tmp_path / "bin" / "node"
+    node.parent.mkdir()
+    node.write_text("")
+    assert node_env.npm_command(str(node)) == [str(node), str(cli)]
