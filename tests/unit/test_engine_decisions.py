@@ -173,8 +173,6 @@ class InstantPool:
         pass
 
 
-
-
 Running = tuple[FakeStore, InstantPool, RecordingIntake, RunLoop]
 
 

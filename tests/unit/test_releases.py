@@ -28,8 +28,6 @@ NOW = datetime(2026, 11, 26, 12, 0, tzinfo=UTC)
 SPEC = HandlerSpec(version="v1", client="acme", type="t", lang="python", body="...", max_attempts=2)
 
 
-
-
 @pytest.fixture
 def intake() -> RecordingIntake:
     return RecordingIntake()
