@@ -95,7 +95,12 @@ class FollowOns:
         """``result`` without its follow-on jobs, which are now pending or written;
         its exit code and result say so when some were dropped or refused."""
         self._taken.add(result.id)
-        if not result.ran:
+        if not result.ran or not (
+            result.emits
+            or result.dropped
+            or result.emit_over
+            or (self._spec.then and code_of(result.exitcode) == "ok")
+        ):  # nothing to take (most runs): the result as it is
             return result
         jobs, sizes, drops = self._within_limits(result)
         if jobs:
