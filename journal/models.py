@@ -42,6 +42,9 @@ class BatchRecord:
     body: str | None = None  # kept while cached in memory
     reserved_by: int = 0  # reservation id, 0 when not reserved
     synced: bool = False
+    # may be in the store already: found on disk at start-up (written before
+    # the journal was opened), or handed out before and not rsync'ed
+    seen: bool = False
 
     @property
     def size(self) -> int:
@@ -60,3 +63,9 @@ class Reservation:
     @property
     def first_seq(self) -> int:
         return self.batches[0].seq
+
+    @property
+    def fresh(self) -> bool:
+        """No line of it can be in the store yet: each batch is read for the first
+        time since the daemon that holds the journal wrote it."""
+        return not any(b.seen for b in self.batches)

@@ -61,6 +61,7 @@ class JournalReader:
                 for b in r.batches:
                     if b.reserved_by == rid and not b.synced:
                         b.reserved_by = 0
+                        b.seen = True
                         heapq.heappush(self._returned, (b.seq, b))
 
     def _peek_returned(self) -> BatchRecord | None:

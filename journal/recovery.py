@@ -123,6 +123,7 @@ def _scan_segment(
                 crc=item.crc,
                 lines=item.lines,
                 create_ms=first_create_ms(data, item.body_offset - start),
+                seen=True,
             )
         )
     return size, max_seq

@@ -43,13 +43,16 @@ class GraphPart:
         async with self._db.conn() as conn:
             for group in groups:
                 columns = list(zip(*group.jobs, strict=True))
-                rows = await conn.fetch(
-                    queries.graph.INSERT,
-                    *columns,
-                    group.after,
-                    group.resolve_any,
-                    group.deadline,
-                )
+                async with conn.transaction():
+                    if group.after:
+                        await conn.execute(queries.graph.MARK_DEPENDENCIES, group.after)
+                    rows = await conn.fetch(
+                        queries.graph.INSERT,
+                        *columns,
+                        group.after,
+                        group.resolve_any,
+                        group.deadline,
+                    )
                 added += len(rows)
                 due = [(r["id"], r["type"]) for r in rows if r["state"] == "due"]
                 if due:

@@ -44,7 +44,9 @@ class JobsPart:
 
     # --- jobs -------------------------------------------------------------
 
-    async def add_jobs(self, jobs: Sequence[NewJob], *, durable: bool = True) -> int:
+    async def add_jobs(
+        self, jobs: Sequence[NewJob], *, durable: bool = True, fresh: bool = False
+    ) -> int:
         """Insert ``jobs``; rows whose id exists are skipped. Return how many were new.
 
         The rows are seen (and notified) as soon as they are in; with ``durable``
@@ -56,20 +58,26 @@ class JobsPart:
         tenant's job added just after another's big batch is not held up by
         that batch's COPY. Each part commits on its own: if one fails, the
         caller retries the whole batch and the parts already in are skipped by id.
+
+        Only a ``fresh`` batch is copied straight into jobs; any other goes
+        through the staging table, so that ids already done (moved to
+        jobs_done, where jobs' primary key cannot see them) are skipped.
         """
         if not jobs:
             return 0
         records = list(jobs)  # NewJob is a tuple in COPY column order
         if len(records) <= self.FEW_ROWS:
-            added = await self._add_few(records)
+            added = await self._add_few(records, fresh)
         else:
             per_type = Counter(job.type for job in records)
             few = [job for job in records if per_type[job.type] <= self.FEW_ROWS]
             if 0 < len(few) <= self.FEW_ROWS:
                 many = [job for job in records if per_type[job.type] > self.FEW_ROWS]
-                added = await self._gather_added(self._add_few(few), self._add_many(many))
+                added = await self._gather_added(
+                    self._add_few(few, fresh), self._add_many(many, fresh)
+                )
             else:
-                added = await self._add_many(records)
+                added = await self._add_many(records, fresh)
         if durable:
             await self.flush()
         return added
@@ -100,13 +108,16 @@ class JobsPart:
             self._epoch = str(row[0])
         return self._epoch
 
-    async def _add_many(self, records: list[NewJob]) -> int:
+    async def _add_many(self, records: list[NewJob], fresh: bool) -> int:
         parts = max(1, min(self.COPY_PARTS, len(records) // self.MIN_PART_ROWS))
         if parts == 1:
-            return await self._add_records(records)
+            return await self._add_records(records, fresh)
         size = -(-len(records) // parts)
         return await self._gather_added(
-            *(self._add_records(records[i : i + size]) for i in range(0, len(records), size))
+            *(
+                self._add_records(records[i : i + size], fresh)
+                for i in range(0, len(records), size)
+            )
         )
 
     @staticmethod
@@ -119,30 +130,34 @@ class JobsPart:
                 raise result
         return sum(cast(list[int], results))
 
-    async def _add_few(self, records: Sequence[NewJob]) -> int:
+    async def _add_few(self, records: Sequence[NewJob], fresh: bool) -> int:
         columns = list(zip(*records, strict=True))
         async with self._db.conn() as conn:
-            row = await conn.fetchrow(queries.intake.INSERT_FEW, *columns, added_payload(records))
+            row = await conn.fetchrow(
+                queries.intake.INSERT_FEW, *columns, added_payload(records), fresh
+            )
         return int(row["n"]) if row is not None else 0
 
-    async def _add_records(self, records: Sequence[NewJob]) -> int:
+    async def _add_records(self, records: Sequence[NewJob], fresh: bool) -> int:
         async with self._db.conn() as conn:
-            # Fast path: COPY straight into jobs. A duplicate id (a batch that is
-            # ingested again after a crash) aborts it; then go through the temp
-            # table with ON CONFLICT DO NOTHING, which also counts the new rows.
-            try:
-                async with conn.transaction():
-                    await conn.execute(queries.queue.ASYNC_COMMIT)
-                    await conn.copy_records_to_table(
-                        queries.intake.JOBS_TABLE,
-                        records=records,
-                        columns=queries.migrations.JOB_COPY_COLUMNS,
-                    )
-                    # sent at commit, so a woken daemon finds the rows
-                    await conn.execute(queries.queue.NOTIFY_JOBS, added_payload(records))
-                return len(records)
-            except asyncpg.UniqueViolationError:
-                pass
+            # Fast path: COPY a fresh batch straight into jobs. A duplicate id
+            # aborts it; then, as for a batch that is not fresh, go through the
+            # temp table, skipping the ids in jobs or jobs_done, which also counts
+            # the new rows.
+            if fresh:
+                try:
+                    async with conn.transaction():
+                        await conn.execute(queries.queue.ASYNC_COMMIT)
+                        await conn.copy_records_to_table(
+                            queries.intake.JOBS_TABLE,
+                            records=records,
+                            columns=queries.migrations.JOB_COPY_COLUMNS,
+                        )
+                        # sent at commit, so a woken daemon finds the rows
+                        await conn.execute(queries.queue.NOTIFY_JOBS, added_payload(records))
+                    return len(records)
+                except asyncpg.UniqueViolationError:
+                    pass
             async with conn.transaction():
                 await conn.execute(queries.queue.ASYNC_COMMIT)
                 await conn.copy_records_to_table(

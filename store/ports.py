@@ -49,9 +49,14 @@ from queue_daemon.store.listen import Delays
 
 
 class JobIntake(Protocol):
-    async def add_jobs(self, jobs: Sequence[NewJob], *, durable: bool = True) -> int:
+    async def add_jobs(
+        self, jobs: Sequence[NewJob], *, durable: bool = True, fresh: bool = False
+    ) -> int:
         """Insert jobs, idempotent by id; return how many rows were new. Without
-        ``durable`` it returns once they are seen, before they are flushed."""
+        ``durable`` it returns once they are seen, before they are flushed.
+        ``fresh``: no job of the batch can be in the store yet (the journal's
+        first reading of it by the daemon that wrote it), so the done jobs are
+        not looked through for its ids."""
 
     async def add_opted(self, groups: Sequence[OptedJobs]) -> int:
         """Insert jobs with dependencies or a deadline (blocked until their

@@ -297,7 +297,7 @@ class World:
                 conn = await asyncpg.connect(self.dsn, timeout=5)
                 try:
                     done = await conn.fetchval(
-                        "SELECT lock = '__done' AND code = 'ok' FROM jobs WHERE id = $1", job_id
+                        "SELECT lock = '__done' AND code = 'ok' FROM all_jobs WHERE id = $1", job_id
                     )
                 finally:
                     await conn.close()
@@ -321,7 +321,8 @@ class World:
                 conn = await asyncpg.connect(self.dsn, timeout=5)
                 try:
                     done = await conn.fetchval(
-                        "SELECT count(*) FROM jobs WHERE id = ANY($1::text[]) AND lock = '__done'",
+                        "SELECT count(*) FROM all_jobs"
+                        " WHERE id = ANY($1::text[]) AND lock = '__done'",
                         wanted,
                     )
                 finally:
@@ -331,15 +332,19 @@ class World:
             await asyncio.sleep(0.2)
 
     async def read_store(self) -> dict[str, checks.Stored]:
+        """Every job in the store, live or done. An id stored twice (in jobs and in
+        jobs_done) is kept under a second key, so its payload counts as duplicated."""
         conn = await asyncpg.connect(self.dsn)
         try:
             rows = await conn.fetch(
-                "SELECT id, data, lock = '__done' AS done, code, exitcode, result FROM jobs"
+                "SELECT id, data, lock = '__done' AS done, code, exitcode, result FROM all_jobs"
             )
         finally:
             await conn.close()
-        return {
-            r["id"]: checks.Stored(
+        stored: dict[str, checks.Stored] = {}
+        for r in rows:
+            key = r["id"] if r["id"] not in stored else f"{r['id']} (again)"
+            stored[key] = checks.Stored(
                 id=r["id"],
                 data=r["data"],
                 done=r["done"],
@@ -347,8 +352,7 @@ class World:
                 exitcode=r["exitcode"],
                 result=r["result"],
             )
-            for r in rows
-        }
+        return stored
 
     def queue_log_records(self) -> list[dict[str, object]]:
         """Every record of the daemons' queue logs (a line torn by a kill is skipped)."""

@@ -30,6 +30,17 @@ class NewJob(NamedTuple):
     create_dt: datetime  # when the daemon acknowledged it (aware, UTC)
 
 
+_GENERATED = frozenset("0123456789abcdef")
+
+
+def added_once(job_id: str) -> bool:
+    """Whether one add alone can journal ``job_id``: an id a daemon made for it
+    (hex digits first: ``engine.admit.ids.IdGenerator``), not one derived from
+    an Idempotency-Key (``i…``) or a schedule's tick (``s…``), which every add
+    of that key or tick journals again, on any daemon."""
+    return job_id[:1] in _GENERATED
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Job:
     """A job as stored, seen by its tenant (``type`` without the client prefix)."""

@@ -117,9 +117,9 @@ RUNNING_JOBS_ALL = _RUNNING_JOBS.format(scope=_ALL, limit="$1")
 RUNNING_JOBS_CLIENT = _RUNNING_JOBS.format(scope=_ONE, limit="$2")
 
 # The newest {limit} failed or errored jobs, their result cut to {chars}
-# characters. One descent of jobs_failed_idx (0006) per type that has such a
-# job (found in type_counts), at most {limit} entries each; then the newest
-# {limit} of those.
+# characters. One descent of jobs_failed_idx (0006) and of jobs_done_failed_idx
+# (0013) per type that has such a job (found in type_counts), at most {limit}
+# entries each; then the newest {limit} of those.
 _RECENT_FAILURES = """
 SELECT f.*
 FROM (
@@ -130,8 +130,15 @@ CROSS JOIN LATERAL (
     SELECT j.id, j.type, j.code, j.exitcode, j.attempts, j.create_dt, j.done_dt,
            left(j.result, {chars}) AS result,
            coalesce(char_length(j.result) > {chars}, false) AS result_cut
-    FROM jobs j
-    WHERE j.type = t.type AND j.lock = '__done' AND j.code IN ('failed', 'error')
+    FROM (
+        (SELECT id, type, code, exitcode, attempts, create_dt, done_dt, result FROM jobs j
+         WHERE j.type = t.type AND j.lock = '__done' AND j.code IN ('failed', 'error')
+         ORDER BY j.done_dt DESC LIMIT {limit})
+        UNION ALL
+        (SELECT id, type, code, exitcode, attempts, create_dt, done_dt, result FROM jobs_done j
+         WHERE j.type = t.type AND j.code IN ('failed', 'error')
+         ORDER BY j.done_dt DESC LIMIT {limit})
+    ) j
     ORDER BY j.done_dt DESC
     LIMIT {limit}
 ) f

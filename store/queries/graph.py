@@ -1,28 +1,39 @@
 """Jobs that wait for other jobs (migration 0011): adding them, and resolving
 their dependencies when those are done.
 
-Ordering across daemons. An add locks each dependency's row (the UPDATE that
-marks it as having dependents) before it reads its state and writes its
-edges, and a job's archiving locks the same row: whichever commits second
-sees the other. An add that comes second finds the dependency done and counts
-it at once (no edge); an archiving that comes second returns ``dependents``
-true, and its caller runs ``RESOLVE`` afterwards, a statement that sees the
-edges. A crash between the archiving and ``RESOLVE`` leaves ``dependents``
-set on a done job: ``PENDING`` finds it and the resolution is run then.
+Ordering across daemons. An add first locks the live rows of its
+dependencies (``MARK_DEPENDENCIES``, the UPDATE that marks them as having
+dependents), then, in the same transaction, reads their state and writes its
+edges (``INSERT``, a statement of its own so that its snapshot sees every job
+archived before the lock was granted: a release moves a done job from jobs
+to jobs_done, 0013). A job's archiving locks the same row: whichever commits
+second sees the other. An add that comes second finds the dependency done and
+counts it at once (no edge); an archiving that comes second returns
+``dependents`` true, and its caller runs ``RESOLVE`` afterwards, a statement
+that sees the edges. A crash between the archiving and ``RESOLVE`` leaves
+``dependents`` set on a done job: ``PENDING`` finds it and the resolution is
+run then.
 """
 
 from __future__ import annotations
 
 from queue_daemon.store.queries.queue import BY_OF, NOTE_DONE, RUN_ENTRY
 
+# $1 the ids of the dependencies: the live ones are marked and locked.
+MARK_DEPENDENCIES = """
+UPDATE jobs SET dependents = dependents OR lock <> '__done'
+WHERE id = ANY($1::text[])
+"""
+
 # $1..$5 the new jobs' columns as arrays (as intake.INSERT_FEW), $6 the ids of
-# their dependencies, $7 resolve_any (all-resolved), $8 deadline or NULL.
-# A dependency that is no longer in the store (purged) counts as completed.
+# their dependencies, $7 resolve_any (all-resolved), $8 deadline or NULL; after
+# MARK_DEPENDENCIES in its transaction. A dependency that is no longer in the
+# store (purged) counts as completed.
 INSERT = """
 WITH deps AS (
-    UPDATE jobs SET dependents = dependents OR lock <> '__done'
-    WHERE id = ANY($6::text[])
-    RETURNING id, lock, code
+    SELECT id, lock, code FROM jobs WHERE id = ANY($6::text[])
+    UNION ALL
+    SELECT id, '__done', code FROM jobs_done WHERE id = ANY($6::text[])
 ),
 state AS (
     SELECT count(*) FILTER (WHERE lock <> '__done') AS open,
@@ -47,6 +58,8 @@ added AS (
     FROM unnest($1::text[], $2::text[], $3::timestamptz[], $4::text[], $5::timestamptz[])
          AS n(id, type, dt, data, create_dt)
     CROSS JOIN state s
+    -- ingested again (a crash, a retry): already done and moved (intake.py)
+    WHERE NOT EXISTS (SELECT 1 FROM jobs_done d WHERE d.id = n.id)
     ON CONFLICT (id) DO NOTHING
     RETURNING id, type, lock, dt
 ),
@@ -77,10 +90,18 @@ FROM added
 # (at the dt it asked for) when none is left. Returns the jobs freed and failed,
 # and whether a failed one has dependents (to resolve at once in turn).
 RESOLVE = """
-WITH RECURSIVE done AS (
+WITH RECURSIVE done_live AS (
     UPDATE jobs SET dependents = false
     WHERE id = ANY($1::text[]) AND lock = '__done' AND dependents
     RETURNING id, code
+),
+done_archived AS (
+    UPDATE jobs_done SET dependents = false
+    WHERE id = ANY($1::text[]) AND dependents
+    RETURNING id, code
+),
+done AS (
+    SELECT id, code FROM done_live UNION ALL SELECT id, code FROM done_archived
 ),
 doomed(job, root) AS (
     SELECT e.job, d.id
@@ -133,7 +154,9 @@ SELECT 'failed', id, type, dependents FROM failed
 
 # Done jobs whose dependents a crash left unresolved.
 PENDING = """
-SELECT id FROM jobs WHERE dependents AND lock = '__done' LIMIT $1
+(SELECT id FROM jobs WHERE dependents AND lock = '__done' LIMIT $1)
+UNION ALL
+(SELECT id FROM jobs_done WHERE dependents LIMIT $1)
 """
 
 # Jobs whose deadline passed, waiting, blocked or running, at most $1: failed,

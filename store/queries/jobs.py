@@ -12,7 +12,7 @@ _JOB_COLUMNS = """
 
 GET_JOB = f"""
 SELECT {_JOB_COLUMNS}, runs
-FROM jobs
+FROM all_jobs
 WHERE id = $1 AND split_part(type, '-', 1) = $2
 """
 
@@ -37,7 +37,7 @@ FROM (
         sum(octet_length(data) + coalesce(octet_length(result), 0))
             OVER (ORDER BY split_part(type, '-', 1), create_dt DESC, id DESC) AS upto,
         octet_length(data) + coalesce(octet_length(result), 0) AS size
-    FROM jobs
+    FROM all_jobs
     {filters}
     {after}
     ORDER BY split_part(type, '-', 1), create_dt DESC, id DESC
@@ -126,12 +126,13 @@ WHERE id = $1 AND split_part(type, '-', 1) = $2 AND lock = ''
 RETURNING {_JOB_COLUMNS}, dependents
 """
 
-# A tenant's done jobs deleted early, at most $4 a statement: $1 client, $2
-# stored type or NULL, $3 done before. Through the client's index (its jobs
-# only); a done job whose dependents are not resolved yet stays (the sweep
-# that resolves them finds it by its row). Counted per type for the queue log.
+# A tenant's done jobs deleted early, at most $4 a statement (both tables):
+# $1 client, $2 stored type or NULL, $3 done before. Through the client's
+# indexes (its jobs only); a done job whose dependents are not resolved yet
+# stays (the sweep that resolves them finds it by its row). Counted per type
+# for the queue log.
 DELETE_DONE = """
-WITH gone AS (
+WITH gone_live AS (
     DELETE FROM jobs
     WHERE id = ANY(ARRAY(
         SELECT id FROM jobs
@@ -142,6 +143,19 @@ WITH gone AS (
         FOR UPDATE SKIP LOCKED
     ))
     RETURNING type
+), gone_done AS (
+    DELETE FROM jobs_done
+    WHERE id = ANY(ARRAY(
+        SELECT id FROM jobs_done
+        WHERE split_part(type, '-', 1) = $1
+          AND ($2::text IS NULL OR type = $2::text)
+          AND done_dt < $3 AND NOT dependents
+        LIMIT greatest(0, $4 - (SELECT count(*) FROM gone_live))
+        FOR UPDATE SKIP LOCKED
+    ))
+    RETURNING type
 )
-SELECT type, count(*)::int AS n FROM gone GROUP BY type
+SELECT type, count(*)::int AS n
+FROM (SELECT type FROM gone_live UNION ALL SELECT type FROM gone_done) g
+GROUP BY type
 """

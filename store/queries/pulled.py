@@ -67,20 +67,33 @@ FOR UPDATE OF j
 
 # Which of $1 ids are $2's jobs at all (to tell 404 from 409).
 EXISTING = """
-SELECT id FROM jobs WHERE id = ANY($1::text[]) AND split_part(type, '-', 1) = $2
+SELECT id FROM all_jobs WHERE id = ANY($1::text[]) AND split_part(type, '-', 1) = $2
 """
 
 # One row per complete, as queue.RELEASE, matched on its whole lock:
 # $1 id, $2 lock, $3 how, $4 code, $5 exitcode, $6 result, $7 delay seconds.
 RELEASE = f"""
-WITH released AS (
+WITH r AS (
+    SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::int[], $6::text[],
+                         $7::float8[]) AS r(id, lock, how, code, exitcode, result, delay)
+),
+archived AS (
+    DELETE FROM jobs j USING r
+    WHERE r.how = 'archive' AND j.id = r.id AND j.lock = r.lock
+    RETURNING j.id, j.type, j.data, j.create_dt, j.attempts, j.run_dt, j.runs, j.dependents,
+              j.deadline, j.lock, r.code, r.exitcode, r.result
+),
+moved AS (
+    INSERT INTO jobs_done (id, type, data, create_dt, done_dt, attempts, code, exitcode, result,
+                           run_dt, ran_by, runs, dependents, deadline)
+    SELECT id, type, data, create_dt, now(), attempts, code, exitcode, result, run_dt, lock,
+           runs, dependents, deadline
+    FROM archived
+),
+again AS (
 UPDATE jobs j
-SET lock = CASE r.how WHEN 'archive' THEN '__done' ELSE '' END,
-    dt = CASE r.how
-        WHEN 'retry' THEN now() + make_interval(secs => r.delay)
-        ELSE now() + interval '1000 years'
-    END,
-    done_dt = CASE r.how WHEN 'archive' THEN now() ELSE j.done_dt END,
+SET lock = '',
+    dt = now() + make_interval(secs => r.delay),
     code = r.code, exitcode = r.exitcode, result = r.result,
     runs = coalesce(j.runs, '[]'::jsonb) || {
     RUN_ENTRY.format(
@@ -90,13 +103,13 @@ SET lock = CASE r.how WHEN 'archive' THEN '__done' ELSE '' END,
         reason=REASON_OF.format(code="r.code"),
     )
 }
-FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::int[], $6::text[],
-            $7::float8[]) AS r(id, lock, how, code, exitcode, result, delay)
-WHERE j.id = r.id AND j.lock = r.lock
-RETURNING j.id, j.type, j.lock, j.dependents
+FROM r
+WHERE r.how <> 'archive' AND j.id = r.id AND j.lock = r.lock
+RETURNING j.id
 ),
-{NOTE_DONE.format(rows="released")}
-SELECT id, dependents AND lock = '__done' AS resolve FROM released
+{NOTE_DONE.format(rows="(SELECT type, '__done' AS lock FROM archived) a")}
+SELECT id, dependents AS resolve FROM archived
+UNION ALL SELECT id, false FROM again
 UNION ALL SELECT NULL, NULL FROM note
 """
 
@@ -122,7 +135,7 @@ RETURNING j.id, j.type
 
 # Which of $1 ids are done (for the daemons' waiting GETs).
 DONE_AMONG = """
-SELECT id FROM jobs WHERE id = ANY($1::text[]) AND lock = '__done'
+SELECT id FROM all_jobs WHERE id = ANY($1::text[]) AND lock = '__done'
 """
 
 # Pulled jobs held now, per client and worker: only running jobs are read

@@ -206,16 +206,40 @@ note AS (
 # $5 result, $6 delay seconds, $7 refund_attempt; $8 sysid. The outcome
 # (code, exitcode, result) is written as a whole when code is given and kept
 # as it was when not, so a result never outlives the run that produced it.
+#
+# A job that is done leaves jobs for jobs_done (0013) in this statement, its
+# final run in columns (``ran_by``, NULL when the run did not count); one
+# that runs again (retry, or put back) stays in jobs, its run appended to
+# ``runs`` when it counted.
 RELEASE = f"""
-WITH released AS (
+WITH r AS (
+    SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::int[], $5::text[],
+                         $6::float8[], $7::bool[])
+                  AS r(id, how, code, exitcode, result, delay, refund)
+),
+archived AS (
+    DELETE FROM jobs j USING r
+    WHERE r.how = 'archive' AND j.id = r.id AND j.lock = $8
+    RETURNING j.id, j.type, j.data, j.create_dt, j.attempts, j.run_dt, j.runs, j.dependents,
+              j.deadline, r.refund,
+              coalesce(r.code, j.code) AS code,
+              CASE WHEN r.code IS NULL THEN j.exitcode ELSE r.exitcode END AS exitcode,
+              CASE WHEN r.code IS NULL THEN j.result ELSE r.result END AS result,
+              r.code IS NULL OR r.refund AS uncounted
+),
+moved AS (
+    INSERT INTO jobs_done (id, type, data, create_dt, done_dt, attempts, code, exitcode, result,
+                           run_dt, ran_by, runs, dependents, deadline)
+    SELECT id, type, data, create_dt, now(),
+           CASE WHEN refund THEN greatest(attempts - 1, 0) ELSE attempts END,
+           code, exitcode, result, run_dt, CASE WHEN uncounted THEN NULL ELSE $8 END, runs,
+           dependents, deadline
+    FROM archived
+),
+again AS (
 UPDATE jobs j
-SET lock = CASE r.how WHEN 'archive' THEN '__done' ELSE '' END,
-    dt = CASE r.how
-        WHEN 'retry' THEN now() + make_interval(secs => r.delay)
-        WHEN 'unget' THEN now()
-        ELSE now() + interval '1000 years'
-    END,
-    done_dt = CASE r.how WHEN 'archive' THEN now() ELSE j.done_dt END,
+SET lock = '',
+    dt = CASE r.how WHEN 'retry' THEN now() + make_interval(secs => r.delay) ELSE now() END,
     code = CASE WHEN r.code IS NULL THEN j.code ELSE r.code END,
     exitcode = CASE WHEN r.code IS NULL THEN j.exitcode ELSE r.exitcode END,
     result = CASE WHEN r.code IS NULL THEN j.result ELSE r.result END,
@@ -230,13 +254,13 @@ SET lock = CASE r.how WHEN 'archive' THEN '__done' ELSE '' END,
         reason=REASON_OF.format(code="r.code"),
     )
 } END
-FROM unnest($1::text[], $2::text[], $3::text[], $4::int[], $5::text[], $6::float8[],
-            $7::bool[]) AS r(id, how, code, exitcode, result, delay, refund)
-WHERE j.id = r.id AND j.lock = $8
-RETURNING j.id, j.type, j.lock, j.dependents
+FROM r
+WHERE r.how <> 'archive' AND j.id = r.id AND j.lock = $8
+RETURNING j.id
 ),
-{NOTE_DONE.format(rows="released")}
-SELECT id, dependents AND lock = '__done' AS resolve FROM released
+{NOTE_DONE.format(rows="(SELECT type, '__done' AS lock FROM archived) a")}
+SELECT id, dependents AS resolve FROM archived
+UNION ALL SELECT id, false FROM again
 UNION ALL SELECT NULL, NULL FROM note
 """
 
@@ -285,10 +309,10 @@ WHERE j.id = ANY(ARRAY(SELECT id FROM lapsed)) AND j.id = x.id
 RETURNING j.id, j.type, j.attempts, x.last, j.dependents
 """
 
-# $1 retention seconds, $2 chunk size: one bounded chunk per statement; the
-# rows deleted, counted per jobtype (for the queue log).
+# $1 retention seconds, $2 chunk size: one bounded chunk per statement (of
+# both tables together); the rows deleted, counted per jobtype (for the queue log).
 PURGE_CHUNK = """
-WITH gone AS (
+WITH gone_live AS (
     DELETE FROM jobs
     WHERE id = ANY(ARRAY(
         SELECT id FROM jobs
@@ -297,6 +321,17 @@ WITH gone AS (
         FOR UPDATE SKIP LOCKED
     ))
     RETURNING type
+), gone_done AS (
+    DELETE FROM jobs_done
+    WHERE id = ANY(ARRAY(
+        SELECT id FROM jobs_done
+        WHERE done_dt < now() - make_interval(secs => $1)
+        LIMIT greatest(0, $2 - (SELECT count(*) FROM gone_live))
+        FOR UPDATE SKIP LOCKED
+    ))
+    RETURNING type
 )
-SELECT type, count(*)::int AS n FROM gone GROUP BY type
+SELECT type, count(*)::int AS n
+FROM (SELECT type FROM gone_live UNION ALL SELECT type FROM gone_done) g
+GROUP BY type
 """

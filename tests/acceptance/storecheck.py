@@ -14,7 +14,7 @@ async def fetch_counts(dsn: str) -> dict[str, int]:
     """id -> number of rows with that id in ``jobs``."""
     conn = await asyncpg.connect(dsn)
     try:
-        rows = await conn.fetch("SELECT id, count(*) AS n FROM jobs GROUP BY id")
+        rows = await conn.fetch("SELECT id, count(*) AS n FROM all_jobs GROUP BY id")
     finally:
         await conn.close()
     return {row["id"]: row["n"] for row in rows}
@@ -24,7 +24,7 @@ async def duplicates(dsn: str) -> list[tuple[str, int]]:
     conn = await asyncpg.connect(dsn)
     try:
         rows = await conn.fetch(
-            "SELECT id, count(*) AS n FROM jobs GROUP BY id HAVING count(*) > 1"
+            "SELECT id, count(*) AS n FROM all_jobs GROUP BY id HAVING count(*) > 1"
         )
     finally:
         await conn.close()
@@ -35,7 +35,9 @@ async def payloads(dsn: str, ids: Collection[str]) -> dict[str, str]:
     """id -> stored payload (``jobs.data``) for the given ids that are stored."""
     conn = await asyncpg.connect(dsn)
     try:
-        rows = await conn.fetch("SELECT id, data FROM jobs WHERE id = ANY($1::text[])", list(ids))
+        rows = await conn.fetch(
+            "SELECT id, data FROM all_jobs WHERE id = ANY($1::text[])", list(ids)
+        )
     finally:
         await conn.close()
     return {row["id"]: row["data"] for row in rows}

@@ -54,7 +54,7 @@ def immutable() -> Iterator[Immutable]:
 async def _stored_payloads(dsn: str) -> list[str]:
     conn = await asyncpg.connect(dsn)
     try:
-        return [row["data"] for row in await conn.fetch("SELECT data FROM jobs")]
+        return [row["data"] for row in await conn.fetch("SELECT data FROM all_jobs")]
     finally:
         await conn.close()
 

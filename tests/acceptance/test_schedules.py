@@ -68,7 +68,7 @@ def ms(moment: datetime) -> int:
 async def stored_ids(dsn: str, stored_type: str) -> set[str]:
     conn = await asyncpg.connect(dsn)
     try:
-        rows = await conn.fetch("SELECT id FROM jobs WHERE type = $1", stored_type)
+        rows = await conn.fetch("SELECT id FROM all_jobs WHERE type = $1", stored_type)
     finally:
         await conn.close()
     return {row["id"] for row in rows}

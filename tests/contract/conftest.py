@@ -111,17 +111,21 @@ class PgRig:
     async def age(self, job_id: str, **seconds_ago: float) -> None:
         for column, seconds in seconds_ago.items():
             assert column in COLUMNS  # a validated identifier
-            await self.conn.execute(
-                f"UPDATE jobs SET {column} = now() - make_interval(secs => $2) WHERE id = $1",
-                job_id,
-                float(seconds),
-            )
+            # a job done by a release is in jobs_done (0013), which has no dt
+            tables = ("jobs",) if column == "dt" else ("jobs", "jobs_done")
+            for table in tables:
+                await self.conn.execute(
+                    f"UPDATE {table} SET {column} = now() - make_interval(secs => $2)"
+                    " WHERE id = $1",
+                    job_id,
+                    float(seconds),
+                )
 
     async def row(self, job_id: str) -> Row | None:
         r: Any = await self.conn.fetchrow(
             "SELECT lock, attempts, code, exitcode, result, dependents,"
             " lock = '' AND dt <= now() AS due, dt = 'infinity' AS blocked"
-            " FROM jobs WHERE id = $1",
+            " FROM all_jobs WHERE id = $1",
             job_id,
         )
         return None if r is None else Row(**dict(r.items()))

@@ -171,7 +171,7 @@ async def _jobs(store: tlspg.TlsPostgres, ids: list[str]) -> dict[str, dict[str,
     conn = await store.connect_admin(DATABASE)
     try:
         rows = await conn.fetch(
-            "SELECT id, lock, code, runs FROM jobs WHERE id = ANY($1::text[])", ids
+            "SELECT id, lock, code, runs FROM all_jobs WHERE id = ANY($1::text[])", ids
         )
     finally:
         await conn.close()
@@ -333,7 +333,7 @@ async def test_daemons_on_three_hosts_share_one_store_over_tls(
     acked = spread + held_by_all + while_cut
     conn = await store.connect_admin(DATABASE)
     try:
-        stored = await conn.fetch("SELECT id, code FROM jobs")
+        stored = await conn.fetch("SELECT id, code FROM all_jobs")
     finally:
         await conn.close()
     assert sorted(r["id"] for r in stored) == sorted(acked)

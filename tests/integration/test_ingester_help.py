@@ -33,11 +33,13 @@ class SlowBatchStore:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._store, name)
 
-    async def add_jobs(self, jobs: Sequence[NewJob], *, durable: bool = True) -> int:
+    async def add_jobs(
+        self, jobs: Sequence[NewJob], *, durable: bool = True, fresh: bool = False
+    ) -> int:
         if any(job.type == self.slow for job in jobs):
             self.slow_waiting.set()
             await self.gate.wait()
-        return await self._store.add_jobs(jobs, durable=durable)
+        return await self._store.add_jobs(jobs, durable=durable, fresh=fresh)
 
 
 async def _stored(conn: asyncpg.Connection, job_id: str) -> bool:

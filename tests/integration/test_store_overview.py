@@ -119,22 +119,21 @@ async def test_plans_read_indexes_not_archived_jobs(
 ) -> None:
     """200,000 archived jobs (a tenth of them failed), 20,000 waiting, 200 running."""
     await storefill.fill(conn, 20_000, 200_000, 20)
-    await conn.execute(
-        "UPDATE jobs SET code = 'failed', result = 'no' WHERE lock = '__done' AND id LIKE '%0'"
-    )
+    await conn.execute("UPDATE jobs_done SET code = 'failed', result = 'no' WHERE id LIKE '%0'")
     await conn.execute(
         "UPDATE jobs SET lock = 's1', dt = now() + interval '1 minute' "
         "WHERE id = ANY(ARRAY(SELECT id FROM jobs WHERE lock = '' LIMIT 200))"
     )
     await conn.execute("ANALYZE jobs")
+    await conn.execute("ANALYZE jobs_done")
     await conn.execute("ANALYZE type_counts")
     statements = [
         (queries.dashboard.QUEUE_DEPTHS_ALL, (1001, 100_000), "jobs_waiting_idx"),
         (queries.dashboard.QUEUE_DEPTHS_CLIENT, ("bench", 1001, 100_000), "jobs_waiting_idx"),
         (queries.dashboard.RUNNING_JOBS_ALL, (50,), "jobs_running_idx"),
         (queries.dashboard.RUNNING_JOBS_CLIENT, ("bench", 50), "jobs_running_idx"),
-        (queries.dashboard.RECENT_FAILURES_ALL, (50, 500), "jobs_failed_idx"),
-        (queries.dashboard.RECENT_FAILURES_CLIENT, ("bench", 50, 500), "jobs_failed_idx"),
+        (queries.dashboard.RECENT_FAILURES_ALL, (50, 500), "jobs_done_failed_idx"),
+        (queries.dashboard.RECENT_FAILURES_CLIENT, ("bench", 50, 500), "jobs_done_failed_idx"),
     ]
     for mode in ["auto", "force_generic_plan"]:
         await conn.execute(f"SET plan_cache_mode = {mode}")

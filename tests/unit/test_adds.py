@@ -10,6 +10,7 @@ from typing import cast
 
 import pytest
 
+from queue_daemon.domain.jobs import added_once
 from queue_daemon.domain.names import JobType
 from queue_daemon.domain.options import JobOptions
 from queue_daemon.engine.admit.adds import (
@@ -20,7 +21,7 @@ from queue_daemon.engine.admit.adds import (
     OverRate,
     OverWaiting,
 )
-from queue_daemon.engine.admit.ids import keyed_ids
+from queue_daemon.engine.admit.ids import IdGenerator, keyed_ids, tick_id
 from queue_daemon.engine.admit.intake import Intake
 from queue_daemon.engine.admit.limits import Limits, TenantLimits
 from queue_daemon.engine.admit.quotas import RateLimiter, WaitingLimiter
@@ -101,7 +102,13 @@ def adds_of(
 async def add(adds: Adds, n: int, **options: object) -> list[str]:
     payloads = [f"p{i}" for i in range(n)]
     result = await adds.add(
-        "acme", "t", payloads, size=2 * n, create_ms=1, dt_ms=1, **options  # type: ignore[arg-type]
+        "acme",
+        "t",
+        payloads,
+        size=2 * n,
+        create_ms=1,
+        dt_ms=1,
+        **options,  # type: ignore[arg-type]
     )
     return result.ids
 
@@ -218,3 +225,14 @@ async def test_an_add_cannot_depend_on_its_own_jobs() -> None:
     own = keyed_ids("acme", "k", 1)[0]
     with pytest.raises(BadDependencies, match="cannot depend on itself"):
         await add(adds, 1, key="k", options=JobOptions(after=(own,)))
+
+
+def test_only_the_ids_a_daemon_made_are_added_once() -> None:
+    """Ingestion copies a fresh batch straight in only when no other add can have
+    journaled its ids (the keyed and tick ids of any add of that key or tick are
+    the same)."""
+    made = IdGenerator("7").next_ids(3) + IdGenerator("12").next_ids(20)
+    assert all(added_once(i) for i in made)
+    assert not added_once(keyed_ids("acme", "k", 1)[0])
+    assert not added_once(tick_id("acme", "nightly", "v1", 1_700_000_000_000))
+    assert not added_once("")

@@ -2,7 +2,9 @@
 
 An id is ``<13 hex digits>-<sysid>``: the hex part is a per-daemon counter
 that starts at the wall clock in microseconds and never goes backwards, so
-ids of one daemon sort by acceptance order.
+ids of one daemon sort by acceptance order. Ids derived from an
+Idempotency-Key or a schedule's tick start with a letter past ``f`` instead
+(``domain.jobs.added_once`` tells them apart: ingestion relies on it).
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ import logging
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 
-from queue_daemon.domain.jobs import NewJob
+from queue_daemon.domain.jobs import NewJob, added_once
 from queue_daemon.domain.options import JobOptions
 from queue_daemon.domain.pulled import OptedJobs
 from queue_daemon.engine.backoff import Backoff
@@ -177,7 +177,7 @@ class Ingester:
                 entries = await journal.read(reservation)
                 plain, opted = split_opted(entries)
                 jobs = to_new_jobs(plain)
-                epoch = await self._insert(jobs, opted, durable=False)
+                epoch = await self._insert(jobs, opted, durable=False, reservation=reservation)
             finally:
                 if not helper:
                     self._first_busy_since = None
@@ -233,17 +233,39 @@ class Ingester:
         return self._first_busy_lines >= BIG_BATCH or loop.time() - since >= HELP_AFTER
 
     async def _insert(
-        self, jobs: list[NewJob], opted: list[OptedJobs], *, durable: bool, count: bool = True
+        self,
+        jobs: list[NewJob],
+        opted: list[OptedJobs],
+        *,
+        durable: bool,
+        count: bool = True,
+        reservation: Reservation | None = None,
     ) -> str:
         """Insert until it succeeds; ``count``: add the new rows to ``ingested`` (not
         when inserting again rows that may or may not have been lost). Return the
         store's epoch read before the insert that succeeded ("" when ``durable``):
-        a flush on another epoch does not cover these rows."""
+        a flush on another epoch does not cover these rows.
+
+        Only the first try of a ``reservation`` the journal calls fresh, whose ids
+        were each made for their add alone, is fresh for the store (no job of it
+        can be there yet); a try after a failure, a batch inserted again, or ids
+        of an Idempotency-Key or a schedule's tick (journaled by every add of
+        them) may find their jobs in the store, some of them done."""
         backoff = Backoff(0.05, 5.0, jitter=True)
+        # an id another add may have journaled too is never fresh
+        fresh = (
+            reservation is not None
+            and reservation.fresh
+            and all(added_once(job.id) for job in jobs)
+        )
         while True:
             try:
                 epoch = "" if durable else await self._store.epoch()
-                added = await self._store.add_jobs(jobs, durable=durable) if jobs else 0
+                # a reservation that expired meanwhile may be another pipeline's now
+                fresh = fresh and reservation is not None and reservation.fresh
+                added = (
+                    await self._store.add_jobs(jobs, durable=durable, fresh=fresh) if jobs else 0
+                )
                 if opted:  # dependencies and deadlines: rare, one statement per add
                     added += await self._store.add_opted(opted)
                 # not `self.ingested += await ...`: that reads the count before the
@@ -261,4 +283,5 @@ class Ingester:
             if self.last_error is None:
                 logger.warning("ingestion paused: %s", reason, extra={"action": "ingest_paused"})
             self.last_error = reason
+            fresh = False  # the failed try may have put some of them in
             await backoff.sleep()
