@@ -44,6 +44,8 @@ class GraphPart:
             for group in groups:
                 columns = list(zip(*group.jobs, strict=True))
                 async with conn.transaction():
+                    # its own ids may be inserted again (queries.intake, LOCK_LIVE)
+                    await conn.execute(queries.intake.LOCK_LIVE, columns[0])
                     if group.after:
                         await conn.execute(queries.graph.MARK_DEPENDENCIES, group.after)
                     rows = await conn.fetch(

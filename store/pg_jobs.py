@@ -114,10 +114,7 @@ class JobsPart:
             return await self._add_records(records, fresh)
         size = -(-len(records) // parts)
         return await self._gather_added(
-            *(
-                self._add_records(records[i : i + size], fresh)
-                for i in range(0, len(records), size)
-            )
+            *(self._add_records(records[i : i + size], fresh) for i in range(0, len(records), size))
         )
 
     @staticmethod
@@ -132,10 +129,14 @@ class JobsPart:
 
     async def _add_few(self, records: Sequence[NewJob], fresh: bool) -> int:
         columns = list(zip(*records, strict=True))
+        payload = added_payload(records)
         async with self._db.conn() as conn:
-            row = await conn.fetchrow(
-                queries.intake.INSERT_FEW, *columns, added_payload(records), fresh
-            )
+            if fresh:  # one statement, one round trip
+                row = await conn.fetchrow(queries.intake.INSERT_FEW, *columns, payload, True)
+            else:
+                async with conn.transaction():
+                    await conn.execute(queries.intake.LOCK_LIVE, columns[0])
+                    row = await conn.fetchrow(queries.intake.INSERT_FEW, *columns, payload, False)
         return int(row["n"]) if row is not None else 0
 
     async def _add_records(self, records: Sequence[NewJob], fresh: bool) -> int:
@@ -165,6 +166,7 @@ class JobsPart:
                     records=records,
                     columns=queries.migrations.JOB_COPY_COLUMNS,
                 )
+                await conn.execute(queries.intake.LOCK_LIVE_FROM_JOBS_IN)
                 status = await conn.execute(queries.intake.INSERT_FROM_JOBS_IN)
                 added = status_count(status)  # "INSERT 0 <n>"
                 if added:  # which of them were new is not known here: "re-read"

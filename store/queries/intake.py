@@ -8,11 +8,27 @@ JOBS_TABLE = "jobs"
 # failed flush or a retry) skips the ids already done and moved to jobs_done
 # (0013); jobs' primary key skips the others. A fresh batch (read from the
 # journal for the first time by the daemon that wrote it) cannot be there.
+#
+# A job may be moved while its id is inserted again: a statement whose
+# snapshot predates the move would find it in neither table and insert it a
+# second time. So such an insert first locks the batch's live rows (LOCK_LIVE,
+# KEY SHARE: a move's delete waits for it, a claim or renewal does not), in a
+# statement of its own in the same transaction: a move in progress then ends
+# first, and the insert's later snapshot finds the job in jobs_done; a move
+# that begins after waits until the insert has skipped the job.
+LOCK_LIVE = """
+SELECT count(*) FROM (SELECT 1 FROM jobs WHERE id = ANY($1::text[]) FOR KEY SHARE) live
+"""
+LOCK_LIVE_FROM_JOBS_IN = """
+SELECT count(*) FROM (
+    SELECT 1 FROM jobs WHERE id IN (SELECT id FROM jobs_in) FOR KEY SHARE
+) live
+"""
 
 # A small batch in one statement, one round trip: the insert, and the jobs
 # notification sent at its commit ($6, or "" when some ids existed already:
 # which of the jobs were new is not known then). $1..$5 the columns as
-# arrays; $7 fresh.
+# arrays; $7 fresh (if not, after LOCK_LIVE in its transaction).
 INSERT_FEW = """
 WITH added AS (
     INSERT INTO jobs (id, type, dt, data, create_dt)
@@ -27,6 +43,7 @@ SELECT n, CASE WHEN n > 0 THEN
 END, set_config('synchronous_commit', 'off', true)
 FROM (SELECT count(*) AS n FROM added) c
 """
+# After LOCK_LIVE_FROM_JOBS_IN in its transaction.
 INSERT_FROM_JOBS_IN = """
 INSERT INTO jobs (id, type, dt, data, create_dt)
 SELECT id, type, dt, data, create_dt FROM jobs_in i

@@ -1,0 +1,78 @@
+"""Jobs that end move from jobs to jobs_done (migration 0013): an id inserted
+again (a batch ingested twice) never brings back a job that moved meanwhile."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from datetime import UTC, datetime, timedelta
+
+import asyncpg
+import pytest
+
+from queue_daemon.domain.jobs import NewJob, Release, ReleaseHow
+from queue_daemon.domain.pulled import OptedJobs
+from queue_daemon.store import queries
+from queue_daemon.store.pg import PgStore
+
+
+def job(job_id: str) -> NewJob:
+    now = datetime.now(UTC)
+    return NewJob(id=job_id, type="a-t", dt=now - timedelta(seconds=1), data="p", create_dt=now)
+
+
+async def _waits_on_a_lock(conn: asyncpg.Connection, what: str) -> None:
+    deadline = time.monotonic() + 10
+    while not await conn.fetchval(
+        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+        " AND datname = current_database()"
+    ):
+        assert time.monotonic() < deadline, what
+        await asyncio.sleep(0.01)
+
+
+@pytest.mark.parametrize("how", ["few", "many", "opted"])
+async def test_an_id_inserted_again_while_its_job_moves_to_jobs_done_is_skipped(
+    store: PgStore, conn: asyncpg.Connection, pg_dsn: str, how: str
+) -> None:
+    """The insert's snapshot must not predate the move: it would find the job in
+    neither table and store it a second time (and run it again)."""
+    extra = [job(f"y{i}") for i in range(200 if how == "many" else 0)]
+    assert await store.add_jobs([job("x1"), *extra], fresh=True) == 1 + len(extra)
+    claimed = await store.claim("a-t", 1000, sysid="s1", lease=600.0)
+    assert "x1" in {c.id for c in claimed}
+    mover = await asyncpg.connect(pg_dsn)
+    try:
+        moving = mover.transaction()
+        await moving.start()
+        args = (["x1"], ["archive"], ["ok"], [200], ["r"], [0.0], [False], "s1")
+        moved = await mover.fetch(queries.queue.RELEASE, *args)
+        assert [r[0] for r in moved if r[0] is not None] == ["x1"]  # (None: the note's row)
+        if how == "opted":
+            again: asyncio.Task[int] = asyncio.create_task(
+                store.add_opted([OptedJobs(jobs=[job("x1")], after=[], resolve_any=False)])
+            )
+        else:
+            again = asyncio.create_task(store.add_jobs([job("x1"), *extra], fresh=False))
+        await _waits_on_a_lock(conn, "the insert did not wait for the move")
+        assert not again.done()
+        await moving.commit()
+        assert await asyncio.wait_for(again, 10) == 0
+    finally:
+        await mover.close()
+    assert await conn.fetchval("SELECT count(*) FROM all_jobs WHERE id = 'x1'") == 1
+    assert await conn.fetchval("SELECT count(*) FROM jobs_done WHERE id = 'x1'") == 1
+
+
+async def test_a_batch_inserted_again_skips_its_live_and_its_done_jobs(
+    store: PgStore, conn: asyncpg.Connection
+) -> None:
+    batch = [job(f"z{i:03d}") for i in range(300)]
+    assert await store.add_jobs(batch, fresh=True) == 300
+    claimed = await store.claim("a-t", 100, sysid="s1", lease=600.0)
+    ok = [Release(id=c.id, how=ReleaseHow.ARCHIVE, code="ok", exitcode=200) for c in claimed]
+    assert len(await store.release(ok, sysid="s1")) == 100
+    assert await store.add_jobs(batch, fresh=False) == 0  # 200 live, 100 done
+    assert await store.add_jobs(batch[:10], fresh=False) == 0  # the few rows' statement too
+    assert await conn.fetchval("SELECT count(*) FROM all_jobs") == 300
+    assert await conn.fetchval("SELECT count(*) FROM jobs_done") == 100
