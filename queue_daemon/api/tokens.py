@@ -177,4 +177,3 @@ class TokenCache:
 
 def _never() -> bool:
     return False
-

@@ -211,7 +211,6 @@ def _locks(claims: Sequence[tuple[str, str]], worker: str) -> list[Claim]:
     return [(job_id, lock_of(claim, worker)) for job_id, claim in claims]
 
 
-
 def _orphan_spec(jobtype: JobType) -> HandlerSpec:
     """The rules for a held job whose type lost its handler meanwhile: the defaults."""
     return HandlerSpec(
