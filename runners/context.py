@@ -227,7 +227,8 @@ class Context:
         loop = asyncio.get_running_loop()
         results: list[JobResult] = []
         running: JobInput | None = None
-        index = 0
+        implied = False  # running was started by its predecessor's result, not a start
+        index = 0  # jobs started
         problem: str | None = None
         clock = self._clock
         clock.start(timeout)
@@ -250,11 +251,15 @@ class Context:
                     running = jobs[index]
                     index += 1
                 if op == "start":
-                    if running is not None or index >= len(jobs) or job_id != jobs[index].id:
+                    if running is not None and job_id == running.id and implied:
+                        began = loop.time()  # a later job's own start: its clock anew
+                    elif running is not None or index >= len(jobs) or job_id != jobs[index].id:
                         raise ProtocolError(f"unexpected start of job {job_id!r}")
-                    running = jobs[index]
-                    index += 1
-                    began = loop.time()
+                    else:
+                        running = jobs[index]
+                        index += 1
+                        began = loop.time()
+                    implied = False
                 elif op == "result":
                     if running is None or job_id != running.id:
                         raise ProtocolError(f"unexpected result of job {job_id!r}")
@@ -264,7 +269,10 @@ class Context:
                     self.broken = self.broken or result.recycle  # e.g. after a MemoryError
                     results.append(result)
                     began = now
-                    running = None
+                    # the next job starts as this result is sent (PROTOCOL.md)
+                    running = jobs[index] if index < len(jobs) else None
+                    index += running is not None
+                    implied = True
                     if sink is not None:
                         del message  # what the result does not hold (its output) is freed
                         # the time the daemon takes is not the next job's

@@ -338,12 +338,13 @@ function awaitJob(promise) {
   });
 }
 
-// Runs one job; returns its result frame's JSON text. `pending` is written
-// together with this job's start frame.
+// Runs one job; returns its result frame's JSON text. `pending`, the result
+// of the job before it, is written first: it tells the daemon that this job
+// starts (only a batch's first job has a start frame of its own).
 async function runJob(job, pending, emitLimit) {
   const id = job.id;
   if (pending === null) send(startText(id));
-  else send(pending, startText(id));
+  else send(pending);
   const ctx = new Ctx(job, emitLimit);
   let exitcode;
   let result;
@@ -384,7 +385,7 @@ async function batch(msg) {
     if (failure !== null) {
       const texts = [];
       for (const job of jobs) {
-        texts.push(startText(job.id), resultText(job.id, 500, failure, '', []));
+        texts.push(resultText(job.id, 500, failure, '', []));  // never started
       }
       texts.push(DONE);
       send(...texts);

@@ -313,7 +313,9 @@ class Handler:
                 failed = f"beforeEach failed: {describe(exc)}"
         pending = b""
         for job in jobs:
-            write(pending + frame({"op": "start", "id": job["id"]}))
+            # the result of the job before tells the daemon that this one starts:
+            # only the batch's first job has a start frame of its own
+            write(pending or frame({"op": "start", "id": job["id"]}))
             if failed is None:
                 message = self.run_job(job, emit_limit)
             else:
