@@ -107,17 +107,21 @@ def test_what_a_claim_loop_may_pick() -> None:
     assert nothing_to_skip is waiting  # no copy on the claim path when nothing is skipped
 
 
-async def test_a_short_claim_makes_the_waiting_counts_stale() -> None:
+async def test_the_waiting_counts_are_read_again_only_when_a_cap_ran_out() -> None:
     store = FakeStore()
     store.add("a-t", "1", "2", "3")
+    store.add("a-u", "1")
     store.add("a-idle", "1")  # no handler: not a type daemons run
     store.set_handler("a-t", "def handler(p, ctx): pass")
+    store.set_handler("a-u", "def handler(p, ctx): pass")
     waiting = WaitingTypes(store)
-    assert await waiting.get() == {"a-t": 3}
+    assert await waiting.get() == {"a-t": 3, "a-u": 1}
     waiting.claimed("a-t", asked=2, got=2)
-    assert await waiting.get() == {"a-t": 1}  # counted down, no read
+    assert await waiting.get() == {"a-t": 1, "a-u": 1}  # counted down, no read
+    waiting.claimed("a-t", asked=5, got=1)  # fewer than asked: none of it left
+    assert await waiting.get() == {"a-u": 1}  # the other types' counts stand, no read
     assert store.calls["waiting_jobtypes"] == 1
-    waiting.claimed("a-t", asked=5, got=1)  # fewer than asked: read again
+    waiting.claimed("a-u", asked=1, got=1)  # as many as counted: a capped count may hide more
     await waiting.get()
     assert store.calls["waiting_jobtypes"] == 2
 

@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from queue_daemon.domain.jobs import ClaimedJob, Release
+from queue_daemon.domain.jobs import ClaimedJob, Release, ReleaseHow
 from queue_daemon.domain.names import JobType
 from queue_daemon.domain.outcomes import put_back
 from queue_daemon.engine.backoff import Backoff
@@ -278,6 +278,9 @@ class RunLoop:
                 await backoff.sleep()
         for job in jobs:
             self._running.pop(job.id, None)
+        put_back = sum(r.how == ReleaseHow.UNGET for r in releases)
+        if put_back:  # due again at once: claimable without a read of the store
+            self._waiting.noted({jobtype: put_back})
         self._sizes.done(jobtype)
         self._tenants.ended(JobType.client_of(jobtype))
         self._scheduler.jobs_stopped(jobtype, len(jobs))

@@ -44,8 +44,12 @@ class WaitingTypes:
     def claimed(self, jobtype: str, asked: int, got: int) -> None:
         """A claim of ``asked`` jobs of ``jobtype`` took ``got``."""
         left = self.counts.get(jobtype, 0) - got
-        if got < asked or left <= 0:
-            # taken (by us or others), or the capped count ran out: ask the store again
+        if got < asked:
+            # none left that was due when it looked (what comes after is notified):
+            # the other types' counts stand, and the next claim need not read them
+            self.counts.pop(jobtype, None)
+        elif left <= 0:
+            # the capped count ran out, and more may wait: ask the store again
             self.counts.pop(jobtype, None)
             self._fresh = False
         else:
