@@ -198,6 +198,7 @@ class Daemon:
         )
         self.pulls = pulls = engine.pulls
         self.run_loop = run_loop = engine.run_loop
+        ingester.dispatcher = run_loop  # a few jobs added to an idle daemon run at once
         metrics.watch(store, sources(identity, ingester, run_loop, pool))
         tasks = self.tasks
         tasks.start("ingester", ingester.run())

@@ -83,6 +83,15 @@ class Scheduler:
         """How many more jobs may start before `concurrency` is reached."""
         return max(0, self._concurrency - self._running)
 
+    def free_for(self, tenant: str) -> int:
+        """How many more jobs of ``tenant`` may start now: the free slots, within
+        its cap on running jobs."""
+        free = self.free_slots()
+        cap = self._cap_of(tenant)
+        if cap is not None:
+            free = min(free, max(0, cap - self.running_of_tenant(tenant)))
+        return free
+
     def set_tenant_caps(self, caps: Mapping[str, int | None]) -> None:
         """Per-tenant caps on running jobs (None: no cap), replacing earlier
         ones; tenants not named keep the default `tenant_running`."""

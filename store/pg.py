@@ -57,6 +57,7 @@ class PgStore:
         self._pool = pool
         # JobIntake
         self.add_jobs = jobs.add_jobs
+        self.add_dispatched = jobs.add_dispatched
         self.add_opted = graph.add_opted
         self.flush = jobs.flush
         self.epoch = jobs.epoch

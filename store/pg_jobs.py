@@ -11,7 +11,7 @@ from typing import cast
 
 import asyncpg
 
-from queue_daemon.domain.jobs import Job, JobPage, JobState, NewJob
+from queue_daemon.domain.jobs import ClaimedJob, Dispatch, Job, JobPage, JobState, NewJob
 from queue_daemon.domain.views import TypeStats
 from queue_daemon.store import queries
 from queue_daemon.store.cursor import decode_cursor, encode_cursor
@@ -81,6 +81,49 @@ class JobsPart:
         if durable:
             await self.flush()
         return added
+
+    async def add_dispatched(
+        self, jobs: Sequence[NewJob], dispatch: Dispatch
+    ) -> tuple[int, list[ClaimedJob]]:
+        """Insert a fresh batch of a few jobs (not yet flushed, as ``add_jobs``
+        without ``durable``), those of ``dispatch.ids`` claimed by its sysid:
+        how many rows were new, and the jobs claimed (none when the sysid may
+        not claim)."""
+        claim = [job.id in dispatch.ids for job in jobs]
+        columns = list(zip(*jobs, strict=True))
+        waiting = added_payload(
+            job for job, claimed in zip(jobs, claim, strict=True) if not claimed
+        )
+        async with self._db.conn() as conn:
+            rows = await conn.fetch(
+                queries.intake.INSERT_DISPATCHED,
+                *columns,
+                claim,
+                dispatch.sysid,
+                float(dispatch.lease),
+                waiting,
+            )
+        by_id = {job.id: job for job in jobs}
+        added = 0
+        claimed: list[ClaimedJob] = []
+        for row in rows:
+            if row[0] is None:  # the note's row
+                continue
+            added += 1
+            if row[1]:
+                job = by_id[row[0]]
+                claimed.append(
+                    ClaimedJob(
+                        id=job.id,
+                        type=job.type,
+                        data=job.data,
+                        attempts=1,
+                        create_dt=job.create_dt,
+                        due_ms=int(max(job.dt, job.create_dt).timestamp() * 1000),
+                        handler=row[2],
+                    )
+                )
+        return added, claimed
 
     async def flush(self) -> str:
         """Return once every row added before the call is durable (WAL flushed), with

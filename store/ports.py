@@ -25,6 +25,7 @@ from typing import Protocol
 
 from queue_daemon.domain.jobs import (
     ClaimedJob,
+    Dispatch,
     ExpiredLock,
     Job,
     JobPage,
@@ -57,6 +58,13 @@ class JobIntake(Protocol):
         ``fresh``: no job of the batch can be in the store yet (the journal's
         first reading of it by the daemon that wrote it), so the done jobs are
         not looked through for its ids."""
+
+    async def add_dispatched(
+        self, jobs: Sequence[NewJob], dispatch: Dispatch
+    ) -> tuple[int, list[ClaimedJob]]:
+        """Insert a fresh batch of a few jobs as ``add_jobs`` without ``durable``,
+        those of ``dispatch`` claimed by its sysid (unless its lease ran out or
+        was released, as ``claim``): how many rows were new, and the jobs claimed."""
 
     async def add_opted(self, groups: Sequence[OptedJobs]) -> int:
         """Insert jobs with dependencies or a deadline (blocked until their

@@ -105,6 +105,17 @@ class ClaimedJob:
     deadline: datetime | None = None  # it ends (408) if not done by then
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Dispatch:
+    """Jobs of a fresh batch that the daemon ingesting it runs at once: stored
+    already claimed by it (``sysid``, for ``lease`` seconds), with neither a
+    notification nor a claim between their add and their run."""
+
+    ids: frozenset[str]
+    sysid: str
+    lease: float
+
+
 class ExpiredLock(NamedTuple):
     """A running job whose lock ran out: eligible again, or done (error) when
     that was its last attempt."""

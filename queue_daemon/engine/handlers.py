@@ -51,6 +51,14 @@ class HandlerCache:
         self._entries.pop(jobtype, None)
         self._changes += 1
 
+    def cached(self, jobtype: str) -> HandlerSpec | None:
+        """The handler for ``jobtype`` if the cache holds it and it is fresh; None
+        otherwise (none, or not known without a read)."""
+        entry = self._entries.get(jobtype)
+        if entry is not None and time.monotonic() - entry[0] < self._ttl:
+            return entry[1]
+        return None
+
     async def get(self, jobtype: str) -> HandlerSpec | None:
         """The handler for ``jobtype`` (client-type), None if it has none."""
         entry = self._entries.get(jobtype)

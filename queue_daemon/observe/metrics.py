@@ -109,6 +109,11 @@ class Metrics:
             labels = self.labels.stored(stored_type)
             self._started[labels] = self._started.get(labels, 0) + count
 
+    def dispatched(self, stored_type: str, count: int) -> None:
+        """Jobs stored claimed at ingest: started, with no claim to time."""
+        labels = self.labels.stored(stored_type)
+        self._started[labels] = self._started.get(labels, 0) + count
+
     def ran(self, lang: str, seconds: float) -> None:
         histogram = self._run_seconds.get(lang)
         if histogram is None:

@@ -43,6 +43,53 @@ SELECT n, CASE WHEN n > 0 THEN
 END, set_config('synchronous_commit', 'off', true)
 FROM (SELECT count(*) AS n FROM added) c
 """
+# A fresh batch of a few jobs, those whose $6 is true stored claimed by the
+# daemon ingesting it (sysid $7, lease $8 seconds, its first attempt), unless
+# that sysid's lease ran out or was released (as queue.CLAIM); the others
+# waiting, notified with $9 at commit when any of them is (or "" when the
+# sysid could not claim: which of them wait is not known then). Returns each
+# row inserted, whether it was claimed, and its type's live handler version
+# in the snapshot that inserted it (as queue.CLAIM). $1..$5 the columns as
+# arrays, as INSERT_FEW.
+INSERT_DISPATCHED = """
+WITH lapsed AS (
+    SELECT EXISTS (
+        SELECT 1 FROM sysids s
+        WHERE s.sysid = $7 AND (s.expires < now() OR s.released_at IS NOT NULL)
+    ) AS yes
+),
+added AS (
+    INSERT INTO jobs (id, type, dt, data, create_dt, lock, attempts, run_dt)
+    SELECT n.id, n.type,
+           CASE WHEN c.claim THEN now() + make_interval(secs => $8) ELSE n.dt END,
+           n.data, n.create_dt,
+           CASE WHEN c.claim THEN $7 ELSE '' END,
+           CASE WHEN c.claim THEN 1 ELSE 0 END,
+           CASE WHEN c.claim THEN now() END
+    FROM unnest($1::text[], $2::text[], $3::timestamptz[], $4::text[], $5::timestamptz[],
+                $6::bool[]) AS n(id, type, dt, data, create_dt, claim)
+    CROSS JOIN lapsed l
+    CROSS JOIN LATERAL (SELECT n.claim AND NOT l.yes AS claim) c
+    ON CONFLICT (id) DO NOTHING
+    RETURNING id, type, lock <> '' AS claimed
+),
+note AS (
+    SELECT pg_notify('qd_jobs', CASE WHEN l.yes THEN '' ELSE $9 END)
+    FROM lapsed l
+    WHERE EXISTS (SELECT 1 FROM added WHERE NOT claimed)
+)
+SELECT a.id, a.claimed,
+       CASE WHEN a.claimed THEN (
+           SELECT h.id FROM handlers h
+           WHERE h.type = a.type AND h.deleted_at IS NULL
+           ORDER BY h.dt DESC, h.id DESC
+           LIMIT 1
+       ) END AS handler,
+       set_config('synchronous_commit', 'off', true)
+FROM added a
+UNION ALL SELECT NULL, NULL, NULL, NULL FROM note
+"""
+
 # After LOCK_LIVE_FROM_JOBS_IN in its transaction.
 INSERT_FROM_JOBS_IN = """
 INSERT INTO jobs (id, type, dt, data, create_dt)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from queue_daemon.domain.jobs import JobState, Release, ReleaseHow
+from queue_daemon.domain.jobs import Dispatch, JobState, Release, ReleaseHow
 from queue_daemon.domain.pulled import OptedJobs
 from tests.contract.conftest import Rig, new
 
@@ -143,3 +143,38 @@ async def test_resolve_pending_finds_done_jobs_with_unresolved_dependents(rig: R
     assert await s.resolve_pending() == 0
     job = await s.get_job("a", "w1")
     assert (job.state, job.exitcode) == (JobState.DONE, 424)
+
+
+async def test_a_dispatched_add_stores_its_jobs_claimed_by_the_daemon(rig: Rig) -> None:
+    """A fresh batch's jobs that the ingesting daemon runs at once are stored
+    claimed by it, with the live handler of their type; the others wait."""
+    s = rig.store
+    handler = await s.put_handler("a-t", {"lang": "python", "body": "x"})
+    sysid = await s.reserve_sysid(None, holder="h", host="x", data_dir="/d", lease=60)
+    batch = [new("d1", ago=0.5), new("d2", ago=0.4), new("d3", "a-u", ago=0.3)]
+    dispatch = Dispatch(ids=frozenset({"d1", "d2"}), sysid=sysid, lease=60.0)
+    added, claimed = await s.add_dispatched(batch, dispatch)
+    assert added == 3
+    assert [(c.id, c.attempts, c.handler) for c in claimed] == [
+        ("d1", 1, handler.id),
+        ("d2", 1, handler.id),
+    ]
+    assert all(c.due_ms is not None and c.deadline is None for c in claimed)
+    row = await rig.row("d1")
+    assert row is not None and row.lock == sysid and row.attempts == 1
+    assert await s.claim("a-t", 10, sysid=sysid, lease=60.0) == []  # nothing left to claim
+    assert [c.id for c in await s.claim("a-u", 10, sysid=sysid, lease=60.0)] == ["d3"]
+    ok = [Release(id=c.id, how=ARCHIVE_OK, code="ok", exitcode=200) for c in claimed]
+    assert await s.release(ok, sysid=sysid) == {"d1", "d2"}
+    assert (await s.get_job("a", "d1")).state == JobState.DONE
+
+
+async def test_a_lapsed_sysid_stores_a_dispatched_add_waiting(rig: Rig) -> None:
+    s = rig.store
+    await s.put_handler("a-t", {"lang": "python", "body": "x"})
+    sysid = await s.reserve_sysid(None, holder="h", host="x", data_dir="/d", lease=60)
+    await s.release_sysid(sysid, holder="h")
+    dispatch = Dispatch(ids=frozenset({"d1"}), sysid=sysid, lease=60.0)
+    assert await s.add_dispatched([new("d1")], dispatch) == (1, [])
+    row = await rig.row("d1")
+    assert row is not None and row.lock == "" and row.due

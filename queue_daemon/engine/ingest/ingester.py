@@ -21,8 +21,9 @@ import asyncio
 import logging
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
+from typing import Protocol
 
-from queue_daemon.domain.jobs import NewJob, added_once
+from queue_daemon.domain.jobs import ClaimedJob, Dispatch, NewJob, added_once
 from queue_daemon.domain.options import JobOptions
 from queue_daemon.domain.pulled import OptedJobs
 from queue_daemon.engine.backoff import Backoff
@@ -48,6 +49,10 @@ SMALL_BATCH_CYCLE = 0.01
 # Batches in the store whose flush is not yet confirmed (kept in memory, to be
 # inserted again if the flush fails); a pipeline waits for room beyond this.
 MAX_UNSETTLED = 8
+# A fresh batch of at most this many jobs may be dispatched: stored claimed by
+# this daemon, which runs them at once (``Dispatcher``); a larger batch is a
+# backlog that the run loop's claims share out.
+DISPATCH_MAX = 64
 # Helper pipelines also move a few lines when the first pipeline has been busy
 # with one batch this long, or at once when that batch has BIG_BATCH lines or
 # more: a line added behind a large batch (another tenant's big add) does not
@@ -98,8 +103,25 @@ def to_new_jobs(entries: list[Entry]) -> list[NewJob]:
     return jobs
 
 
+class Dispatcher(Protocol):
+    """The run loop, as the ingester sees it (``engine.run.loop.RunLoop``)."""
+
+    def take(self, jobs: Sequence[NewJob]) -> Dispatch | None:
+        """The jobs of a fresh batch that this daemon runs at once, their slots
+        held (None: none)."""
+
+    def dispatched(self, dispatch: Dispatch, claimed: Sequence[ClaimedJob]) -> None:
+        """They are stored, ``claimed`` of them by this daemon: run those, let the
+        rest of the holds go (called once for each ``take``, whatever happened)."""
+
+
 class Ingester:
-    """Runs ``workers`` concurrent ingestion pipelines until stopped."""
+    """Runs ``workers`` concurrent ingestion pipelines until stopped.
+
+    ``dispatcher``, set before ``run``: small fresh batches go through it
+    (dispatch at ingest); without one, every job waits for a claim."""
+
+    dispatcher: Dispatcher | None = None
 
     def __init__(
         self,
@@ -226,6 +248,22 @@ class Ingester:
                 await self._journal.rsync(reservation)
                 self._room.release()
 
+    async def _add_fresh(self, jobs: list[NewJob]) -> int:
+        """Store a fresh batch, the jobs the dispatcher takes claimed (a few only)."""
+        dispatcher = self.dispatcher
+        dispatch = None
+        if dispatcher is not None and len(jobs) <= DISPATCH_MAX:
+            dispatch = dispatcher.take(jobs)
+        if dispatch is None:
+            return await self._store.add_jobs(jobs, durable=False, fresh=True)
+        assert dispatcher is not None
+        claimed: list[ClaimedJob] = []
+        try:
+            added, claimed = await self._store.add_dispatched(jobs, dispatch)
+        finally:  # failed or cancelled: the holds go, the batch is tried again
+            dispatcher.dispatched(dispatch, claimed)
+        return added
+
     def _first_is_slow(self, loop: asyncio.AbstractEventLoop) -> bool:
         since = self._first_busy_since
         if since is None:
@@ -263,9 +301,14 @@ class Ingester:
                 epoch = "" if durable else await self._store.epoch()
                 # a reservation that expired meanwhile may be another pipeline's now
                 fresh = fresh and reservation is not None and reservation.fresh
-                added = (
-                    await self._store.add_jobs(jobs, durable=durable, fresh=fresh) if jobs else 0
-                )
+                if fresh and not durable and jobs:
+                    added = await self._add_fresh(jobs)
+                else:
+                    added = (
+                        await self._store.add_jobs(jobs, durable=durable, fresh=fresh)
+                        if jobs
+                        else 0
+                    )
                 if opted:  # dependencies and deadlines: rare, one statement per add
                     added += await self._store.add_opted(opted)
                 # not `self.ingested += await ...`: that reads the count before the

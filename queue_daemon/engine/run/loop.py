@@ -20,10 +20,11 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from queue_daemon.domain.jobs import ClaimedJob, Release, ReleaseHow
+from queue_daemon.domain.jobs import ClaimedJob, Dispatch, NewJob, Release, ReleaseHow
 from queue_daemon.domain.names import JobType
 from queue_daemon.domain.outcomes import put_back
 from queue_daemon.engine.backoff import Backoff
@@ -102,6 +103,8 @@ class RunLoop:
         self._no_handler: dict[str, float] = {}  # types without a handler -> when last checked
         self._claiming = 0  # claims in flight
         self._claiming_types: set[str] = set()  # their jobtypes
+        # dispatches the ingester is storing: their holds, and when they must start by
+        self._dispatches: dict[int, tuple[list[tuple[str, int]], float]] = {}
         self.started = 0
         self.finished = 0
 
@@ -203,10 +206,8 @@ class RunLoop:
         limit = min(pick.limit, self._sizes.size(jobtype))
         # hold the slots while the claim is in flight, so the other claim loop
         # cannot hand them out too (backpressure stays exact)
-        self._scheduler.jobs_started(jobtype, limit)
+        self._hold(jobtype, limit)
         self._claiming += 1
-        tenant = JobType.client_of(jobtype)
-        self._tenants.started(tenant)
         jobs: list[ClaimedJob] = []
         # the lease runs from the claim in the store, a moment after this: a batch
         # not started by then is not started at all (this daemon may have stalled
@@ -220,14 +221,83 @@ class RunLoop:
             self._metrics.claimed(jobtype, len(jobs), time.perf_counter() - began)
         finally:
             self._claiming -= 1
-            if len(jobs) < limit:
-                self._scheduler.jobs_stopped(jobtype, limit - len(jobs))
-                if not jobs:
-                    self._sizes.done(jobtype)
-                    self._tenants.ended(tenant)
+            self._let_go(jobtype, limit - len(jobs), all_of_it=not jobs)
         self._waiting.claimed(jobtype, limit, len(jobs))
-        if not jobs:
-            return True
+        if jobs:
+            self._start(jobtype, jobs, start_by)
+        return True
+
+    # dispatch at ingest (engine.ingest.ingester.Dispatcher)
+    def take(self, jobs: Sequence[NewJob]) -> Dispatch | None:
+        """Of a fresh batch being ingested, the jobs this daemon runs at once, their
+        slots held: the ingester stores them claimed (``dispatched`` then starts
+        them), so their run waits for no notification and no claim. Only while
+        nothing else waits here (no turn of another tenant or type is taken), for
+        jobs due now of types whose handler (not a pull worker's) is in the cache,
+        as many as the next batch of their type and the free slots allow."""
+        if self._stopping or self._waiting.counts or self._claiming:
+            return None
+        now = datetime.now(UTC)
+        groups: dict[str, list[str]] = {}
+        for job in jobs:
+            if job.dt <= now:
+                groups.setdefault(job.type, []).append(job.id)
+        full = self._tenants.full()
+        holds: list[tuple[str, int]] = []
+        taken: list[str] = []
+        for jobtype, ids in groups.items():
+            spec = self._handlers.cached(jobtype)
+            tenant = JobType.client_of(jobtype)
+            if (
+                spec is None
+                or spec.lang == PULLED_LANG
+                or tenant in full
+                or not self._sizes.may_claim(jobtype)
+            ):
+                continue
+            free = self._scheduler.free_for(tenant)
+            if free <= 0:
+                continue
+            limit = min(len(ids), free, self._sizes.size(jobtype))
+            self._hold(jobtype, limit)
+            holds.append((jobtype, limit))
+            taken += ids[:limit]
+        if not holds:
+            return None
+        dispatch = Dispatch(ids=frozenset(taken), sysid=self._sysid, lease=self._settings.lease)
+        self._dispatches[id(dispatch)] = (holds, time.monotonic() + self._settings.lease)
+        return dispatch
+
+    def dispatched(self, dispatch: Dispatch, claimed: Sequence[ClaimedJob]) -> None:
+        """The jobs of ``dispatch`` stored ``claimed`` by this daemon (none when the
+        insert failed or the sysid could not claim): run them, let the rest go."""
+        holds, start_by = self._dispatches.pop(id(dispatch))
+        by_type: dict[str, list[ClaimedJob]] = {}
+        for job in claimed:
+            by_type.setdefault(job.type, []).append(job)
+        for jobtype, limit in holds:
+            jobs = by_type.get(jobtype, [])
+            self._let_go(jobtype, limit - len(jobs), all_of_it=not jobs)
+            if jobs:
+                self._metrics.dispatched(jobtype, len(jobs))
+                self._start(jobtype, jobs, start_by)
+
+    def _hold(self, jobtype: str, limit: int) -> None:
+        """Slots for a batch of up to ``limit`` jobs of ``jobtype``, held from the
+        moment it is picked (a claim or a dispatch in flight)."""
+        self._scheduler.jobs_started(jobtype, limit)
+        self._tenants.started(JobType.client_of(jobtype))
+
+    def _let_go(self, jobtype: str, slots: int, *, all_of_it: bool) -> None:
+        """``slots`` of a held batch of ``jobtype`` were not taken; ``all_of_it``:
+        the batch got no job at all (it will not run)."""
+        if slots > 0:
+            self._scheduler.jobs_stopped(jobtype, slots)
+        if all_of_it:
+            self._sizes.done(jobtype)
+            self._tenants.ended(JobType.client_of(jobtype))
+
+    def _start(self, jobtype: str, jobs: list[ClaimedJob], start_by: float) -> None:
         for job in jobs:
             self._running[job.id] = job
         self.started += len(jobs)
@@ -235,7 +305,6 @@ class RunLoop:
         task = asyncio.create_task(self._run_batch(jobtype, jobs, start_by))
         self._batches.add(task)
         task.add_done_callback(self._batches.discard)
-        return True
 
     async def _run_batch(self, jobtype: str, jobs: list[ClaimedJob], start_by: float) -> None:
         releases: list[Release] = []

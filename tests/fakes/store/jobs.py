@@ -34,10 +34,6 @@ def _size(row: Row) -> int:
 class Jobs(Tables):
     incarnation = 1  # the server's epoch; ``restart`` starts another
 
-    def __init__(self) -> None:
-        super().__init__()
-        self._unflushed: list[str] = []  # ids added, not yet flushed
-
     # --- JobIntake ------------------------------------------------------------------
 
     async def add_jobs(

@@ -8,13 +8,22 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from queue_daemon.domain.jobs import ClaimedJob, ExpiredLock, Release, ReleaseHow, UnhandledRound
+from queue_daemon.domain.jobs import (
+    ClaimedJob,
+    Dispatch,
+    ExpiredLock,
+    NewJob,
+    Release,
+    ReleaseHow,
+    UnhandledRound,
+)
 from queue_daemon.store.errors import SysidTaken
 from queue_daemon.store.listen import Delays
 from tests.fakes.store.tables import (
     DEFAULT_MAX_ATTEMPTS,
     DONE,
     LEASE_EXPIRED_EXIT,
+    Row,
     Tables,
     by_of,
     ms,
@@ -123,6 +132,40 @@ class Queue(Tables):
                 )
             )
         return sorted(claimed, key=lambda job: (job.create_dt, job.id))
+
+    async def add_dispatched(
+        self, jobs: Sequence[NewJob], dispatch: Dispatch
+    ) -> tuple[int, list[ClaimedJob]]:
+        self._call("add_dispatched")
+        now = self.now()
+        lapsed = self._lapsed(dispatch.sysid, now)
+        added, claimed = 0, []
+        for job in jobs:
+            found = self.rows.get(job.id)
+            assert not (found is not None and found.lock == DONE), (
+                f"a fresh batch holds {job.id!r}, a job already done"
+            )
+            if found is not None:
+                continue
+            row = self.rows[job.id] = Row(job.id, job.type, job.dt, job.data, job.create_dt)
+            self._unflushed.append(job.id)
+            added += 1
+            if job.id in dispatch.ids and not lapsed:
+                handler = self._live_handler(job.type)
+                row.lock, row.dt, row.run_dt = dispatch.sysid, now + _secs(dispatch.lease), now
+                row.attempts = 1
+                claimed.append(
+                    ClaimedJob(
+                        id=row.id,
+                        type=row.type,
+                        data=row.data,
+                        attempts=1,
+                        create_dt=row.create_dt,
+                        due_ms=ms(max(job.dt, job.create_dt)),
+                        handler=None if handler is None else handler.id,
+                    )
+                )
+        return added, claimed
 
     async def unhandled_types(
         self, older_than: float, *, after: str = "", steps: int = 5_000

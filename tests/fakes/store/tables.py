@@ -104,6 +104,7 @@ class Tables:
     def __init__(self, now: Callable[[], datetime] | None = None) -> None:
         self.now: Callable[[], datetime] = now or (lambda: datetime.now(UTC))
         self.rows: dict[str, Row] = {}
+        self._unflushed: list[str] = []  # ids added, not yet flushed
         self.edges: set[tuple[str, str]] = set()  # job_deps: (dep, job)
         self.handlers: dict[str, HandlerRecord] = {}  # type -> its live version
         self.archived: dict[str, int] = {}  # type -> jobs ever archived (0006)
