@@ -138,7 +138,7 @@ class QueuePart:
                 [r.result for r in ordered],
                 [float(r.delay) for r in ordered],
                 [r.refund_attempt for r in ordered],
-                sysid,
+                [sysid] * len(ordered),
             )
         # a NULL id: the note's row
         await self._graph.resolve([row[0] for row in rows if row[0] is not None and row[1]])

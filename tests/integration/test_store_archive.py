@@ -45,7 +45,7 @@ async def test_an_id_inserted_again_while_its_job_moves_to_jobs_done_is_skipped(
     try:
         moving = mover.transaction()
         await moving.start()
-        args = (["x1"], ["archive"], ["ok"], [200], ["r"], [0.0], [False], "s1")
+        args = (["x1"], ["archive"], ["ok"], [200], ["r"], [0.0], [False], ["s1"])
         moved = await mover.fetch(queries.queue.RELEASE, *args)
         assert [r[0] for r in moved if r[0] is not None] == ["x1"]  # (None: the note's row)
         if how == "opted":

@@ -622,3 +622,24 @@ async def test_expire_waiting_archives_only_old_waiting_jobs_of_the_type(
     for waiting in ("other", "future", "young"):
         assert (await store.get_job("a", waiting)).state == JobState.WAITING
     assert await store.expire_waiting("a-t", 3600, "no handler") == []
+
+
+@pytest.mark.timeout(300)
+async def test_a_release_looks_its_jobs_up_by_id_whatever_the_statistics_say(
+    store: PgStore, conn: asyncpg.Connection
+) -> None:
+    """Analyzed while nothing ran, the statistics call jobs_running_idx empty: a
+    release must still look each job up by id, never join every entry of that
+    index against every release (60 ms a batch of 200 with 1,000 running)."""
+    await storefill.fill(conn, 50_000, 0, 1)
+    await conn.execute("VACUUM ANALYZE jobs")
+    claimed = []
+    for _ in range(5):
+        claimed += await store.claim("bench-t0", 200, sysid="s1", lease=600.0)
+    ids = sorted(c.id for c in claimed)[:200]
+    n = len(ids)
+    args = (ids, ["archive"] * n, ["ok"] * n, [200] * n, [None] * n, [0.0] * n, [False] * n)
+    for mode in ["auto", "force_generic_plan"]:
+        await conn.execute(f"SET plan_cache_mode = {mode}")
+        plan = await _plan(conn, queries.queue.RELEASE, *args, ["s1"] * n)
+        assert "jobs_running_idx" not in plan and "jobs_pkey" in plan, plan
