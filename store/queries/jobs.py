@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from queue_daemon.store.queries import counts
+from queue_daemon.store.queries import counts, queue
 
 _JOB_COLUMNS = """
     id,
@@ -131,31 +131,9 @@ RETURNING {_JOB_COLUMNS}, dependents
 # indexes (its jobs only); a done job whose dependents are not resolved yet
 # stays (the sweep that resolves them finds it by its row). Counted per type
 # for the queue log.
-DELETE_DONE = """
-WITH gone_live AS (
-    DELETE FROM jobs
-    WHERE id = ANY(ARRAY(
-        SELECT id FROM jobs
-        WHERE split_part(type, '-', 1) = $1
+DELETE_DONE = queue.DELETE_DONE_JOBS.format(
+    where="""split_part(type, '-', 1) = $1
           AND ($2::text IS NULL OR type = $2::text)
-          AND lock = '__done' AND done_dt < $3 AND NOT dependents
-        LIMIT $4
-        FOR UPDATE SKIP LOCKED
-    ))
-    RETURNING type
-), gone_done AS (
-    DELETE FROM jobs_done
-    WHERE id = ANY(ARRAY(
-        SELECT id FROM jobs_done
-        WHERE split_part(type, '-', 1) = $1
-          AND ($2::text IS NULL OR type = $2::text)
-          AND done_dt < $3 AND NOT dependents
-        LIMIT greatest(0, $4 - (SELECT count(*) FROM gone_live))
-        FOR UPDATE SKIP LOCKED
-    ))
-    RETURNING type
+          AND done_dt < $3 AND NOT dependents""",
+    limit="$4",
 )
-SELECT type, count(*)::int AS n
-FROM (SELECT type FROM gone_live UNION ALL SELECT type FROM gone_done) g
-GROUP BY type
-"""

@@ -315,15 +315,17 @@ WHERE j.id = ANY(ARRAY(SELECT id FROM lapsed)) AND j.id = x.id
 RETURNING j.id, j.type, j.attempts, x.last, j.dependents
 """
 
-# $1 retention seconds, $2 chunk size: one bounded chunk per statement (of
-# both tables together); the rows deleted, counted per jobtype (for the queue log).
-PURGE_CHUNK = """
+# Done jobs deleted from both tables (those marked done in jobs, and jobs_done,
+# 0013), at most {limit} in all, each table's chosen by its {where} (a
+# condition on done_dt and the like; in jobs, the rows done too): the rows
+# deleted, counted per jobtype (for the queue log).
+DELETE_DONE_JOBS = """
 WITH gone_live AS (
     DELETE FROM jobs
     WHERE id = ANY(ARRAY(
         SELECT id FROM jobs
-        WHERE lock = '__done' AND done_dt < now() - make_interval(secs => $1)
-        LIMIT $2
+        WHERE lock = '__done' AND {where}
+        LIMIT {limit}
         FOR UPDATE SKIP LOCKED
     ))
     RETURNING type
@@ -331,8 +333,8 @@ WITH gone_live AS (
     DELETE FROM jobs_done
     WHERE id = ANY(ARRAY(
         SELECT id FROM jobs_done
-        WHERE done_dt < now() - make_interval(secs => $1)
-        LIMIT greatest(0, $2 - (SELECT count(*) FROM gone_live))
+        WHERE {where}
+        LIMIT greatest(0, {limit} - (SELECT count(*) FROM gone_live))
         FOR UPDATE SKIP LOCKED
     ))
     RETURNING type
@@ -341,3 +343,8 @@ SELECT type, count(*)::int AS n
 FROM (SELECT type FROM gone_live UNION ALL SELECT type FROM gone_done) g
 GROUP BY type
 """
+
+# $1 retention seconds, $2 chunk size: one bounded chunk per statement.
+PURGE_CHUNK = DELETE_DONE_JOBS.format(
+    where="done_dt < now() - make_interval(secs => $1)", limit="$2"
+)
