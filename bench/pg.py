@@ -90,7 +90,7 @@ async def vacuum_analyze(dsn: str) -> None:
 async def count_jobs(dsn: str, type_: str) -> int:
     conn = await asyncpg.connect(dsn)
     try:
-        count: int = await conn.fetchval("SELECT count(*) FROM jobs WHERE type = $1", type_)
+        count: int = await conn.fetchval("SELECT count(*) FROM all_jobs WHERE type = $1", type_)
         return count
     finally:
         await conn.close()

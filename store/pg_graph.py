@@ -44,8 +44,6 @@ class GraphPart:
             for group in groups:
                 columns = list(zip(*group.jobs, strict=True))
                 async with conn.transaction():
-                    # its own ids may be inserted again (queries.intake, LOCK_LIVE)
-                    await conn.execute(queries.intake.LOCK_LIVE, columns[0])
                     if group.after:
                         await conn.execute(queries.graph.MARK_DEPENDENCIES, group.after)
                     rows = await conn.fetch(
@@ -55,6 +53,10 @@ class GraphPart:
                         group.resolve_any,
                         group.deadline,
                     )
+                    # its own ids may be inserted again (queries.intake, REMOVE_DONE)
+                    gone = {r[0] for r in await conn.fetch(queries.intake.REMOVE_DONE, columns[0])}
+                if gone:
+                    rows = [r for r in rows if r["id"] not in gone]
                 added += len(rows)
                 due = [(r["id"], r["type"]) for r in rows if r["state"] == "due"]
                 if due:

@@ -173,21 +173,23 @@ class JobsPart:
     async def _add_few(self, records: Sequence[NewJob], fresh: bool) -> int:
         columns = list(zip(*records, strict=True))
         payload = added_payload(records)
+        removed = 0
         async with self._db.conn() as conn:
             if fresh:  # one statement, one round trip
-                row = await conn.fetchrow(queries.intake.INSERT_FEW, *columns, payload, True)
+                row = await conn.fetchrow(queries.intake.INSERT_FEW, *columns, payload)
             else:
                 async with conn.transaction():
-                    await conn.execute(queries.intake.LOCK_LIVE, columns[0])
-                    row = await conn.fetchrow(queries.intake.INSERT_FEW, *columns, payload, False)
-        return int(row["n"]) if row is not None else 0
+                    row = await conn.fetchrow(queries.intake.INSERT_FEW, *columns, payload)
+                    removed = len(await conn.fetch(queries.intake.REMOVE_DONE, columns[0]))
+        return (int(row["n"]) if row is not None else 0) - removed
 
     async def _add_records(self, records: Sequence[NewJob], fresh: bool) -> int:
         async with self._db.conn() as conn:
             # Fast path: COPY a fresh batch straight into jobs. A duplicate id
             # aborts it; then, as for a batch that is not fresh, go through the
-            # temp table, skipping the ids in jobs or jobs_done, which also counts
-            # the new rows.
+            # temp table, skipping the ids in jobs and removing again those done
+            # (in jobs_done: queries.intake, REMOVE_DONE), which also counts the
+            # new rows.
             if fresh:
                 try:
                     async with conn.transaction():
@@ -209,9 +211,9 @@ class JobsPart:
                     records=records,
                     columns=queries.migrations.JOB_COPY_COLUMNS,
                 )
-                await conn.execute(queries.intake.LOCK_LIVE_FROM_JOBS_IN)
                 status = await conn.execute(queries.intake.INSERT_FROM_JOBS_IN)
-                added = status_count(status)  # "INSERT 0 <n>"
+                removed = await conn.execute(queries.intake.REMOVE_DONE_FROM_JOBS_IN)
+                added = status_count(status) - status_count(removed)  # "INSERT 0 <n>", "DELETE <n>"
                 if added:  # which of them were new is not known here: "re-read"
                     await conn.execute(queries.queue.NOTIFY_JOBS, "")
         return added

@@ -58,8 +58,6 @@ added AS (
     FROM unnest($1::text[], $2::text[], $3::timestamptz[], $4::text[], $5::timestamptz[])
          AS n(id, type, dt, data, create_dt)
     CROSS JOIN state s
-    -- ingested again (a crash, a retry): already done and moved (intake.py)
-    WHERE NOT EXISTS (SELECT 1 FROM jobs_done d WHERE d.id = n.id)
     ON CONFLICT (id) DO NOTHING
     RETURNING id, type, lock, dt
 ),

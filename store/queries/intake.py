@@ -9,32 +9,35 @@ JOBS_TABLE = "jobs"
 # (0013); jobs' primary key skips the others. A fresh batch (read from the
 # journal for the first time by the daemon that wrote it) cannot be there.
 #
-# A job may be moved while its id is inserted again: a statement whose
-# snapshot predates the move would find it in neither table and insert it a
-# second time. So such an insert first locks the batch's live rows (LOCK_LIVE,
-# KEY SHARE: a move's delete waits for it, a claim or renewal does not), in a
-# statement of its own in the same transaction: a move in progress then ends
-# first, and the insert's later snapshot finds the job in jobs_done; a move
-# that begins after waits until the insert has skipped the job.
-LOCK_LIVE = """
-SELECT count(*) FROM (SELECT 1 FROM jobs WHERE id = ANY($1::text[]) FOR KEY SHARE) live
+# A job may be moved while its id is inserted again, or another daemon may
+# insert the same ids at the same time (an Idempotency-Key added twice, a
+# schedule's tick) and its jobs run and move before this insert gets to them:
+# no check made before the insert can see that. So an insert that may repeat
+# ids is followed, in its transaction, by REMOVE_DONE, a statement of its own
+# whose later snapshot sees every move committed before it: the rows it just
+# inserted whose ids are in jobs_done go again. A move still in progress when
+# the insert reached its id made the insert wait (the unique index) and then
+# commit before REMOVE_DONE began; a move that begins after cannot take a row
+# this transaction inserted (it is not committed) and finds the other one.
+REMOVE_DONE = """
+DELETE FROM jobs j
+WHERE j.id = ANY($1::text[]) AND EXISTS (SELECT 1 FROM jobs_done d WHERE d.id = j.id)
+RETURNING j.id
 """
-LOCK_LIVE_FROM_JOBS_IN = """
-SELECT count(*) FROM (
-    SELECT 1 FROM jobs WHERE id IN (SELECT id FROM jobs_in) FOR KEY SHARE
-) live
+REMOVE_DONE_FROM_JOBS_IN = """
+DELETE FROM jobs j
+WHERE j.id IN (SELECT id FROM jobs_in) AND EXISTS (SELECT 1 FROM jobs_done d WHERE d.id = j.id)
 """
 
 # A small batch in one statement, one round trip: the insert, and the jobs
 # notification sent at its commit ($6, or "" when some ids existed already:
 # which of the jobs were new is not known then). $1..$5 the columns as
-# arrays; $7 fresh (if not, after LOCK_LIVE in its transaction).
+# arrays. If the batch is not fresh, REMOVE_DONE follows in its transaction.
 INSERT_FEW = """
 WITH added AS (
     INSERT INTO jobs (id, type, dt, data, create_dt)
     SELECT * FROM unnest($1::text[], $2::text[], $3::timestamptz[], $4::text[],
                          $5::timestamptz[]) AS n(id, type, dt, data, create_dt)
-    WHERE $7::bool OR NOT EXISTS (SELECT 1 FROM jobs_done d WHERE d.id = n.id)
     ON CONFLICT (id) DO NOTHING
     RETURNING 1
 )
@@ -50,7 +53,8 @@ FROM (SELECT count(*) AS n FROM added) c
 # sysid could not claim: which of them wait is not known then). Returns each
 # row inserted, whether it was claimed, and its type's live handler version
 # in the snapshot that inserted it (as queue.CLAIM). $1..$5 the columns as
-# arrays, as INSERT_FEW.
+# arrays, as INSERT_FEW. It commits synchronously, as a claim does
+# (docs/guarantees.md): a job runs only once its claim is durable.
 INSERT_DISPATCHED = """
 WITH lapsed AS (
     SELECT EXISTS (
@@ -84,17 +88,15 @@ SELECT a.id, a.claimed,
            WHERE h.type = a.type AND h.deleted_at IS NULL
            ORDER BY h.dt DESC, h.id DESC
            LIMIT 1
-       ) END AS handler,
-       set_config('synchronous_commit', 'off', true)
+       ) END AS handler
 FROM added a
-UNION ALL SELECT NULL, NULL, NULL, NULL FROM note
+UNION ALL SELECT NULL, NULL, NULL FROM note
 """
 
-# After LOCK_LIVE_FROM_JOBS_IN in its transaction.
+# REMOVE_DONE_FROM_JOBS_IN follows in its transaction.
 INSERT_FROM_JOBS_IN = """
 INSERT INTO jobs (id, type, dt, data, create_dt)
-SELECT id, type, dt, data, create_dt FROM jobs_in i
-WHERE NOT EXISTS (SELECT 1 FROM jobs_done d WHERE d.id = i.id)
+SELECT id, type, dt, data, create_dt FROM jobs_in
 ON CONFLICT (id) DO NOTHING
 """
 

@@ -89,6 +89,9 @@ moved AS (
     SELECT id, type, data, create_dt, now(), attempts, code, exitcode, result, run_dt, lock,
            runs, dependents, deadline
     FROM archived
+
+    -- an id done already (stored twice by a race): this row goes, the first stays
+    ON CONFLICT (id) DO NOTHING
 ),
 again AS (
 UPDATE jobs j

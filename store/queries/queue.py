@@ -241,6 +241,9 @@ moved AS (
            code, exitcode, result, run_dt, CASE WHEN uncounted THEN NULL ELSE lock END, runs,
            dependents, deadline
     FROM archived
+
+    -- an id done already (stored twice by a race): this row goes, the first stays
+    ON CONFLICT (id) DO NOTHING
 ),
 again AS (
 UPDATE jobs j

@@ -235,14 +235,18 @@ class RunLoop:
         nothing else waits here (no turn of another tenant or type is taken), for
         jobs due now of types whose handler (not a pull worker's) is in the cache,
         as many as the next batch of their type and the free slots allow."""
-        if self._stopping or self._waiting.counts or self._claiming:
+        if (
+            self._stopping
+            or self._waiting.counts
+            or self._claiming
+            or len(self._batches) >= self._settings.max_parallel_batches
+        ):
             return None
         now = datetime.now(UTC)
         groups: dict[str, list[str]] = {}
         for job in jobs:
             if job.dt <= now:
                 groups.setdefault(job.type, []).append(job.id)
-        full = self._tenants.full()
         holds: list[tuple[str, int]] = []
         taken: list[str] = []
         for jobtype, ids in groups.items():
@@ -251,7 +255,8 @@ class RunLoop:
             if (
                 spec is None
                 or spec.lang == PULLED_LANG
-                or tenant in full
+                or tenant in self._tenants.full()  # (each hold counts a batch)
+                or len(self._batches) + len(holds) >= self._settings.max_parallel_batches
                 or not self._sizes.may_claim(jobtype)
             ):
                 continue
