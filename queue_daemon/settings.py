@@ -63,8 +63,8 @@ class Settings:
     drain_timeout: float = 10.0  # seconds SIGTERM waits for ingestion to catch up
     token_refresh: float = 2.0  # seconds between reloads of the tenant token cache
     store_connect_timeout: float = 30.0  # seconds start-up waits for PostgreSQL
-    concurrency: int = 1024  # jobs running (or claimed to run next) at once in this daemon
-    max_batch: int = 200  # most jobs claimed (and handed to one context) at a time
+    concurrency: int = 4096  # jobs running (or claimed to run next) at once in this daemon
+    max_batch: int = 1000  # most jobs claimed (and handed to one context) at a time
     job_ttl: float = 86_400.0  # seconds after creation when retries stop
     retention: float = 7 * 86_400.0  # seconds archived jobs are kept
     tenant_uid_base: int = TENANT_UID_BASE  # the first uid of the tenants' range

@@ -10,7 +10,14 @@ the holder of a claim can act on it. Every statement is scoped to the client
 
 from __future__ import annotations
 
-from queue_daemon.store.queries.queue import BY_OF, CLAIM_IDS, NOTE_DONE, REASON_OF, RUN_ENTRY
+from queue_daemon.store.queries.queue import (
+    BY_OF,
+    CLAIMABLE,
+    NOTE_DONE,
+    PICKED_COLUMNS,
+    REASON_OF,
+    RUN_ENTRY,
+)
 
 DONE_CHANNEL = "qd_done"
 LOCK_PREFIX_LEN = 35  # len('w:') + 32 hex + len(':'): substr(lock, 36) is the worker name
@@ -29,12 +36,17 @@ heartbeat AS (
 # $1 type, $2 limit, $3 lock, $4 lease seconds, $5 client, $6 worker
 CLAIM = f"""
 WITH {_HEARTBEAT.format(client="$5", worker="$6", lease="$4::float8")}
-UPDATE jobs
-SET lock = $3, dt = now() + make_interval(secs => $4), attempts = attempts + 1, run_dt = now()
-WHERE id = ANY(ARRAY({CLAIM_IDS}))
-RETURNING id, type, data, attempts, create_dt, dt AS lease_until,
-          (SELECT floor(extract(epoch FROM greatest(o.dt, o.create_dt)) * 1000)::bigint
-           FROM jobs o WHERE o.id = jobs.id) AS due_ms
+-- as queue.CLAIM: picked and locked, then updated by primary key
+, picked AS MATERIALIZED ({CLAIMABLE.format(columns=PICKED_COLUMNS, also="true")}
+), claimed AS (
+    UPDATE jobs
+    SET lock = $3, dt = now() + make_interval(secs => $4), attempts = attempts + 1,
+        run_dt = now()
+    WHERE id = ANY(ARRAY(SELECT id FROM picked))
+    RETURNING id, type, data, attempts, create_dt, dt AS lease_until
+)
+SELECT c.id, c.type, c.data, c.attempts, c.create_dt, c.lease_until, p.due_ms
+FROM claimed c JOIN picked p ON p.id = c.id
 """
 
 # The lease of a pulled type: its live handler's timeout ($fallback without one).

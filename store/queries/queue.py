@@ -97,15 +97,18 @@ ORDER BY t.type
 # One daemon at a time sweeps the waiting types (the others skip that round).
 UNHANDLED_LOCK = "SELECT pg_try_advisory_xact_lock(hashtext('qd_unhandled'))"
 
-# $1 type, $2 limit. Kept apart so a test can EXPLAIN it: it must read
-# jobs_waiting_idx, oldest dt first.
-CLAIM_IDS = """
-SELECT id FROM jobs
+# $1 type, $2 limit: the {columns} of the claimable jobs, locked, oldest dt
+# first, when {also} holds too. CLAIM_IDS is kept apart so a test can EXPLAIN
+# it: it must read jobs_waiting_idx.
+CLAIMABLE = """
+SELECT {columns} FROM jobs
 WHERE type = $1 AND lock = '' AND dt <= now() AND (deadline IS NULL OR deadline > now())
+  AND {also}
 ORDER BY dt
 LIMIT $2
 FOR UPDATE SKIP LOCKED
 """
+CLAIM_IDS = CLAIMABLE.format(columns="id", also="true")
 
 # The type's live handler version (evaluated once per statement): the claim
 # reads it in the snapshot that found the jobs, so a job added after a handler
@@ -118,13 +121,13 @@ ORDER BY h.dt DESC, h.id DESC
 LIMIT 1
 """
 
-# $3 sysid, $4 lease seconds. `= ANY(ARRAY(...))` rather than `IN (...)`: the
-# array is computed first and the update then reads the primary key; with IN
-# the planner sometimes joined against a scan of the whole table (docs/architecture.md).
-# due_ms: since when the job was due, in epoch ms: the later of its creation
-# and its dt before this update (a subquery in RETURNING reads the statement's
-# snapshot, which does not see the statement's own changes); the queue log
-# reports how long each job waited from then.
+# $3 sysid, $4 lease seconds. The jobs are picked and locked first (a
+# materialized CTE, with what the queue log needs of them before the update:
+# since when each was due, in epoch ms, the later of its creation and its dt),
+# then updated by primary key: `= ANY(ARRAY(...))` rather than a join or
+# `IN (...)`, with which the planner sometimes joined against a scan of the
+# whole table (docs/architecture.md). The rows come back joined to what was
+# picked (a hash join of the batch, not a lookup of each job again).
 #
 # Nothing is claimed under a sysid whose lease ran out or was released: every
 # daemon's expiry (EXPIRE_LOCKS) takes the jobs of such a sysid back at once,
@@ -132,18 +135,25 @@ LIMIT 1
 # from the store past its sysid lease and claims before it renewed it would run
 # jobs that another daemon runs at the same time. (A one-time filter: when it
 # holds, no row is read or locked.)
+# what a claim picks: each job's id and since when it was due, in epoch ms
+PICKED_COLUMNS = "id, floor(extract(epoch FROM greatest(dt, create_dt)) * 1000)::bigint AS due_ms"
+_PICKED = CLAIMABLE.format(
+    columns=PICKED_COLUMNS,
+    also="""NOT EXISTS (
+        SELECT 1 FROM sysids s
+        WHERE s.sysid = $3 AND (s.expires < now() OR s.released_at IS NOT NULL))""",
+)
 CLAIM = f"""
-UPDATE jobs
-SET lock = $3, dt = now() + make_interval(secs => $4), attempts = attempts + 1, run_dt = now()
-WHERE id = ANY(ARRAY({CLAIM_IDS}))
-  AND NOT EXISTS (
-    SELECT 1 FROM sysids s
-    WHERE s.sysid = $3 AND (s.expires < now() OR s.released_at IS NOT NULL)
-  )
-RETURNING id, type, data, attempts, create_dt, deadline,
-          (SELECT floor(extract(epoch FROM greatest(o.dt, o.create_dt)) * 1000)::bigint
-           FROM jobs o WHERE o.id = jobs.id) AS due_ms,
-          ({LIVE_HANDLER_ID}) AS handler
+WITH picked AS MATERIALIZED ({_PICKED}), claimed AS (
+    UPDATE jobs
+    SET lock = $3, dt = now() + make_interval(secs => $4), attempts = attempts + 1,
+        run_dt = now()
+    WHERE id = ANY(ARRAY(SELECT id FROM picked))
+    RETURNING id, type, data, attempts, create_dt, deadline
+)
+SELECT c.id, c.type, c.data, c.attempts, c.create_dt, c.deadline, p.due_ms,
+       ({LIVE_HANDLER_ID}) AS handler
+FROM claimed c JOIN picked p ON p.id = c.id
 """
 
 # Waiting jobs of type $1 created and due more than $2 seconds ago are done

@@ -21,7 +21,13 @@ from queue_daemon.engine.ingest.ingester import Ingester
 from queue_daemon.engine.run.fairness import BusyMarks, TenantBatches
 from queue_daemon.engine.run.loop import RunLoop, RunSettings
 from queue_daemon.engine.run.pick import NO_HANDLER_RECHECK_S, WaitingTypes, claimable
-from queue_daemon.engine.run.sizes import BATCH_TARGET_S, FIRST_BATCH, LEARNING_BATCHES, BatchSizes
+from queue_daemon.engine.run.sizes import (
+    BATCH_BYTES,
+    BATCH_TARGET_S,
+    FIRST_BATCH,
+    LEARNING_BATCHES,
+    BatchSizes,
+)
 from queue_daemon.journal import Journal
 from queue_daemon.observe.metrics import Metrics
 from queue_daemon.observe.queuelog import QueueLog
@@ -61,6 +67,16 @@ def test_batches_grow_toward_the_target_time_and_stop_at_the_cap() -> None:
     sizes.timed("a-slow", 2.0, 1)
     assert sizes.size("a-slow") == 1
     assert sizes.learning == {}  # known types never count as learning
+
+
+def test_batches_of_big_payloads_stay_under_the_batch_bytes() -> None:
+    sizes = BatchSizes(max_batch=1000)
+    sizes.timed("a-big", 1e-5, 2, 2 << 20)  # fast, but 1 MiB a job
+    assert sizes.size("a-big") == BATCH_BYTES // (1 << 20)
+    sizes.timed("a-small", 1e-5, 10, 100)
+    assert sizes.size("a-small") == 1000
+    sizes.timed("a-huge", 1e-5, 1, 4 * BATCH_BYTES)
+    assert sizes.size("a-huge") == 1  # never none
 
 
 def test_one_tenant_holds_at_most_all_but_an_eighth_of_the_contexts() -> None:

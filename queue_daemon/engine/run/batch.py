@@ -110,7 +110,7 @@ class BatchRunner:
             began = time.monotonic()
             results = await self._pool.run_batch(spec, inputs, batch.follow, start_by=start_by)
             elapsed = time.monotonic() - began
-            self._sizes.timed(jobs[0].type, elapsed, len(jobs))
+            self._sizes.timed(jobs[0].type, elapsed, len(jobs), sum(len(j.data) for j in jobs))
             share = elapsed * 1000 / len(jobs)
             by_id: dict[str, JobResult] = {}
             took = batch.follow.took

@@ -3,14 +3,17 @@
 A batch runs its jobs one after another in one context: aim for batches that
 take about ``BATCH_TARGET_S``, so fast handlers get big batches (few round
 trips) and slow ones small batches (jobs spread over many contexts, short
-waits). A type whose run time is not known yet runs batches of
-``FIRST_BATCH``, at most ``LEARNING_BATCHES`` at once, each in its own
-context. Pure: no I/O, no clock.
+waits), and that carry about ``BATCH_BYTES`` of payloads at most, so a type
+of big payloads (up to ``--payload-limit`` each) is claimed a few at a time
+(the daemon's memory stays bounded by the batches it runs at once). A type
+whose run time is not known yet runs batches of ``FIRST_BATCH``, at most
+``LEARNING_BATCHES`` at once, each in its own context. Pure: no I/O, no clock.
 """
 
 from __future__ import annotations
 
 BATCH_TARGET_S = 0.1
+BATCH_BYTES = 16 << 20  # payload bytes a batch aims to stay under (learnt mean per job)
 FIRST_BATCH = 1  # jobs of a type whose run time is not known yet
 LEARNING_BATCHES = 4  # such batches running at once
 
@@ -19,6 +22,7 @@ class BatchSizes:
     def __init__(self, max_batch: int) -> None:
         self.max_batch = max_batch
         self._job_seconds: dict[str, float] = {}  # moving average of a job's run time
+        self._job_bytes: dict[str, float] = {}  # moving average of a job's payload bytes
         self.learning: dict[str, int] = {}  # types still learning -> batches running
 
     def may_claim(self, jobtype: str) -> bool:
@@ -36,7 +40,9 @@ class BatchSizes:
         if per_job is None:
             self.learning[jobtype] = self.learning.get(jobtype, 0) + 1
             return FIRST_BATCH
-        return max(1, min(self.max_batch, int(BATCH_TARGET_S / max(per_job, 1e-6))))
+        by_time = int(BATCH_TARGET_S / max(per_job, 1e-6))
+        by_bytes = int(BATCH_BYTES / max(self._job_bytes.get(jobtype, 0.0), 1.0))
+        return max(1, min(self.max_batch, by_time, by_bytes))
 
     def done(self, jobtype: str) -> None:
         """A batch of ``jobtype`` ended (or its claim found nothing)."""
@@ -46,8 +52,12 @@ class BatchSizes:
         else:
             self.learning.pop(jobtype, None)
 
-    def timed(self, jobtype: str, seconds: float, count: int) -> None:
-        """A batch of ``count`` jobs took ``seconds``."""
-        per_job = seconds / count
-        old = self._job_seconds.get(jobtype)
-        self._job_seconds[jobtype] = per_job if old is None else 0.5 * (old + per_job)
+    def timed(self, jobtype: str, seconds: float, count: int, payload_bytes: int = 0) -> None:
+        """A batch of ``count`` jobs took ``seconds`` and carried ``payload_bytes``."""
+        _average(self._job_seconds, jobtype, seconds / count)
+        _average(self._job_bytes, jobtype, payload_bytes / count)
+
+
+def _average(means: dict[str, float], jobtype: str, value: float) -> None:
+    old = means.get(jobtype)
+    means[jobtype] = value if old is None else 0.5 * (old + value)
