@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 LANGS = ("python", "node", "shell", "http")
@@ -39,14 +40,19 @@ class HandlerSpec:
         return (self.client, self.type, self.version)
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+# The objects made for every job of a batch (JobInput, JobResult; ClaimedJob
+# and Release in queue_daemon.domain.jobs) are plain slotted dataclasses, not
+# frozen ones: a frozen dataclass's __init__ sets each field through
+# object.__setattr__, 2.6 times the cost (about 0.5 us a job each, measured).
+# Nothing changes them after they are made.
+@dataclass(slots=True, kw_only=True)
 class JobInput:
     id: str
     payload: str
     attempt: int  # 1 on the first run
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(slots=True, kw_only=True)
 class JobResult:
     """How one job ended. ``exitcode``: 1xx retry, 2xx ok, 4xx failed, 5xx error."""
 
@@ -54,10 +60,10 @@ class JobResult:
     exitcode: int
     result: str | None = None
     # follow-on jobs: (the tenant's own type name, payload); validated by the runner
-    emits: list[tuple[str, str]] = field(default_factory=list)
-    log: list[str] = field(default_factory=list)  # bounded
+    emits: Sequence[tuple[str, str]] = ()
+    log: Sequence[str] = ()  # bounded
     # why each follow-on job the handler asked for was rejected (bad type or payload)
-    dropped: list[str] = field(default_factory=list)
+    dropped: Sequence[str] = ()
     # follow-on jobs the context dropped itself, over the run's emit limit in bytes
     emit_over: int = 0
     # False when the job never started (its context died or timed out on an

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 
-from queue_daemon.domain.jobs import ClaimedJob, ExpiredLock, Release, ReleaseHow, UnhandledRound
+from queue_daemon.domain.jobs import ClaimedJob, ExpiredLock, Release, UnhandledRound
 from queue_daemon.store import queries
 from queue_daemon.store.errors import StoreError, SysidTaken
 from queue_daemon.store.listen import Delays, listen_forever
@@ -71,18 +71,20 @@ class QueuePart:
         if limit < 1:
             return []
         rows = await self._db.fetch(queries.queue.CLAIM, type, limit, sysid, float(lease))
+        # by position (the columns of queries.queue.CLAIM, in order): a Record's
+        # lookup by name costs a job about as much as the object it fills
         jobs = [
             ClaimedJob(
-                id=row["id"],
-                type=row["type"],
-                data=row["data"],
-                attempts=row["attempts"],
-                create_dt=row["create_dt"],
-                due_ms=row["due_ms"],
-                handler=row["handler"],
-                deadline=row["deadline"],
+                id=id_,
+                type=type_,
+                data=data,
+                attempts=attempts,
+                create_dt=create_dt,
+                deadline=deadline,
+                due_ms=due_ms,
+                handler=handler,
             )
-            for row in rows
+            for id_, type_, data, attempts, create_dt, deadline, due_ms, handler in rows
         ]
         # RETURNING follows the primary key, not the claim's dt order; ids of
         # one daemon are time-ordered, so this is the order they were added in
@@ -132,7 +134,7 @@ class QueuePart:
             rows = await conn.fetch(
                 queries.queue.RELEASE,
                 [r.id for r in ordered],
-                [ReleaseHow(r.how).value for r in ordered],
+                [r.how for r in ordered],  # a StrEnum: sent as its text
                 [r.code for r in ordered],
                 [r.exitcode for r in ordered],
                 [r.result for r in ordered],

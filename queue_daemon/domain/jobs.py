@@ -89,7 +89,7 @@ class Started(Attempt, Protocol):
     def due_ms(self) -> int | None: ...  # epoch ms since when it was due, if known
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(slots=True, kw_only=True)  # made per job: not frozen (runners.models)
 class ClaimedJob:
     """A job this daemon now owns (``lock = sysid``)."""
 
@@ -132,7 +132,7 @@ class ReleaseHow(enum.StrEnum):
     ARCHIVE = "archive"  # done: lock '__done', dt = done_dt + 1000 years
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(slots=True, kw_only=True)  # made per job: not frozen (runners.models)
 class Release:
     """The end of one run of one job, written by ``Store.release``."""
 
