@@ -71,12 +71,18 @@ class QueuePart:
         if limit < 1:
             return []
         rows = await self._db.fetch(queries.queue.CLAIM, type, limit, sysid, float(lease))
-        # by position (the columns of queries.queue.CLAIM, in order): a Record's
-        # lookup by name costs a job about as much as the object it fills
+        # the handler's row (id NULL), then by position (the columns of
+        # queries.queue.CLAIM, in order): a Record's lookup by name costs a job
+        # about as much as the object it fills
+        if rows[-1][0] is None:  # where an append of the two parts puts it
+            handler = rows.pop()[1]
+        else:
+            handler = next(row[1] for row in rows if row[0] is None)
+            rows = [row for row in rows if row[0] is not None]
         jobs = [
             ClaimedJob(
                 id=id_,
-                type=type_,
+                type=type,
                 data=data,
                 attempts=attempts,
                 create_dt=create_dt,
@@ -84,10 +90,9 @@ class QueuePart:
                 due_ms=due_ms,
                 handler=handler,
             )
-            for id_, type_, data, attempts, create_dt, deadline, due_ms, handler in rows
+            for id_, data, attempts, create_dt, deadline, due_ms in rows
         ]
-        # RETURNING follows the primary key, not the claim's dt order; ids of
-        # one daemon are time-ordered, so this is the order they were added in
+        # in the order they were added (ids of one daemon are time-ordered)
         jobs.sort(key=lambda job: (job.create_dt, job.id))
         return jobs
 
@@ -131,17 +136,7 @@ class QueuePart:
             return set()
         ordered = sorted(releases, key=lambda r: r.id)
         async with self._db.conn() as conn:
-            rows = await conn.fetch(
-                queries.queue.RELEASE,
-                [r.id for r in ordered],
-                [r.how for r in ordered],  # a StrEnum: sent as its text
-                [r.code for r in ordered],
-                [r.exitcode for r in ordered],
-                [r.result for r in ordered],
-                [float(r.delay) for r in ordered],
-                [r.refund_attempt for r in ordered],
-                [sysid] * len(ordered),
-            )
+            rows = await conn.fetch(queries.queue.RELEASE, *release_params(ordered, sysid))
         # a NULL id: the note's row
         await self._graph.resolve([row[0] for row in rows if row[0] is not None and row[1]])
         return {row[0] for row in rows if row[0] is not None}
@@ -200,3 +195,17 @@ class QueuePart:
             retry=retry,
             on_done=on_done,
         )
+
+
+def release_params(releases: Sequence[Release], sysid: str) -> tuple[object, ...]:
+    """The parameters of ``queries.queue.RELEASE`` for ``releases`` (in this order)."""
+    return (
+        " ".join([r.id for r in releases]),
+        " ".join([r.how for r in releases]),  # StrEnum: joined as their text
+        " ".join([r.code or "" for r in releases]),
+        " ".join(["" if r.exitcode is None else str(r.exitcode) for r in releases]),
+        [r.result for r in releases],
+        " ".join([repr(float(r.delay)) if r.delay else "0" for r in releases]),
+        " ".join(["t" if r.refund_attempt else "f" for r in releases]),
+        " ".join([sysid] * len(releases)),
+    )

@@ -14,6 +14,7 @@ from queue_daemon.domain.jobs import NewJob, Release, ReleaseHow
 from queue_daemon.domain.pulled import OptedJobs
 from queue_daemon.store import queries
 from queue_daemon.store.pg import PgStore
+from queue_daemon.store.pg_queue import release_params
 
 
 def job(job_id: str) -> NewJob:
@@ -45,8 +46,8 @@ async def test_an_id_inserted_again_while_its_job_moves_to_jobs_done_is_skipped(
     try:
         moving = mover.transaction()
         await moving.start()
-        args = (["x1"], ["archive"], ["ok"], [200], ["r"], [0.0], [False], ["s1"])
-        moved = await mover.fetch(queries.queue.RELEASE, *args)
+        done = Release(id="x1", how=ReleaseHow.ARCHIVE, code="ok", exitcode=200, result="r")
+        moved = await mover.fetch(queries.queue.RELEASE, *release_params([done], "s1"))
         assert [r[0] for r in moved if r[0] is not None] == ["x1"]  # (None: the note's row)
         if how == "opted":
             again: asyncio.Task[int] = asyncio.create_task(

@@ -26,6 +26,7 @@ from queue_daemon.store import queries
 from queue_daemon.store.errors import NotFound
 from queue_daemon.store.migrate import available_migrations
 from queue_daemon.store.pg import PgStore
+from queue_daemon.store.pg_queue import release_params
 
 LEASE = 60.0
 
@@ -205,6 +206,29 @@ async def test_release_each_way(store: PgStore, conn: asyncpg.Connection) -> Non
     assert await store.release([Release(id="ok", how=ReleaseHow.UNGET)], sysid="s1") == set()
     assert await store.release([Release(id="foreign", how=ReleaseHow.UNGET)], sysid="s1") == set()
     assert await store.release([], sysid="s1") == set()
+
+
+async def test_a_release_alone_or_with_spaces_in_its_result_keeps_each_column(
+    store: PgStore, conn: asyncpg.Connection
+) -> None:
+    """The releases travel as texts joined by spaces (release_params): one release
+    whose code and exit code are NULL, and results that hold spaces, commas and
+    quotes, come out as they went in."""
+    await store.add_jobs([job("alone"), job("a"), job("b")])
+    assert len(await store.claim("a-t", 3, sysid="s1", lease=LEASE)) == 3
+    put_back = Release(id="alone", how=ReleaseHow.UNGET, refund_attempt=True)
+    assert await store.release([put_back], sysid="s1") == {"alone"}
+    r = await row(conn, "alone")
+    assert (r["lock"], r["code"], r["exitcode"], r["attempts"]) == ("", None, None, 0)
+    texts = {"a": 'one two, "three"\n', "b": " "}
+    done = [
+        Release(id=i, how=ReleaseHow.ARCHIVE, code="ok", exitcode=201, result=t)
+        for i, t in texts.items()
+    ]
+    assert await store.release(done, sysid="s1") == set(texts)
+    for i, text in texts.items():
+        got = await store.get_job("a", i)
+        assert (got.code, got.exitcode, got.result) == ("ok", 201, text)
 
 
 async def test_retry_then_archive_without_result_clears_old_result(
@@ -637,9 +661,8 @@ async def test_a_release_looks_its_jobs_up_by_id_whatever_the_statistics_say(
     for _ in range(5):
         claimed += await store.claim("bench-t0", 200, sysid="s1", lease=600.0)
     ids = sorted(c.id for c in claimed)[:200]
-    n = len(ids)
-    args = (ids, ["archive"] * n, ["ok"] * n, [200] * n, [None] * n, [0.0] * n, [False] * n)
+    done = [Release(id=i, how=ReleaseHow.ARCHIVE, code="ok", exitcode=200) for i in ids]
     for mode in ["auto", "force_generic_plan"]:
         await conn.execute(f"SET plan_cache_mode = {mode}")
-        plan = await _plan(conn, queries.queue.RELEASE, *args, ["s1"] * n)
+        plan = await _plan(conn, queries.queue.RELEASE, *release_params(done, "s1"))
         assert "jobs_running_idx" not in plan and "jobs_pkey" in plan, plan

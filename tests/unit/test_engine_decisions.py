@@ -20,7 +20,7 @@ from queue_daemon.domain.names import JobType
 from queue_daemon.engine.ingest.ingester import Ingester
 from queue_daemon.engine.run.fairness import BusyMarks, TenantBatches
 from queue_daemon.engine.run.loop import RunLoop, RunSettings
-from queue_daemon.engine.run.pick import NO_HANDLER_RECHECK_S, WaitingTypes, claimable
+from queue_daemon.engine.run.pick import NO_HANDLER_RECHECK_S, READ_CAP, WaitingTypes, claimable
 from queue_daemon.engine.run.sizes import (
     BATCH_BYTES,
     BATCH_TARGET_S,
@@ -123,7 +123,7 @@ def test_what_a_claim_loop_may_pick() -> None:
     assert nothing_to_skip is waiting  # no copy on the claim path when nothing is skipped
 
 
-async def test_the_waiting_counts_are_read_again_only_when_a_cap_ran_out() -> None:
+async def test_the_waiting_counts_are_read_only_when_stale() -> None:
     store = FakeStore()
     store.add("a-t", "1", "2", "3")
     store.add("a-u", "1")
@@ -138,6 +138,12 @@ async def test_the_waiting_counts_are_read_again_only_when_a_cap_ran_out() -> No
     assert await waiting.get() == {"a-u": 1}  # the other types' counts stand, no read
     assert store.calls["waiting_jobtypes"] == 1
     waiting.claimed("a-u", asked=1, got=1)  # as many as counted: a capped count may hide more
+    # a cap's worth more, until a claim finds fewer
+    assert await waiting.get() == {"a-u": READ_CAP}
+    assert store.calls["waiting_jobtypes"] == 1
+    waiting.claimed("a-u", asked=1, got=0)
+    assert await waiting.get() == {}
+    waiting.noted(None)  # something changed, not known what: read again
     await waiting.get()
     assert store.calls["waiting_jobtypes"] == 2
 

@@ -15,6 +15,7 @@ POLL_S = 1.0  # re-read the waiting jobtypes at least this often (delayed jobs c
 # The store lists only types with a live handler; one whose handler went since
 # (the cache found none) is not picked again for this long.
 NO_HANDLER_RECHECK_S = 30.0
+READ_CAP = 1000  # a type's waiting jobs are counted up to this many at a read
 
 
 def _add_counts(into: dict[str, int], counts: Mapping[str, int]) -> None:
@@ -49,9 +50,11 @@ class WaitingTypes:
             # the other types' counts stand, and the next claim need not read them
             self.counts.pop(jobtype, None)
         elif left <= 0:
-            # the capped count ran out, and more may wait: ask the store again
-            self.counts.pop(jobtype, None)
-            self._fresh = False
+            # the capped count ran out and more may wait: a cap's worth more,
+            # until a claim finds fewer (then it is dropped, above) or the next
+            # read counts them (a read after every full claim put a round trip
+            # to the store between two claims of a deep queue)
+            self.counts[jobtype] = max(asked, READ_CAP)
         else:
             self.counts[jobtype] = left
 
@@ -75,7 +78,7 @@ class WaitingTypes:
         self._read_at = time.monotonic()
         self._added_while_reading = {}
         try:
-            counts = await self._store.waiting_jobtypes()
+            counts = await self._store.waiting_jobtypes(READ_CAP)
         except BaseException:
             self._fresh = False
             raise
