@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 
-from queue_daemon.domain.jobs import ClaimedJob, ExpiredLock, Release, UnhandledRound
+from queue_daemon.domain.jobs import ClaimedJob, ExpiredLock, Release, ReleaseHow, UnhandledRound
 from queue_daemon.store import queries
 from queue_daemon.store.errors import StoreError, SysidTaken
 from queue_daemon.store.listen import Delays, listen_forever
@@ -135,8 +135,10 @@ class QueuePart:
         if not releases:
             return set()
         ordered = sorted(releases, key=lambda r: r.id)
+        archive = all(r.how == ReleaseHow.ARCHIVE for r in ordered)
+        statement = queries.queue.ARCHIVE if archive else queries.queue.RELEASE
         async with self._db.conn() as conn:
-            rows = await conn.fetch(queries.queue.RELEASE, *release_params(ordered, sysid))
+            rows = await conn.fetch(statement, *release_params(ordered, sysid))
         # a NULL id: the note's row
         await self._graph.resolve([row[0] for row in rows if row[0] is not None and row[1]])
         return {row[0] for row in rows if row[0] is not None}

@@ -243,8 +243,8 @@ unnest(string_to_array($1, ' '), string_to_array($2, ' '), string_to_array($3, '
        string_to_array($7, ' ')::bool[], string_to_array($8, ' '))
     AS r(id, how, code, exitcode, result, delay, refund, lock)
 """
-RELEASE = f"""
-WITH archived AS (
+_ARCHIVED = f"""
+archived AS (
     DELETE FROM jobs j USING {_RELEASES}
     WHERE r.how = 'archive' AND j.id = r.id AND j.lock = r.lock
     RETURNING j.id, j.type, j.data, j.create_dt, j.attempts, j.run_dt, j.runs, j.dependents,
@@ -253,7 +253,9 @@ WITH archived AS (
               CASE WHEN r.code IS NULL THEN j.exitcode ELSE r.exitcode END AS exitcode,
               CASE WHEN r.code IS NULL THEN j.result ELSE r.result END AS result,
               r.code IS NULL OR r.refund AS uncounted
-),
+)
+"""
+_MOVED = """
 moved AS (
     INSERT INTO jobs_done (id, type, data, create_dt, done_dt, attempts, code, exitcode, result,
                            run_dt, ran_by, runs, dependents, deadline)
@@ -265,7 +267,9 @@ moved AS (
 
     -- an id done already (stored twice by a race): this row goes, the first stays
     ON CONFLICT (id) DO NOTHING
-),
+)
+"""
+_AGAIN = f"""
 again AS (
 UPDATE jobs j
 SET lock = '',
@@ -287,10 +291,21 @@ SET lock = '',
 FROM {_RELEASES}
 WHERE r.how <> 'archive' AND j.id = r.id AND j.lock = r.lock
 RETURNING j.id
-),
-{NOTE_DONE.format(rows="(SELECT type, '__done' AS lock FROM archived) a")}
+)
+"""
+_NOTED = NOTE_DONE.format(rows="(SELECT type, '__done' AS lock FROM archived) a")
+RELEASE = f"""
+WITH {_ARCHIVED}, {_MOVED}, {_AGAIN}, {_NOTED}
 SELECT id, dependents AS resolve FROM archived
 UNION ALL SELECT id, false FROM again
+UNION ALL SELECT NULL, NULL FROM note
+"""
+# RELEASE when every release archives (the common batch): without the update
+# of the jobs that run again, the statement is planned in half the time and
+# reads its releases once.
+ARCHIVE = f"""
+WITH {_ARCHIVED}, {_MOVED}, {_NOTED}
+SELECT id, dependents AS resolve FROM archived
 UNION ALL SELECT NULL, NULL FROM note
 """
 
