@@ -330,6 +330,16 @@ class Handler:
 
 
 def result_frame(message: Message) -> bytes:
+    code = message["exitcode"]
+    if len(message) == 6 and not message["output"] and not message["emits"] and type(code) is int:
+        # the common result (no output, no follow-on job), written without the
+        # encoder's walk of a dict: a third of a no-op job's time here
+        result = message["result"]
+        text = "null" if result is None else _encode(result)
+        data = f'{{"op":"result","id":{_encode(message["id"])},"exitcode":{code},"result":{text}}}'
+        body = data.encode("utf-8", "replace")
+        if len(body) <= MAX_FRAME:
+            return len(body).to_bytes(4, "big") + body
     try:
         return frame(message)
     except (OverflowError, TypeError, ValueError) as exc:
