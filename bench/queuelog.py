@@ -28,7 +28,7 @@ from pathlib import Path
 
 import orjson
 
-from queue_daemon.domain.jobs import ClaimedJob, Release, ReleaseHow
+from queue_daemon.domain.jobs import ClaimedJob, Release, ReleaseHow, epoch_ms
 from queue_daemon.observe.logfile import Rotation
 from queue_daemon.observe.queuelog import QueueLog
 from queue_daemon.tools.analytics import Analysis, analyze
@@ -58,7 +58,9 @@ async def hot_path(folder: Path, rounds: int = 300) -> dict[str, float]:
 
     now = datetime.now(UTC)
     jobs = [
-        ClaimedJob(id=i, type="acme-resize", data="", attempts=1, create_dt=now, due_ms=T0)
+        ClaimedJob(
+            id=i, type="acme-resize", data="", attempts=1, created_ms=epoch_ms(now), due_ms=T0
+        )
         for i in ids[:200]
     ]
     began = time.perf_counter()
@@ -102,7 +104,7 @@ async def write_log(folder: Path, lines: int) -> list[Path]:
                 type=jobtype,
                 data="",
                 attempts=1,
-                create_dt=base + timedelta(milliseconds=n * 50),
+                created_ms=epoch_ms(base + timedelta(milliseconds=n * 50)),
             )
             for i in ids
         ]

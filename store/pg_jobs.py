@@ -11,7 +11,7 @@ from typing import cast
 
 import asyncpg
 
-from queue_daemon.domain.jobs import ClaimedJob, Dispatch, Job, JobPage, JobState, NewJob
+from queue_daemon.domain.jobs import ClaimedJob, Dispatch, Job, JobPage, JobState, NewJob, epoch_ms
 from queue_daemon.domain.views import TypeStats
 from queue_daemon.store import queries
 from queue_daemon.store.cursor import decode_cursor, encode_cursor
@@ -118,7 +118,7 @@ class JobsPart:
                         type=job.type,
                         data=job.data,
                         attempts=1,
-                        create_dt=job.create_dt,
+                        created_ms=epoch_ms(job.create_dt),
                         due_ms=int(max(job.dt, job.create_dt).timestamp() * 1000),
                         handler=row[2],
                     )

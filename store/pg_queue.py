@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
+from operator import attrgetter
 
 from queue_daemon.domain.jobs import ClaimedJob, ExpiredLock, Release, ReleaseHow, UnhandledRound
 from queue_daemon.store import queries
@@ -85,15 +86,15 @@ class QueuePart:
                 type=type,
                 data=data,
                 attempts=attempts,
-                create_dt=create_dt,
+                created_ms=created_ms,
                 deadline=deadline,
                 due_ms=due_ms,
                 handler=handler,
             )
-            for id_, data, attempts, create_dt, deadline, due_ms in rows
+            for id_, data, attempts, created_ms, deadline, due_ms in rows
         ]
         # in the order they were added (ids of one daemon are time-ordered)
-        jobs.sort(key=lambda job: (job.create_dt, job.id))
+        jobs.sort(key=attrgetter("created_ms", "id"))
         return jobs
 
     async def unhandled_types(

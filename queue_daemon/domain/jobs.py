@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import NamedTuple, Protocol
 
 
@@ -97,12 +97,23 @@ class ClaimedJob:
     type: str  # stored jobtype, "client-type"
     data: str
     attempts: int  # including this run
-    create_dt: datetime
+    # when it was added, in epoch ms (``create_dt`` as a datetime): a claim of
+    # 1,000 jobs decoded as many timestamps, 8% of the daemon's time
+    created_ms: int
     # epoch ms since when it was due, max(create_dt, dt before the claim); for the queue log
     due_ms: int | None = None
     # the type's live handler version when it was claimed (None: it had none)
     handler: str | None = None
     deadline: datetime | None = None  # it ends (408) if not done by then
+
+    @property
+    def create_dt(self) -> datetime:
+        return datetime.fromtimestamp(self.created_ms / 1000, UTC)
+
+
+def epoch_ms(moment: datetime) -> int:
+    """``moment`` in whole milliseconds since the epoch (as ``ClaimedJob.created_ms``)."""
+    return int(moment.timestamp() * 1000)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

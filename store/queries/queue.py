@@ -151,9 +151,10 @@ WITH picked AS MATERIALIZED ({_PICKED}), claimed AS (
     SET lock = $3, dt = now() + make_interval(secs => $4), attempts = attempts + 1,
         run_dt = now()
     WHERE id = ANY(ARRAY(SELECT id FROM picked))
-    RETURNING id, type, data, attempts, create_dt, deadline
+    RETURNING id, data, attempts, floor(extract(epoch FROM create_dt) * 1000)::bigint AS created_ms,
+              deadline
 )
-SELECT c.id, c.data, c.attempts, c.create_dt, c.deadline, p.due_ms
+SELECT c.id, c.data, c.attempts, c.created_ms, c.deadline, p.due_ms
 FROM claimed c JOIN picked p ON p.id = c.id
 UNION ALL
 SELECT NULL, ({LIVE_HANDLER_ID}), NULL, NULL, NULL, NULL

@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from queue_daemon.domain.jobs import ClaimedJob, ReleaseHow
+from queue_daemon.domain.jobs import ClaimedJob, ReleaseHow, epoch_ms
 from queue_daemon.domain.outcomes import (
     RETRY_CAP_S,
     Policy,
@@ -23,7 +23,11 @@ NOW = datetime(2026, 1, 1, tzinfo=UTC)
 
 def job(attempts: int = 1, age: float = 0.0) -> ClaimedJob:
     return ClaimedJob(
-        id="j", type="a-t", data="p", attempts=attempts, create_dt=NOW - timedelta(seconds=age)
+        id="j",
+        type="a-t",
+        data="p",
+        attempts=attempts,
+        created_ms=epoch_ms(NOW - timedelta(seconds=age)),
     )
 
 

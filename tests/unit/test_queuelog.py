@@ -14,7 +14,7 @@ import orjson
 import pytest
 
 from queue_daemon.cli import CliError, build_parser, settings_from
-from queue_daemon.domain.jobs import ClaimedJob, ExpiredLock, Release, ReleaseHow
+from queue_daemon.domain.jobs import ClaimedJob, ExpiredLock, Release, ReleaseHow, epoch_ms
 from queue_daemon.observe.logfile import Rotation
 from queue_daemon.observe.queuelog import QueueLog, payload_size
 
@@ -42,13 +42,15 @@ async def test_every_kind_of_line_with_its_fields(tmp_path: Path) -> None:
     log.started(
         "acme-resize",
         [
-            ClaimedJob(id="1-1", type="acme-resize", data="{}", attempts=1, create_dt=at(T0)),
+            ClaimedJob(
+                id="1-1", type="acme-resize", data="{}", attempts=1, created_ms=epoch_ms(at(T0))
+            ),
             ClaimedJob(
                 id="2-1",
                 type="acme-resize",
                 data="x",
                 attempts=2,
-                create_dt=at(T0),
+                created_ms=epoch_ms(at(T0)),
                 due_ms=T0 + 5000,
             ),
         ],

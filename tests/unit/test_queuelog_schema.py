@@ -9,14 +9,16 @@ from pathlib import Path
 
 import orjson
 
-from queue_daemon.domain.jobs import ClaimedJob, ExpiredLock, Release, ReleaseHow
+from queue_daemon.domain.jobs import ClaimedJob, ExpiredLock, Release, ReleaseHow, epoch_ms
 from queue_daemon.observe.queuelog import QueueLog
 from queue_daemon.observe.records import FIELDS, HEAD, Ev, read_head
 
 
 async def test_every_kind_written_has_exactly_its_declared_fields(tmp_path: Path) -> None:
     log = QueueLog(tmp_path / "queue.log", sysid="s1")
-    job = ClaimedJob(id="j1", type="acme-t", data="p", attempts=1, create_dt=datetime.now(UTC))
+    job = ClaimedJob(
+        id="j1", type="acme-t", data="p", attempts=1, created_ms=epoch_ms(datetime.now(UTC))
+    )
     log.added("acme-t", ["j1"], ["p"], 1000, 1000)
     log.started("acme-t", [job])
     log.finished(

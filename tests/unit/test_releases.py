@@ -9,7 +9,7 @@ from typing import cast
 
 import pytest
 
-from queue_daemon.domain.jobs import ClaimedJob, Release, ReleaseHow
+from queue_daemon.domain.jobs import ClaimedJob, Release, ReleaseHow, epoch_ms
 from queue_daemon.domain.names import JobType
 from queue_daemon.domain.pulled import HeldJob
 from queue_daemon.engine.admit.adds import Adds, KnownJobs
@@ -55,7 +55,7 @@ def claimed(job_id: str, attempts: int = 1, age: float = 10.0) -> ClaimedJob:
         type="acme-t",
         data="p",
         attempts=attempts,
-        create_dt=NOW - timedelta(seconds=age),
+        created_ms=epoch_ms(NOW - timedelta(seconds=age)),
     )
 
 

@@ -16,6 +16,7 @@ from queue_daemon.domain.jobs import (
     Release,
     ReleaseHow,
     UnhandledRound,
+    epoch_ms,
 )
 from queue_daemon.store.errors import SysidTaken
 from queue_daemon.store.listen import Delays
@@ -125,13 +126,13 @@ class Queue(Tables):
                     type=row.type,
                     data=row.data,
                     attempts=row.attempts,
-                    create_dt=row.create_dt,
+                    created_ms=epoch_ms(row.create_dt),
                     due_ms=due_ms,
                     handler=None if handler is None else handler.id,
                     deadline=row.deadline,
                 )
             )
-        return sorted(claimed, key=lambda job: (job.create_dt, job.id))
+        return sorted(claimed, key=lambda job: (job.created_ms, job.id))
 
     async def add_dispatched(
         self, jobs: Sequence[NewJob], dispatch: Dispatch
@@ -160,7 +161,7 @@ class Queue(Tables):
                         type=row.type,
                         data=row.data,
                         attempts=1,
-                        create_dt=row.create_dt,
+                        created_ms=epoch_ms(row.create_dt),
                         due_ms=ms(max(job.dt, job.create_dt)),
                         handler=None if handler is None else handler.id,
                     )
