@@ -123,7 +123,7 @@ def test_what_a_claim_loop_may_pick() -> None:
     assert nothing_to_skip is waiting  # no copy on the claim path when nothing is skipped
 
 
-async def test_the_waiting_counts_are_read_only_when_stale() -> None:
+async def test_the_waiting_counts_are_read_again_only_when_a_count_ran_out() -> None:
     store = FakeStore()
     store.add("a-t", "1", "2", "3")
     store.add("a-u", "1")
@@ -137,15 +137,22 @@ async def test_the_waiting_counts_are_read_only_when_stale() -> None:
     waiting.claimed("a-t", asked=5, got=1)  # fewer than asked: none of it left
     assert await waiting.get() == {"a-u": 1}  # the other types' counts stand, no read
     assert store.calls["waiting_jobtypes"] == 1
-    waiting.claimed("a-u", asked=1, got=1)  # as many as counted: a capped count may hide more
-    # a cap's worth more, until a claim finds fewer
-    assert await waiting.get() == {"a-u": READ_CAP}
-    assert store.calls["waiting_jobtypes"] == 1
-    waiting.claimed("a-u", asked=1, got=0)
-    assert await waiting.get() == {}
-    waiting.noted(None)  # something changed, not known what: read again
+    waiting.claimed("a-u", asked=1, got=1)  # as many as counted: more may have come
     await waiting.get()
     assert store.calls["waiting_jobtypes"] == 2
+
+
+async def test_a_capped_count_that_runs_out_is_not_read_again_until_a_claim_finds_fewer() -> None:
+    store = FakeStore()
+    store.add("a-deep", *(str(n) for n in range(READ_CAP + 500)))
+    store.set_handler("a-deep", "def handler(p, ctx): pass")
+    waiting = WaitingTypes(store)
+    assert await waiting.get() == {"a-deep": READ_CAP}  # capped by the read
+    waiting.claimed("a-deep", asked=READ_CAP, got=READ_CAP)
+    assert await waiting.get() == {"a-deep": READ_CAP}  # a cap's worth more, no read
+    waiting.claimed("a-deep", asked=READ_CAP, got=500)  # fewer: none of it left
+    assert await waiting.get() == {}
+    assert store.calls["waiting_jobtypes"] == 1
 
 
 # --- the run loop against the fake store ------------------------------------------------

@@ -31,6 +31,7 @@ class WaitingTypes:
         self._read_at = 0.0
         self._reading: asyncio.Task[None] | None = None
         self._added_while_reading: dict[str, int] = {}
+        self._capped: set[str] = set()  # types the last read counted READ_CAP of
 
     def noted(self, added: Mapping[str, int] | None) -> None:
         """New jobs: ``added`` counts the due ones per jobtype; None when it is not
@@ -49,14 +50,18 @@ class WaitingTypes:
             # none left that was due when it looked (what comes after is notified):
             # the other types' counts stand, and the next claim need not read them
             self.counts.pop(jobtype, None)
-        elif left <= 0:
-            # the capped count ran out and more may wait: a cap's worth more,
-            # until a claim finds fewer (then it is dropped, above) or the next
-            # read counts them (a read after every full claim put a round trip
-            # to the store between two claims of a deep queue)
-            self.counts[jobtype] = max(asked, READ_CAP)
-        else:
+        elif left > 0:
             self.counts[jobtype] = left
+        elif jobtype in self._capped:
+            # a count the read capped ran out: a cap's worth more, until a claim
+            # finds fewer (then it is dropped, above) or the next read counts
+            # them (a read after every claim of a deep queue put a round trip to
+            # the store between two claims)
+            self.counts[jobtype] = READ_CAP
+        else:
+            # the count ran out, and more may wait: ask the store again
+            self.counts.pop(jobtype, None)
+            self._fresh = False
 
     async def get(self) -> dict[str, int]:
         if not self._fresh or time.monotonic() - self._read_at > POLL_S:
@@ -82,6 +87,7 @@ class WaitingTypes:
         except BaseException:
             self._fresh = False
             raise
+        self._capped = {jobtype for jobtype, n in counts.items() if n >= READ_CAP}
         _add_counts(counts, self._added_while_reading)
         self._added_while_reading = {}
         self.counts = counts
