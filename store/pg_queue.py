@@ -16,6 +16,7 @@ from queue_daemon.store.pg_graph import GraphPart
 logger = logging.getLogger(__name__)
 
 PURGE_CHUNK = 10_000  # rows deleted per statement, so no purge holds locks for long
+RELEASE_TEXT = 64 << 20  # characters of results sent in one release statement
 NEW_SYSID_TRIES = 1000
 
 
@@ -136,10 +137,14 @@ class QueuePart:
         if not releases:
             return set()
         ordered = sorted(releases, key=lambda r: r.id)
-        archive = all(r.how == ReleaseHow.ARCHIVE for r in ordered)
-        statement = queries.queue.ARCHIVE if archive else queries.queue.RELEASE
-        async with self._db.conn() as conn:
-            rows = await conn.fetch(statement, *release_params(ordered, sysid))
+        rows = []
+        # one transaction; a statement per RELEASE_TEXT characters of results (a
+        # batch of 1,000 results of 1 MiB would pass PostgreSQL's 1 GB message)
+        async with self._db.conn() as conn, conn.transaction():
+            for chunk in _by_result_size(ordered):
+                archive = all(r.how == ReleaseHow.ARCHIVE for r in chunk)
+                statement = queries.queue.ARCHIVE if archive else queries.queue.RELEASE
+                rows += await conn.fetch(statement, *release_params(chunk, sysid))
         # a NULL id: the note's row
         await self._graph.resolve([row[0] for row in rows if row[0] is not None and row[1]])
         return {row[0] for row in rows if row[0] is not None}
@@ -200,10 +205,30 @@ class QueuePart:
         )
 
 
+def _by_result_size(releases: list[Release]) -> list[list[Release]]:
+    """``releases`` in chunks of at most RELEASE_TEXT characters of results (a
+    release whose result alone is bigger is a chunk of its own)."""
+    chunks: list[list[Release]] = [[]]
+    size = 0
+    for r in releases:
+        n = len(r.result) if r.result else 0
+        if size + n > RELEASE_TEXT and chunks[-1]:
+            chunks.append([])
+            size = 0
+        chunks[-1].append(r)
+        size += n
+    return chunks
+
+
 def release_params(releases: Sequence[Release], sysid: str) -> tuple[object, ...]:
-    """The parameters of ``queries.queue.RELEASE`` for ``releases`` (in this order)."""
+    """The parameters of ``queries.queue.RELEASE`` for ``releases`` (in this order).
+    StoreError if an id holds a space (the texts are split on spaces; no id the
+    daemon makes holds one)."""
+    ids = " ".join([r.id for r in releases])
+    if ids.count(" ") != len(releases) - 1:
+        raise StoreError("a job id holds a space: it cannot be released")
     return (
-        " ".join([r.id for r in releases]),
+        ids,
         " ".join([r.how for r in releases]),  # StrEnum: joined as their text
         " ".join([r.code or "" for r in releases]),
         " ".join(["" if r.exitcode is None else str(r.exitcode) for r in releases]),

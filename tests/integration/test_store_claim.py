@@ -22,7 +22,7 @@ from queue_daemon.domain.jobs import (
     UnhandledRound,
 )
 from queue_daemon.engine.backoff import Backoff
-from queue_daemon.store import queries
+from queue_daemon.store import pg_queue, queries
 from queue_daemon.store.errors import NotFound
 from queue_daemon.store.migrate import available_migrations
 from queue_daemon.store.pg import PgStore
@@ -229,6 +229,25 @@ async def test_a_release_alone_or_with_spaces_in_its_result_keeps_each_column(
     for i, text in texts.items():
         got = await store.get_job("a", i)
         assert (got.code, got.exitcode, got.result) == ("ok", 201, text)
+
+
+async def test_a_release_of_big_results_goes_in_several_statements_of_one_transaction(
+    store: PgStore, conn: asyncpg.Connection, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch's results are sent RELEASE_TEXT characters a statement (1,000
+    results of 1 MiB would pass PostgreSQL's 1 GB message), all in one
+    transaction: every release applies, or none."""
+    monkeypatch.setattr(pg_queue, "RELEASE_TEXT", 10)
+    await store.add_jobs([job(f"r{i}") for i in range(5)])
+    assert len(await store.claim("a-t", 5, sysid="s1", lease=LEASE)) == 5
+    done = [
+        Release(id=f"r{i}", how=ReleaseHow.ARCHIVE, code="ok", exitcode=200, result=f"{i}" * 6)
+        for i in range(4)
+    ] + [Release(id="r4", how=ReleaseHow.RETRY, code="error", exitcode=500, delay=60)]
+    assert await store.release(done, sysid="s1") == {f"r{i}" for i in range(5)}
+    for i in range(4):
+        assert (await store.get_job("a", f"r{i}")).result == f"{i}" * 6
+    assert (await row(conn, "r4"))["code"] == "error"
 
 
 async def test_retry_then_archive_without_result_clears_old_result(

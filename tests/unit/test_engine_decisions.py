@@ -153,6 +153,10 @@ async def test_a_capped_count_that_runs_out_is_not_read_again_until_a_claim_find
     waiting.claimed("a-deep", asked=READ_CAP, got=500)  # fewer: none of it left
     assert await waiting.get() == {}
     assert store.calls["waiting_jobtypes"] == 1
+    waiting.noted({"a-deep": 2})  # counted exactly from here: no cap's worth more
+    waiting.claimed("a-deep", asked=2, got=2)
+    await waiting.get()
+    assert store.calls["waiting_jobtypes"] == 2
 
 
 # --- the run loop against the fake store ------------------------------------------------

@@ -53,3 +53,12 @@ def test_a_result_with_output_or_follow_on_jobs_keeps_every_field() -> None:
     message = {"op": "result", "id": "j", "exitcode": 200, "result": None,
                "output": "printed\n", "emits": [["t", "{}"]], "emit_over": 2}  # fmt: skip
     assert _read(boot.result_frame(message)) == message
+
+
+def test_an_exit_code_too_long_to_print_fails_the_job_not_the_context() -> None:
+    boot = _boot()
+    message = {"op": "result", "id": "j", "exitcode": 10**5000, "result": None,
+               "output": "", "emits": []}  # fmt: skip
+    got = _read(boot.result_frame(message))
+    assert (got["id"], got["exitcode"]) == ("j", 500)
+    assert "do not fit in a frame" in str(got["result"])

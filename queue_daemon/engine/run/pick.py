@@ -50,6 +50,7 @@ class WaitingTypes:
             # none left that was due when it looked (what comes after is notified):
             # the other types' counts stand, and the next claim need not read them
             self.counts.pop(jobtype, None)
+            self._capped.discard(jobtype)  # what is noted next is counted exactly
         elif left > 0:
             self.counts[jobtype] = left
         elif jobtype in self._capped:

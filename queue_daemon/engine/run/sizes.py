@@ -13,7 +13,7 @@ whose run time is not known yet runs batches of ``FIRST_BATCH``, at most
 from __future__ import annotations
 
 BATCH_TARGET_S = 0.1
-BATCH_BYTES = 16 << 20  # payload bytes a batch aims to stay under (learnt mean per job)
+BATCH_BYTES = 16 << 20  # payload characters a batch aims to stay under (learnt mean per job)
 FIRST_BATCH = 1  # jobs of a type whose run time is not known yet
 LEARNING_BATCHES = 4  # such batches running at once
 
