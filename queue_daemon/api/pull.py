@@ -172,7 +172,7 @@ async def claim(request: web.Request) -> web.Response:
         raise errors.bad_request(f"limit must be an integer from 1 to {MAX_ITEMS}")
     wait = _number(fields, "wait", 0, 0, MAX_WAIT_S)
     try:
-        token, jobs = await services.pulls.claim(
+        token, lease, jobs = await services.pulls.claim(
             jobtype,
             worker=worker,
             limit=int(limit),
@@ -190,6 +190,7 @@ async def claim(request: web.Request) -> web.Response:
                     "payload": job.data,
                     "attempts": job.attempts,
                     "lease_until": iso(job.lease_until),
+                    "lease_s": lease,
                     "claim": token,
                 }
                 for job in jobs

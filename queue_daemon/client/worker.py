@@ -10,7 +10,9 @@ not started, lets the running ones finish within ``grace`` seconds, hands
 back the ones that did not (they wait again at once, their attempt not
 counted), sends the last completes and returns. A daemon that cannot be
 reached is tried again with a growing delay; a computed result is sent
-again while its job's lease may hold.
+again while its job's lease may hold. The jobs of a claim answered as late as
+their lease (``lease_s``) after it was sent are not run: another worker may
+hold them by then.
 """
 
 from __future__ import annotations
@@ -153,6 +155,7 @@ class Worker:
                 self._room.clear()
                 await self._first(self._room.wait())
                 continue
+            sent = time.monotonic()
             claim = asyncio.ensure_future(
                 self.client.claim(self.type, self.name, limit=min(self.batch, free), wait=self.wait)
             )
@@ -171,6 +174,7 @@ class Worker:
                 await self._first(asyncio.sleep(delay))
                 continue
             attempt = 0
+            items = in_time(items, time.monotonic() - sent)
             if items:
                 self._start([Job(item) for item in items])
 
@@ -363,3 +367,21 @@ class Worker:
                 await self.client.release_many(self.name, claims[start : start + MAX_ITEMS])
             except QueueError as exc:
                 logger.warning("hand-back failed (%s): the jobs wait for their lease", exc)
+
+
+def in_time(items: list[dict[str, Any]], waited: float) -> list[dict[str, Any]]:
+    """The claimed jobs whose lease still holds after a claim answered ``waited``
+    seconds after it was sent: a daemon stopped between its claim and its answer
+    (a SIGSTOP, a long pause) answers after the lease, when another worker may
+    run the jobs already. The lease began after the claim was sent, so this
+    errs on the safe side, whatever the clocks of the two machines say. Those
+    left out are not run here; their lease runs out and another claim takes them."""
+    late = [item for item in items if waited >= float(item.get("lease_s", float("inf")))]
+    if not late:
+        return items
+    logger.warning(
+        "a claim answered %.1f s after it was sent, past the lease of %d job(s): not run here",
+        waited,
+        len(late),
+    )
+    return [item for item in items if waited < float(item.get("lease_s", float("inf")))]

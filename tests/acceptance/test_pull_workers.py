@@ -45,6 +45,7 @@ async def test_claim_renew_complete_with_follow_ons_then_and_the_registry(
     assert sorted(j["id"] for j in jobs) == sorted(ids)
     assert {j["payload"] for j in jobs} == {"a", "b", "c"}
     assert all(j["attempts"] == 1 and j["type"] == "gpu" for j in jobs)
+    assert {j["lease_s"] for j in jobs} == {60}  # the handler's timeout
     renewed = await post_json(
         api, f"/job/{jobs[0]['id']}/renew", {"claim": jobs[0]["claim"], "worker": "box-1"}
     )

@@ -3,12 +3,16 @@ retry delays, and which error replies are exceptions of which kind."""
 
 from __future__ import annotations
 
+import asyncio
+from typing import Any
+
 import pytest
 
 from queue_daemon.client import Conflict, NotFound, QueueError, RateLimited, Unavailable, outcome
 from queue_daemon.client.client import backoff, nothing_done
 from queue_daemon.client.errors import error_of
 from queue_daemon.client.job import Job, failure
+from queue_daemon.client.worker import Worker, in_time
 
 
 @pytest.mark.parametrize(
@@ -83,3 +87,62 @@ def test_a_job_gives_its_payload_as_text_and_json_and_keeps_its_follow_ons() -> 
     job.emit("thumbnail", {"of": "a.jpg"})
     assert job._emits == [{"type": "thumbnail", "payload": {"of": "a.jpg"}}]
     assert job._lease_end == pytest.approx(1893456000.0)
+
+
+def _item(job_id: str, lease_s: float | None) -> dict[str, Any]:
+    item: dict[str, Any] = {"id": job_id, "type": "t", "payload": "p", "attempts": 1}
+    item.update(lease_until="2026-11-26T12:00:00.000000Z", claim="c")
+    if lease_s is not None:
+        item["lease_s"] = lease_s
+    return item
+
+
+def test_jobs_whose_claim_answered_after_their_lease_are_not_run() -> None:
+    items = [_item("a", 4.0), _item("b", 60.0), _item("old-daemon", None)]
+    assert in_time(items, 1.0) is items  # in time: nothing copied
+    assert [i["id"] for i in in_time(items, 5.5)] == ["b", "old-daemon"]
+    assert [i["id"] for i in in_time(items, 60.0)] == ["old-daemon"]
+
+
+Items = list[dict[str, Any]]
+
+
+class LateClaims:
+    """A Client whose first claim answers after its jobs' lease (its daemon was
+    stopped between the claim and the answer); later claims find nothing."""
+
+    def __init__(self) -> None:
+        self.claims = 0
+
+    async def claim(self, type: str, worker: str, *, limit: int = 1, wait: float = 0) -> Items:
+        self.claims += 1
+        if self.claims == 1:
+            await asyncio.sleep(0.2)
+            return [_item("late", 0.1), _item("fine", 30.0)]
+        await asyncio.sleep(0.01)
+        return []
+
+    async def complete_many(self, worker: str, results: Items) -> Items:
+        return [{"id": r["id"], "status": 200} for r in results]
+
+    async def renew_many(self, worker: str, claims: Items) -> Items:
+        return [{"id": c["id"], "status": 200} for c in claims]
+
+    async def release_many(self, worker: str, claims: Items) -> Items:
+        return [{"id": c["id"], "status": 200} for c in claims]
+
+
+async def test_a_worker_does_not_run_the_jobs_of_a_late_claim_answer() -> None:
+    ran: list[str] = []
+    done = asyncio.Event()
+
+    async def function(job: Job) -> None:
+        ran.append(job.id)
+        done.set()
+
+    worker = Worker(LateClaims(), "t", function, name="w", wait=0)  # type: ignore[arg-type]
+    running = asyncio.create_task(worker.run(handle_signals=False))
+    await asyncio.wait_for(done.wait(), 5)
+    worker.stop()
+    await asyncio.wait_for(running, 5)
+    assert ran == ["fine"]

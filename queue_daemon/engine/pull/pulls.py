@@ -92,10 +92,11 @@ class Pulls:
         limit: int,
         wait: float,
         gone: Callable[[], bool] = lambda: False,
-    ) -> tuple[str, list[PulledJob]]:
-        """The claim token and up to ``limit`` due jobs, held for ``wait`` seconds
-        until at least one is due. ``gone``: whether the worker hung up (then
-        nothing more is claimed, and what was is handed back at once)."""
+    ) -> tuple[str, float, list[PulledJob]]:
+        """The claim token, its lease in seconds and up to ``limit`` due jobs, held
+        for ``wait`` seconds until at least one is due. ``gone``: whether the
+        worker hung up (then nothing more is claimed, and what was is handed
+        back at once)."""
         spec = await self.spec(jobtype)
         claim = secrets.token_hex(16)
         deadline = time.monotonic() + wait
@@ -117,11 +118,11 @@ class Pulls:
             await self.waits.wait(stored, min(left, RECHECK_S))
         if jobs and gone():
             await self.hand_back(jobtype.client, worker, [(job.id, claim) for job in jobs])
-            return claim, []
+            return claim, spec.timeout, []
         if jobs:
             self._metrics.pulled(jobtype.client, "claimed", len(jobs))
             self._queuelog.started(stored, jobs, worker=worker)
-        return claim, jobs
+        return claim, spec.timeout, jobs
 
     async def renew(
         self, client: str, worker: str, claims: Sequence[tuple[str, str]]
