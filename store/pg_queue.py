@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Callable, Sequence
 from operator import attrgetter
@@ -138,13 +139,17 @@ class QueuePart:
             return set()
         ordered = sorted(releases, key=lambda r: r.id)
         rows = []
-        # one transaction; a statement per RELEASE_TEXT characters of results (a
-        # batch of 1,000 results of 1 MiB would pass PostgreSQL's 1 GB message)
-        async with self._db.conn() as conn, conn.transaction():
-            for chunk in _by_result_size(ordered):
-                archive = all(r.how == ReleaseHow.ARCHIVE for r in chunk)
-                statement = queries.queue.ARCHIVE if archive else queries.queue.RELEASE
-                rows += await conn.fetch(statement, *release_params(chunk, sysid))
+        # a statement per RELEASE_TEXT characters of results (a batch of 1,000
+        # results of 1 MiB would pass PostgreSQL's 1 GB message), in one
+        # transaction (begun only when there is more than one: two round trips)
+        chunks = _by_result_size(ordered)
+        async with self._db.conn() as conn:
+            together = conn.transaction() if len(chunks) > 1 else contextlib.nullcontext()
+            async with together:
+                for chunk in chunks:
+                    archive = all(r.how == ReleaseHow.ARCHIVE for r in chunk)
+                    statement = queries.queue.ARCHIVE if archive else queries.queue.RELEASE
+                    rows += await conn.fetch(statement, *release_params(chunk, sysid))
         # a NULL id: the note's row
         await self._graph.resolve([row[0] for row in rows if row[0] is not None and row[1]])
         return {row[0] for row in rows if row[0] is not None}
