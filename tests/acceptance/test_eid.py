@@ -6,6 +6,7 @@ a new version of one of them retires the contexts that loaded it."""
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Iterator
 
 import aiohttp
@@ -30,6 +31,7 @@ def deployment(daemons: DaemonFactory, pg_dsn: str) -> Iterator[Deployment]:
         yield deployed
     finally:
         deployed.daemon.close()
+        shutil.rmtree(root, ignore_errors=True)
 
 
 async def _run(api: Api, jobtype: str) -> tuple[str, str]:
