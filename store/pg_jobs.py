@@ -119,7 +119,7 @@ class JobsPart:
                         data=job.data,
                         attempts=1,
                         created_ms=epoch_ms(job.create_dt),
-                        due_ms=int(max(job.dt, job.create_dt).timestamp() * 1000),
+                        due_ms=epoch_ms(max(job.dt, job.create_dt)),
                         handler=row[2],
                     )
                 )

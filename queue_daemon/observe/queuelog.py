@@ -25,7 +25,7 @@ from pathlib import Path
 
 import orjson
 
-from queue_daemon.domain.jobs import ExpiredLock, Release, ReleaseHow, Started
+from queue_daemon.domain.jobs import ExpiredLock, Release, ReleaseHow, Started, epoch_ms
 from queue_daemon.domain.names import JobType
 from queue_daemon.observe.logfile import LogFile, Rotation
 from queue_daemon.observe.records import Ev, record_head
@@ -54,7 +54,7 @@ def payload_sizes(payloads: Sequence[str]) -> Iterable[int]:
 def _due_ms(job: Started) -> int:
     if job.due_ms is not None:
         return job.due_ms
-    return int(job.create_dt.timestamp() * 1000)
+    return epoch_ms(job.create_dt)
 
 
 def _end(worker: str | None) -> str:

@@ -33,6 +33,7 @@ from datetime import datetime, timedelta
 
 from cronsim import CronSimError
 
+from queue_daemon.domain.jobs import epoch_ms
 from queue_daemon.domain.names import JobType
 from queue_daemon.domain.schedules import DueSchedule, TickAdded
 from queue_daemon.engine.admit.adds import AddRefused, Adds, NeverFits, OverRate
@@ -81,12 +82,8 @@ def plan_tick(due: DueSchedule) -> PlannedTick:
         next_fire = cron.after(max(tick, due.now))[0]
     except StopIteration:
         next_fire = due.now + NEVER
-    job = tick_id(due.client, due.name, due.version, _ms(tick))
+    job = tick_id(due.client, due.name, due.version, epoch_ms(tick))
     return PlannedTick(due, job, tick, next_fire, catchup=tick > due.next_fire)
-
-
-def _ms(when: datetime) -> int:
-    return int(when.timestamp() * 1000)
 
 
 class Ticker:
@@ -189,7 +186,7 @@ class Ticker:
                 continue
             for t in ticks:
                 self._queuelog.tick(
-                    jobtype.stored, t.job, t.due.name, _ms(t.tick), catchup=t.catchup
+                    jobtype.stored, t.job, t.due.name, epoch_ms(t.tick), catchup=t.catchup
                 )
                 self._metrics.ticks(jobtype.client, 1, catchup=t.catchup)
                 added.append(

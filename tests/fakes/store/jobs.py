@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import datetime
 
-from queue_daemon.domain.jobs import Job, JobPage, JobState, NewJob, Resolution
+from queue_daemon.domain.jobs import Job, JobPage, JobState, NewJob, Resolution, epoch_ms
 from queue_daemon.domain.pulled import OptedJobs
 from queue_daemon.domain.views import TypeStats
 from queue_daemon.store.cursor import decode_cursor, encode_cursor
@@ -19,7 +19,6 @@ from tests.fakes.store.tables import (
     by_of,
     client_of,
     job_of,
-    ms,
     state_of,
 )
 
@@ -115,8 +114,8 @@ class Jobs(Tables):
             if running:
                 row.ran(
                     {
-                        "started": None if row.run_dt is None else ms(row.run_dt),
-                        "ended": ms(now),
+                        "started": None if row.run_dt is None else epoch_ms(row.run_dt),
+                        "ended": epoch_ms(now),
                         "by": by_of(row.lock),
                         "exitcode": None,
                         "code": None,
@@ -237,7 +236,7 @@ class Jobs(Tables):
         row.ran(
             {
                 "started": None,
-                "ended": ms(now),
+                "ended": epoch_ms(now),
                 "by": None,
                 "exitcode": 499,
                 "code": "failed",

@@ -6,11 +6,11 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from queue_daemon.domain.jobs import Release, ReleaseHow
+from queue_daemon.domain.jobs import Release, ReleaseHow, epoch_ms
 from queue_daemon.domain.pulled import HeldJob, PulledJob
 from queue_daemon.domain.views import DaemonSeen, WorkerSeen
 from tests.fakes.store.queue import Queue
-from tests.fakes.store.tables import DONE, Row, by_of, client_of, later, ms, reason_of
+from tests.fakes.store.tables import DONE, Row, by_of, client_of, later, reason_of
 
 DEFAULT_LEASE = 60.0
 DAY = timedelta(days=1)
@@ -62,7 +62,7 @@ class Pulled(Queue):
         now = self.now()
         jobs = []
         for row in self._claimable(type, now)[: max(0, limit)]:
-            due_ms = ms(max(row.dt, row.create_dt))
+            due_ms = epoch_ms(max(row.dt, row.create_dt))
             row.lock, row.dt, row.run_dt = lock, now + timedelta(seconds=lease), now
             row.attempts += 1
             jobs.append(
@@ -119,8 +119,8 @@ class Pulled(Queue):
             applied.add(r.id)
             row.ran(
                 {
-                    "started": None if row.run_dt is None else ms(row.run_dt),
-                    "ended": ms(now),
+                    "started": None if row.run_dt is None else epoch_ms(row.run_dt),
+                    "ended": epoch_ms(now),
                     "by": by_of(row.lock),
                     "exitcode": r.exitcode,
                     "code": r.code,

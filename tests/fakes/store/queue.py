@@ -27,7 +27,6 @@ from tests.fakes.store.tables import (
     Row,
     Tables,
     by_of,
-    ms,
     reason_of,
 )
 
@@ -117,7 +116,7 @@ class Queue(Tables):
         handler = self._live_handler(type)
         claimed = []
         for row in self._claimable(type, now)[:limit]:
-            due_ms = ms(max(row.dt, row.create_dt))
+            due_ms = epoch_ms(max(row.dt, row.create_dt))
             row.lock, row.dt, row.run_dt = sysid, now + _secs(lease), now
             row.attempts += 1
             claimed.append(
@@ -162,7 +161,7 @@ class Queue(Tables):
                         data=row.data,
                         attempts=1,
                         created_ms=epoch_ms(row.create_dt),
-                        due_ms=ms(max(job.dt, job.create_dt)),
+                        due_ms=epoch_ms(max(job.dt, job.create_dt)),
                         handler=None if handler is None else handler.id,
                     )
                 )
@@ -225,8 +224,8 @@ class Queue(Tables):
             if r.code is not None and not r.refund_attempt:
                 row.ran(
                     {
-                        "started": None if row.run_dt is None else ms(row.run_dt),
-                        "ended": ms(now),
+                        "started": None if row.run_dt is None else epoch_ms(row.run_dt),
+                        "ended": epoch_ms(now),
                         "by": f"sysid:{sysid}",
                         "exitcode": r.exitcode,
                         "code": r.code,
@@ -264,8 +263,8 @@ class Queue(Tables):
             last = row.attempts >= most
             row.ran(
                 {
-                    "started": None if row.run_dt is None else ms(row.run_dt),
-                    "ended": ms(now),
+                    "started": None if row.run_dt is None else epoch_ms(row.run_dt),
+                    "ended": epoch_ms(now),
                     "by": by_of(row.lock),
                     "exitcode": None,
                     "code": None,

@@ -27,10 +27,6 @@ def later(now: datetime) -> datetime:
         return now.replace(year=now.year + 1000, day=28)
 
 
-def ms(at: datetime) -> int:
-    return int(at.timestamp() * 1000)
-
-
 def client_of(type: str) -> str:
     return type.split("-", 1)[0]
 
