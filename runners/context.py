@@ -21,8 +21,9 @@ import os
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
-from queue_daemon.runners import framing
+from queue_daemon.runners import framing, held
 from queue_daemon.runners.budget import Spend, no_limit
 from queue_daemon.runners.codes import ERROR, TIMEOUT
 from queue_daemon.runners.deadline import JobDeadline
@@ -75,6 +76,7 @@ class Context:
         self._start_timeout = start_timeout
         self._proc: Child | None = None
         self._home: Path | None = None
+        self._held: int | None = None  # the held-results file (runners.held)
         self._reader: framing.FrameReader | None = None
         self._writer: asyncio.StreamWriter | None = None
         self._read_transport: asyncio.ReadTransport | None = None
@@ -118,6 +120,8 @@ class Context:
     async def _spawn(self) -> None:
         await self._sandbox.prepare()
         self._home = self._sandbox.make_dir(f"ctx-{self.spec.client}-", self.spec.client)
+        owner = self._sandbox.owner(self.spec.client)
+        self._held = held.create(self._home, None if owner is None else (owner.uid, owner.gid))
         to_child, to_daemon = os.pipe(), os.pipe()
         try:
             self._proc = await self._sandbox.spawn(
@@ -233,6 +237,8 @@ class Context:
         clock = self._clock
         clock.start(timeout)
         began = loop.time()  # of the running job (a job without a start: since the last result)
+        # once the pipe ends, the results the context held (read when called)
+        reader.on_end = lambda: self._held_back(running, jobs, index)
         try:
             self._writer.write(frame)
             await self._writer.drain()
@@ -263,12 +269,13 @@ class Context:
                 elif op == "result":
                     if running is None or job_id != running.id:
                         raise ProtocolError(f"unexpected result of job {job_id!r}")
-                    now = loop.time()
-                    result = job_result(running, message, (now - began) * 1000, self._limits)
+                    # results that came together share the time since the one before
+                    share = (loop.time() - began) / (1 + reader.ready)
+                    result = job_result(running, message, share * 1000, self._limits)
                     printed = _length(message.get("output"))  # (the text itself is freed)
                     self.broken = self.broken or result.recycle  # e.g. after a MemoryError
                     results.append(result)
-                    began = now
+                    began += share
                     # the next job starts as this result is sent (PROTOCOL.md)
                     running = jobs[index] if index < len(jobs) else None
                     index += running is not None
@@ -293,7 +300,18 @@ class Context:
             pass  # the child is gone: its pipe broke while we wrote the batch
         finally:
             clock.stop()
+            reader.on_end = None
         return await self._failed(jobs, results, running, index, timeout_per_job, problem)
+
+    async def _held_back(
+        self, running: JobInput | None, jobs: Sequence[JobInput], index: int
+    ) -> list[dict[str, Any]]:
+        """The results the context held and did not send before its pipe ended
+        (runners.held), once it is stopped."""
+        if self._held is None or not held.anything_held(self._held):
+            return []
+        await self._stop()  # nothing is written to the file any more
+        return held.read_back(self._held, running, jobs, index)
 
     async def _spend_outside_the_clock(self, size: int, job_seconds: float) -> None:
         """What a job printed, from the tenant's output budget: a wait that is not the
@@ -377,6 +395,9 @@ class Context:
         await self._finish_drains()
         if proc is not None:
             proc.close()
+        if self._held is not None:
+            os.close(self._held)
+            self._held = None
         if self._home is not None:
             await asyncio.to_thread(self._sandbox.remove_dir, self._home)
 

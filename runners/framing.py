@@ -6,7 +6,7 @@ import asyncio
 import io
 import struct
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import orjson
@@ -106,12 +106,19 @@ class FrameReader:
     that is not a JSON object.
     """
 
-    __slots__ = ("_buffer", "_ready", "_stream")
+    __slots__ = ("_buffer", "_ready", "_stream", "on_end")
 
     def __init__(self, stream: asyncio.StreamReader) -> None:
         self._stream = stream
         self._buffer = bytearray()
         self._ready: deque[dict[str, Any]] = deque()
+        # called once when the stream ends: messages to read after it (runners.held)
+        self.on_end: Callable[[], Awaitable[list[dict[str, Any]]]] | None = None
+
+    @property
+    def ready(self) -> int:
+        """Messages read and parsed that ``read`` has not returned yet."""
+        return len(self._ready)
 
     async def read(self) -> dict[str, Any] | None:
         ready = self._ready
@@ -120,7 +127,11 @@ class FrameReader:
             if not data:
                 if self._buffer:
                     raise ProtocolError(f"end of stream inside a frame ({len(self._buffer)} bytes)")
-                return None
+                on_end, self.on_end = self.on_end, None
+                if on_end is None:
+                    return None
+                ready.extend(await on_end())
+                return ready.popleft() if ready else None
             self._buffer += data
             self._parse()
         return ready.popleft()

@@ -1,8 +1,8 @@
 """Python context bootstrap: runs one tenant handler, speaking runners/PROTOCOL.md.
 
 fd 3: frames from the daemon; fd 4: frames to the daemon (4-byte big-endian
-length + UTF-8 JSON). Standalone and stdlib only: it runs as ``python -I`` in
-the sandboxed child and never imports the project. Start-up time matters
+length + UTF-8 JSON; ``python_frames.py``). Standalone and stdlib only: it
+runs as ``python -I`` in the sandboxed child and never imports the project. Start-up time matters
 (a cold context waits for it), so asyncio, traceback and linecache are imported
 only when first needed.
 """
@@ -11,9 +11,16 @@ from __future__ import annotations
 
 import builtins
 import io
-import json
 import os
 import sys
+import time
+
+# the bootstrap's own modules, from its directory (``-I`` leaves it off sys.path);
+# off the path again before any handler runs
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from python_frames import HELD, IN_FD, OUT_FD, Reader, frame, result_frame, to_json, write
+
+del sys.path[0]
 
 TYPE_CHECKING = False  # typing is not imported at run time: start-up time
 if TYPE_CHECKING:
@@ -23,48 +30,12 @@ if TYPE_CHECKING:
 
     Message = dict[str, Any]
 
-IN_FD = 3
-OUT_FD = 4
-MAX_FRAME = 64 << 20
 MAX_TEXT = 16 << 20  # characters of a job's output or result carried in one frame
 TOP_LEVEL_AWAIT = 0x2000  # ast.PyCF_ALLOW_TOP_LEVEL_AWAIT, without importing ast
 
-_encode = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
-_loads = json.loads
 _real_stdout = sys.stdout
 _loop: Any = None
-
-
-def frame(message: Message) -> bytes:
-    # lone surrogates cannot be UTF-8: they become "?"
-    data = _encode(message).encode("utf-8", "replace")
-    if len(data) > MAX_FRAME:
-        raise OverflowError("frame over 64 MiB")
-    return len(data).to_bytes(4, "big") + data
-
-
-def write(data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(OUT_FD, view) :]
-
-
-class Reader:
-    def __init__(self, fd: int) -> None:
-        self.file = open(fd, "rb", buffering=1 << 16, closefd=False)  # noqa: SIM115
-
-    def frame(self) -> Message | None:
-        header = self.file.read(4)
-        if len(header) < 4:
-            return None
-        size = int.from_bytes(header, "big")
-        if size > MAX_FRAME:
-            raise OverflowError("frame over 64 MiB")
-        body = self.file.read(size)
-        if len(body) < size:
-            return None
-        message: Message = _loads(body)
-        return message
+monotonic = time.monotonic
 
 
 def event_loop() -> Any:
@@ -140,7 +111,7 @@ def shape(value: Any) -> tuple[Any, str | None]:
     if value is None:
         return 200, None
     if isinstance(value, bool):
-        return 200, _encode(value)
+        return 200, to_json(value)
     if isinstance(value, int):
         return value, None
     if isinstance(value, str):
@@ -154,8 +125,8 @@ def shape(value: Any) -> tuple[Any, str | None]:
         code, result = value
         if result is None or isinstance(result, str):
             return code, result
-        return code, _encode(result)
-    return 200, _encode(value)
+        return code, to_json(result)
+    return 200, to_json(value)
 
 
 class BoundedBuffer(io.BytesIO):
@@ -210,7 +181,7 @@ class Ctx:
         if not isinstance(type, str):
             raise TypeError("ctx.emit: type must be a string")
         if not isinstance(payload, str):
-            payload = _encode(payload)
+            payload = to_json(payload)
         if self._room is not None:
             size = len(payload) if payload.isascii() else len(payload.encode("utf-8", "replace"))
             if size > self._room:
@@ -241,6 +212,7 @@ class Handler:
         self.after_each: CodeType | None = None
         self.function: Any = None
         self._capture: tuple[BoundedBuffer, io.TextIOWrapper] | None = None
+        self.pace = 0.001  # seconds a job takes, a moving average (Held.QUICK)
 
     def load(self, init: Message) -> str | None:
         """None when the handler is ready, else the ``fatal`` message."""
@@ -312,55 +284,31 @@ class Handler:
             except BaseException as exc:
                 failed = f"beforeEach failed: {describe(exc)}"
         pending = b""
+        held = HELD
+        ended = 0.0
         for job in jobs:
             # the result of the job before tells the daemon that this one starts:
             # only the batch's first job has a start frame of its own
-            write(pending or frame({"op": "start", "id": job["id"]}))
+            if not pending:
+                write(frame({"op": "start", "id": job["id"]}))
+            elif self.pace < held.QUICK and held.map is not None:
+                held.add(pending, ended)
+            else:
+                held.flush(pending)
+            began = monotonic()
             if failed is None:
                 message = self.run_job(job, emit_limit)
             else:
                 message = {"op": "result", "id": job["id"], "exitcode": 500, "result": failed}
             pending = result_frame(message)
+            ended = monotonic()
+            self.pace += (ended - began - self.pace) / 4
         if self.after_each is not None and failed is None:
             try:
                 run_hook(self.after_each, self.namespace)
             except BaseException as exc:
                 sys.stderr.write(f"afterEach failed: {describe(exc)}\n")
-        write(pending + frame({"op": "done"}))
-
-
-def plain_result_frame(job_id: str, code: int, result: str | None) -> bytes:
-    """The common result (no output, no follow-on job), written without the
-    encoder's walk of a dict (a third of a no-op job's time here); its id and
-    result escaped as ``frame`` escapes them. OverflowError over 64 MiB;
-    ValueError for an exit code too long to print."""
-    text = "null" if result is None else _encode(result)
-    data = f'{{"op":"result","id":{_encode(job_id)},"exitcode":{code},"result":{text}}}'
-    body = data.encode("utf-8", "replace")
-    if len(body) > MAX_FRAME:
-        raise OverflowError("frame over 64 MiB")
-    return len(body).to_bytes(4, "big") + body
-
-
-def result_frame(message: Message) -> bytes:
-    code = message["exitcode"]
-    try:
-        plain = len(message) == 6 and not message["output"] and not message["emits"]
-        if plain and type(code) is int:  # (not a bool)
-            return plain_result_frame(message["id"], code, message["result"])
-        return frame(message)
-    except (OverflowError, TypeError, ValueError) as exc:
-        size = len(message.get("output") or "")
-        return frame(
-            {
-                "op": "result",
-                "id": message["id"],
-                "exitcode": 500,
-                "result": f"the job's result and output do not fit in a frame: {exc}",
-                "output": f"(output of {size} characters dropped)",
-                "emits": [],
-            }
-        )
+        HELD.flush(pending + frame({"op": "done"}))
 
 
 def main() -> None:
@@ -388,7 +336,7 @@ def serve(reader: Reader, handlers: dict[str, Handler]) -> Message | None:
     handler is to be loaded (its ``init`` message)."""
     first = next(iter(handlers.values()))
     while True:
-        message = reader.frame()
+        message: Message | None = reader.frame()
         if message is None:
             return None
         op = message.get("op")
