@@ -269,13 +269,12 @@ class Context:
                 elif op == "result":
                     if running is None or job_id != running.id:
                         raise ProtocolError(f"unexpected result of job {job_id!r}")
-                    # results that came together share the time since the one before
-                    share = (loop.time() - began) / (1 + reader.ready)
-                    result = job_result(running, message, share * 1000, self._limits)
+                    now = loop.time()
+                    result = job_result(running, message, (now - began) * 1000, self._limits)
                     printed = _length(message.get("output"))  # (the text itself is freed)
                     self.broken = self.broken or result.recycle  # e.g. after a MemoryError
                     results.append(result)
-                    began += share
+                    began = now
                     # the next job starts as this result is sent (PROTOCOL.md)
                     running = jobs[index] if index < len(jobs) else None
                     index += running is not None

@@ -115,11 +115,6 @@ class FrameReader:
         # called once when the stream ends: messages to read after it (runners.held)
         self.on_end: Callable[[], Awaitable[list[dict[str, Any]]]] | None = None
 
-    @property
-    def ready(self) -> int:
-        """Messages read and parsed that ``read`` has not returned yet."""
-        return len(self._ready)
-
     async def read(self) -> dict[str, Any] | None:
         ready = self._ready
         while not ready:

@@ -12,13 +12,20 @@ from queue_daemon.runners.codes import ERROR, NOT_RUN, valid_exitcode
 from queue_daemon.runners.models import JobInput, JobResult
 from queue_daemon.runners.output import OutputLimits, clip, parse_output
 
+MAX_RUN_MS = 1e10  # a context's measure of a run is taken up to this (about 116 days)
+
 
 def job_result(
     job: JobInput, message: dict[str, Any], run_ms: float, limits: OutputLimits
 ) -> JobResult:
     """A job's result from its context's reply: exit code, result, output lines
     (follow-on jobs, status lines, log). ``recycle`` in the reply (e.g. after a
-    MemoryError) marks the result ``recycle``: the context may be in a bad state."""
+    MemoryError) marks the result ``recycle``: the context may be in a bad state.
+    The run's time is the context's own measure (``ms``) where it gives one (its
+    results may come a group at a time), else ``run_ms``, the daemon's."""
+    ms = message.get("ms")
+    if type(ms) is float and 0.0 <= ms <= MAX_RUN_MS:
+        run_ms = ms
     exitcode = message.get("exitcode")
     result = message.get("result")
     output = message.get("output")

@@ -300,9 +300,10 @@ class Handler:
                 message = self.run_job(job, emit_limit)
             else:
                 message = {"op": "result", "id": job["id"], "exitcode": 500, "result": failed}
-            pending = result_frame(message)
             ended = monotonic()
-            self.pace += (ended - began - self.pace) / 4
+            took = ended - began
+            pending = result_frame(message, took * 1000)
+            self.pace += (took - self.pace) / 4
         if self.after_each is not None and failed is None:
             try:
                 run_hook(self.after_each, self.namespace)

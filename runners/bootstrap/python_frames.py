@@ -116,25 +116,29 @@ class Reader:
         return message
 
 
-def plain_result_frame(job_id: str, code: int, result: str | None) -> bytes:
+def plain_result_frame(job_id: str, code: int, result: str | None, ms: float) -> bytes:
     """The common result (no output, no follow-on job), written without the
     encoder's walk of a dict (a third of a no-op job's time here); its id and
     result escaped as ``frame`` escapes them. OverflowError over 64 MiB;
     ValueError for an exit code too long to print."""
     text = "null" if result is None else to_json(result)
-    data = f'{{"op":"result","id":{to_json(job_id)},"exitcode":{code},"result":{text}}}'
+    data = (
+        f'{{"op":"result","id":{to_json(job_id)},"exitcode":{code},"result":{text},"ms":{ms:.3f}}}'
+    )
     body = data.encode("utf-8", "replace")
     if len(body) > MAX_FRAME:
         raise OverflowError("frame over 64 MiB")
     return len(body).to_bytes(4, "big") + body
 
 
-def result_frame(message: Message) -> bytes:
+def result_frame(message: Message, ms: float) -> bytes:
+    """The frame of a job's ``result`` message, with its run's time (``ms``)."""
     code = message["exitcode"]
     try:
         plain = len(message) == 6 and not message["output"] and not message["emits"]
         if plain and type(code) is int:  # (not a bool)
-            return plain_result_frame(message["id"], code, message["result"])
+            return plain_result_frame(message["id"], code, message["result"], ms)
+        message["ms"] = round(ms, 3)
         return frame(message)
     except (OverflowError, TypeError, ValueError) as exc:
         size = len(message.get("output") or "")
@@ -146,5 +150,6 @@ def result_frame(message: Message) -> bytes:
                 "result": f"the job's result and output do not fit in a frame: {exc}",
                 "output": f"(output of {size} characters dropped)",
                 "emits": [],
+                "ms": round(ms, 3),
             }
         )

@@ -41,8 +41,8 @@ def test_a_plain_result_reads_back_as_the_message(exitcode: int, result: str | N
     boot = _boot()
     message = {"op": "result", "id": "0123-x", "exitcode": exitcode, "result": result,
                "output": "", "emits": []}  # fmt: skip
-    got = _read(boot.result_frame(message))
-    expected = {"op": "result", "id": "0123-x", "exitcode": exitcode, "result": result}
+    got = _read(boot.result_frame(message, 1.25))
+    expected = {"op": "result", "id": "0123-x", "exitcode": exitcode, "result": result, "ms": 1.25}
     if result is not None:  # a lone surrogate cannot be UTF-8: it reads back as "?"
         expected["result"] = result.encode("utf-8", "replace").decode()
     assert got == expected
@@ -52,13 +52,13 @@ def test_a_result_with_output_or_follow_on_jobs_keeps_every_field() -> None:
     boot = _boot()
     message = {"op": "result", "id": "j", "exitcode": 200, "result": None,
                "output": "printed\n", "emits": [["t", "{}"]], "emit_over": 2}  # fmt: skip
-    assert _read(boot.result_frame(message)) == message
+    assert _read(boot.result_frame(message, 0.5)) == {**message, "ms": 0.5}
 
 
 def test_an_exit_code_too_long_to_print_fails_the_job_not_the_context() -> None:
     boot = _boot()
     message = {"op": "result", "id": "j", "exitcode": 10**5000, "result": None,
                "output": "", "emits": []}  # fmt: skip
-    got = _read(boot.result_frame(message))
+    got = _read(boot.result_frame(message, 0.0))
     assert (got["id"], got["exitcode"]) == ("j", 500)
     assert "do not fit in a frame" in str(got["result"])

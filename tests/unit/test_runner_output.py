@@ -9,6 +9,7 @@ import pytest
 from queue_daemon.domain.outcomes import code_of
 from queue_daemon.runners.check import check_handler
 from queue_daemon.runners.codes import valid_exitcode
+from queue_daemon.runners.models import JobInput
 from queue_daemon.runners.output import (
     STATUS_TRIES,
     OutputLimits,
@@ -21,6 +22,7 @@ from queue_daemon.runners.output import (
     emit_problem,
     parse_output,
 )
+from queue_daemon.runners.results import job_result
 
 LIMITS = OutputLimits()
 
@@ -309,3 +311,18 @@ def test_the_last_good_status_line_is_found_among_the_last_bad_ones() -> None:
     assert (found.exitcode, found.result) == (202, "kept")
     hidden = parse_output(flood + "S: 202 kept\n" + "S: 99\n" * STATUS_TRIES, LIMITS)
     assert hidden.exitcode is None  # past what is looked at: as if it were not there
+
+
+@pytest.mark.parametrize(
+    ("ms", "expected"),
+    [(2.5, 2.5), (0.0, 0.0), (-1.0, 7.0), (1e300, 7.0), (3, 7.0), ("2", 7.0), (True, 7.0),
+     (None, 7.0)],
+)  # fmt: skip
+def test_a_run_takes_the_contexts_own_time_only_when_it_is_plausible(
+    ms: object, expected: float
+) -> None:
+    # a context measures its runs itself (its results may come a group at a time);
+    # what it sends is its tenant's to forge: anything but a sane float is ignored
+    job = JobInput(id="j", payload="", attempt=1)
+    message = {"op": "result", "id": "j", "exitcode": 200, "result": None, "ms": ms}
+    assert job_result(job, message, 7.0, LIMITS).run_ms == expected
