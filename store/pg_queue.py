@@ -6,6 +6,9 @@ import contextlib
 import logging
 from collections.abc import Callable, Sequence
 from operator import attrgetter
+from typing import TYPE_CHECKING
+
+import asyncpg
 
 from queue_daemon.domain.jobs import ClaimedJob, ExpiredLock, Release, ReleaseHow, UnhandledRound
 from queue_daemon.store import queries
@@ -13,6 +16,9 @@ from queue_daemon.store.errors import StoreError, SysidTaken
 from queue_daemon.store.listen import Delays, listen_forever
 from queue_daemon.store.pg_base import Db, status_count
 from queue_daemon.store.pg_graph import GraphPart
+
+if TYPE_CHECKING:
+    from queue_daemon.store.pg_base import Connection
 
 logger = logging.getLogger(__name__)
 
@@ -138,18 +144,15 @@ class QueuePart:
         if not releases:
             return set()
         ordered = sorted(releases, key=lambda r: r.id)
-        rows = []
         # a statement per RELEASE_TEXT characters of results (a batch of 1,000
         # results of 1 MiB would pass PostgreSQL's 1 GB message), in one
         # transaction (begun only when there is more than one: two round trips)
         chunks = _by_result_size(ordered)
         async with self._db.conn() as conn:
-            together = conn.transaction() if len(chunks) > 1 else contextlib.nullcontext()
-            async with together:
-                for chunk in chunks:
-                    archive = all(r.how == ReleaseHow.ARCHIVE for r in chunk)
-                    statement = queries.queue.ARCHIVE if archive else queries.queue.RELEASE
-                    rows += await conn.fetch(statement, *release_params(chunk, sysid))
+            try:
+                rows = await _release(conn, chunks, sysid, keep_first=False)
+            except asyncpg.UniqueViolationError:  # an id done already (queries.release)
+                rows = await _release(conn, chunks, sysid, keep_first=True)
         # a NULL id: the note's row
         await self._graph.resolve([row[0] for row in rows if row[0] is not None and row[1]])
         return {row[0] for row in rows if row[0] is not None}
@@ -225,8 +228,26 @@ def _by_result_size(releases: list[Release]) -> list[list[Release]]:
     return chunks
 
 
+async def _release(
+    conn: Connection, chunks: list[list[Release]], sysid: str, *, keep_first: bool
+) -> list[asyncpg.Record]:
+    """The rows of the release statements of ``chunks``: in one transaction when
+    there are several (begun only then: two more round trips)."""
+    q = queries.release
+    archive, release = (
+        (q.ARCHIVE_KEEP_FIRST, q.RELEASE_KEEP_FIRST) if keep_first else (q.ARCHIVE, q.RELEASE)
+    )
+    rows: list[asyncpg.Record] = []
+    together = conn.transaction() if len(chunks) > 1 else contextlib.nullcontext()
+    async with together:
+        for chunk in chunks:
+            statement = archive if all(r.how == ReleaseHow.ARCHIVE for r in chunk) else release
+            rows += await conn.fetch(statement, *release_params(chunk, sysid))
+    return rows
+
+
 def release_params(releases: Sequence[Release], sysid: str) -> tuple[object, ...]:
-    """The parameters of ``queries.queue.RELEASE`` for ``releases`` (in this order).
+    """The parameters of ``queries.release.RELEASE`` for ``releases`` (in this order).
     StoreError if an id holds a space (the texts are split on spaces; no id the
     daemon makes holds one)."""
     ids = " ".join([r.id for r in releases])

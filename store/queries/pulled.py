@@ -82,7 +82,7 @@ EXISTING = """
 SELECT id FROM all_jobs WHERE id = ANY($1::text[]) AND split_part(type, '-', 1) = $2
 """
 
-# One row per complete, as queue.RELEASE, matched on its whole lock:
+# One row per complete, as release.RELEASE, matched on its whole lock:
 # $1 id, $2 lock, $3 how, $4 code, $5 exitcode, $6 result, $7 delay seconds.
 RELEASE = f"""
 WITH r AS (

@@ -47,7 +47,7 @@ async def test_an_id_inserted_again_while_its_job_moves_to_jobs_done_is_skipped(
         moving = mover.transaction()
         await moving.start()
         done = Release(id="x1", how=ReleaseHow.ARCHIVE, code="ok", exitcode=200, result="r")
-        moved = await mover.fetch(queries.queue.RELEASE, *release_params([done], "s1"))
+        moved = await mover.fetch(queries.release.RELEASE, *release_params([done], "s1"))
         assert [r[0] for r in moved if r[0] is not None] == ["x1"]  # (None: the note's row)
         if how == "opted":
             again: asyncio.Task[int] = asyncio.create_task(
@@ -77,3 +77,28 @@ async def test_a_batch_inserted_again_skips_its_live_and_its_done_jobs(
     assert await store.add_jobs(batch[:10], fresh=False) == 0  # the few rows' statement too
     assert await conn.fetchval("SELECT count(*) FROM all_jobs") == 300
     assert await conn.fetchval("SELECT count(*) FROM jobs_done") == 100
+
+
+@pytest.mark.parametrize("how", [ReleaseHow.ARCHIVE, ReleaseHow.RETRY])
+async def test_a_release_of_an_id_done_already_keeps_the_first(
+    store: PgStore, conn: asyncpg.Connection, how: ReleaseHow
+) -> None:
+    """The release statements have no arbiter (it costs an archive 15%): an id in
+    jobs_done already (stored twice by a race) makes them fail, and the release
+    is made again with the statements that keep the first row."""
+    assert await store.add_jobs([job("d1"), job("d2")], fresh=True) == 2
+    claimed = await store.claim("a-t", 10, sysid="s1", lease=600.0)
+    assert {c.id for c in claimed} == {"d1", "d2"}
+    await conn.execute(
+        "INSERT INTO jobs_done (id, type, data, create_dt, done_dt, attempts, code, exitcode,"
+        " result) VALUES ('d1', 'a-t', 'p', now(), now(), 1, 'ok', 200, 'first')"
+    )
+    done = [
+        Release(id="d1", how=ReleaseHow.ARCHIVE, code="ok", exitcode=200, result="second"),
+        Release(id="d2", how=how, code="error", exitcode=500, result="r", delay=30.0),
+    ]
+    assert await store.release(done, sysid="s1") == {"d1", "d2"}
+    assert await conn.fetchval("SELECT count(*) FROM jobs WHERE id = 'd1'") == 0
+    assert await conn.fetchval("SELECT result FROM jobs_done WHERE id = 'd1'") == "first"
+    in_jobs = await conn.fetchval("SELECT count(*) FROM jobs WHERE id = 'd2'")
+    assert in_jobs == (1 if how == ReleaseHow.RETRY else 0)

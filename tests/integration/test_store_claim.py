@@ -683,6 +683,6 @@ async def test_a_release_looks_its_jobs_up_by_id_whatever_the_statistics_say(
     done = [Release(id=i, how=ReleaseHow.ARCHIVE, code="ok", exitcode=200) for i in ids]
     for mode in ["auto", "force_generic_plan"]:
         await conn.execute(f"SET plan_cache_mode = {mode}")
-        for statement in (queries.queue.RELEASE, queries.queue.ARCHIVE):
+        for statement in (queries.release.RELEASE, queries.release.ARCHIVE):
             plan = await _plan(conn, statement, *release_params(done, "s1"))
             assert "jobs_running_idx" not in plan and "jobs_pkey" in plan, plan
