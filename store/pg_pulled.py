@@ -6,12 +6,13 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
 
-from queue_daemon.domain.jobs import Release, ReleaseHow
+from queue_daemon.domain.jobs import Release
 from queue_daemon.domain.pulled import HeldJob, PulledJob
 from queue_daemon.domain.views import DaemonSeen, WorkerSeen
 from queue_daemon.store import queries
 from queue_daemon.store.pg_base import Db, row_as, status_count
 from queue_daemon.store.pg_graph import GraphPart
+from queue_daemon.store.pg_release import write_releases
 
 # (job id, the whole lock value its claim put on it)
 Claim = tuple[str, str]
@@ -80,20 +81,15 @@ class PulledPart:
             releases = sorted(await decide(held), key=lambda r: r.id) if held else []
             applied: set[str] = set()
             if releases:
-                done = await conn.fetch(
-                    queries.pulled.RELEASE,
-                    [r.id for r in releases],
-                    [lock_of[r.id] for r in releases],
-                    [ReleaseHow(r.how).value for r in releases],
-                    [r.code for r in releases],
-                    [r.exitcode for r in releases],
-                    [r.result for r in releases],
-                    [float(r.delay) for r in releases],
-                )
+                # the run loop's statements, each job under its own claim's lock;
+                # keeping the first row of an id done already (a unique violation
+                # would end this transaction)
+                done = await write_releases(conn, releases, lock_of, keep_first=True)
                 applied = {row[0] for row in done if row[0] is not None}
                 await self._graph.resolve(
                     [row[0] for row in done if row[0] is not None and row[1]], conn
                 )
+            # last: the worker's row is what its claims update too (their heartbeat)
             codes = [r.code for r in releases if r.id in applied]
             await conn.execute(
                 queries.pulled.COUNT_DONE,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from collections.abc import Callable, Sequence
 from operator import attrgetter
@@ -10,20 +9,20 @@ from typing import TYPE_CHECKING
 
 import asyncpg
 
-from queue_daemon.domain.jobs import ClaimedJob, ExpiredLock, Release, ReleaseHow, UnhandledRound
+from queue_daemon.domain.jobs import ClaimedJob, ExpiredLock, Release, UnhandledRound
 from queue_daemon.store import queries
 from queue_daemon.store.errors import StoreError, SysidTaken
 from queue_daemon.store.listen import Delays, listen_forever
 from queue_daemon.store.pg_base import Db, status_count
 from queue_daemon.store.pg_graph import GraphPart
+from queue_daemon.store.pg_release import write_releases
 
 if TYPE_CHECKING:
-    from queue_daemon.store.pg_base import Connection
+    pass
 
 logger = logging.getLogger(__name__)
 
 PURGE_CHUNK = 10_000  # rows deleted per statement, so no purge holds locks for long
-RELEASE_TEXT = 64 << 20  # characters of results sent in one release statement
 NEW_SYSID_TRIES = 1000
 
 
@@ -143,16 +142,11 @@ class QueuePart:
     async def release(self, releases: Sequence[Release], *, sysid: str) -> set[str]:
         if not releases:
             return set()
-        ordered = sorted(releases, key=lambda r: r.id)
-        # a statement per RELEASE_TEXT characters of results (a batch of 1,000
-        # results of 1 MiB would pass PostgreSQL's 1 GB message), in one
-        # transaction (begun only when there is more than one: two round trips)
-        chunks = _by_result_size(ordered)
         async with self._db.conn() as conn:
             try:
-                rows = await _release(conn, chunks, sysid, keep_first=False)
+                rows = await write_releases(conn, releases, sysid, keep_first=False)
             except asyncpg.UniqueViolationError:  # an id done already (queries.release)
-                rows = await _release(conn, chunks, sysid, keep_first=True)
+                rows = await write_releases(conn, releases, sysid, keep_first=True)
         # a NULL id: the note's row
         await self._graph.resolve([row[0] for row in rows if row[0] is not None and row[1]])
         return {row[0] for row in rows if row[0] is not None}
@@ -211,55 +205,3 @@ class QueuePart:
             retry=retry,
             on_done=on_done,
         )
-
-
-def _by_result_size(releases: list[Release]) -> list[list[Release]]:
-    """``releases`` in chunks of at most RELEASE_TEXT characters of results (a
-    release whose result alone is bigger is a chunk of its own)."""
-    chunks: list[list[Release]] = [[]]
-    size = 0
-    for r in releases:
-        n = len(r.result) if r.result else 0
-        if size + n > RELEASE_TEXT and chunks[-1]:
-            chunks.append([])
-            size = 0
-        chunks[-1].append(r)
-        size += n
-    return chunks
-
-
-async def _release(
-    conn: Connection, chunks: list[list[Release]], sysid: str, *, keep_first: bool
-) -> list[asyncpg.Record]:
-    """The rows of the release statements of ``chunks``: in one transaction when
-    there are several (begun only then: two more round trips)."""
-    q = queries.release
-    archive, release = (
-        (q.ARCHIVE_KEEP_FIRST, q.RELEASE_KEEP_FIRST) if keep_first else (q.ARCHIVE, q.RELEASE)
-    )
-    rows: list[asyncpg.Record] = []
-    together = conn.transaction() if len(chunks) > 1 else contextlib.nullcontext()
-    async with together:
-        for chunk in chunks:
-            statement = archive if all(r.how == ReleaseHow.ARCHIVE for r in chunk) else release
-            rows += await conn.fetch(statement, *release_params(chunk, sysid))
-    return rows
-
-
-def release_params(releases: Sequence[Release], sysid: str) -> tuple[object, ...]:
-    """The parameters of ``queries.release.RELEASE`` for ``releases`` (in this order).
-    StoreError if an id holds a space (the texts are split on spaces; no id the
-    daemon makes holds one)."""
-    ids = " ".join([r.id for r in releases])
-    if ids.count(" ") != len(releases) - 1:
-        raise StoreError("a job id holds a space: it cannot be released")
-    return (
-        ids,
-        " ".join([r.how for r in releases]),  # StrEnum: joined as their text
-        " ".join([r.code or "" for r in releases]),
-        " ".join(["" if r.exitcode is None else str(r.exitcode) for r in releases]),
-        [r.result for r in releases],
-        " ".join([repr(float(r.delay)) if r.delay else "0" for r in releases]),
-        " ".join(["t" if r.refund_attempt else "f" for r in releases]),
-        " ".join([sysid] * len(releases)),
-    )

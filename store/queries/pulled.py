@@ -11,16 +11,24 @@ the holder of a claim can act on it. Every statement is scoped to the client
 from __future__ import annotations
 
 from queue_daemon.store.queries.queue import (
-    BY_OF,
     CLAIMABLE,
-    NOTE_DONE,
     PICKED_COLUMNS,
-    REASON_OF,
-    RUN_ENTRY,
 )
 
 DONE_CHANNEL = "qd_done"
 LOCK_PREFIX_LEN = 35  # len('w:') + 32 hex + len(':'): substr(lock, 36) is the worker name
+
+# The rows of the ids $1 of one client, for a statement that finds its rows
+# by id: an index condition on the primary key with an array the planner
+# cannot see into (as queue.CLAIM's), and the client as a range of the type
+# (as STATS, the same rows), which no index of jobs can take. With statistics
+# from when the table was small (the usual case while a backlog is drained),
+# a plain join with the ids and split_part(type, ...) = client was planned as
+# a scan of the client's jobs (its expression index, or the whole table)
+# hashed against the ids: 38 ms instead of 1.6 for a complete of 1,000 jobs
+# with 100,000 waiting, measured.
+_BY_IDS = """{row}id = ANY(ARRAY(SELECT unnest($1::text[])))
+  AND {row}type >= {client} || '-' AND {row}type < {client} || '.'"""
 
 # The worker's heartbeat, a CTE of each statement below: $client, $worker and
 # the lease its jobs are held under (NULL: keep the one it had).
@@ -62,70 +70,24 @@ WITH {_HEARTBEAT.format(client="$3", worker="$4", lease="NULL::float8")}
 UPDATE jobs j
 SET dt = now() + make_interval(secs => {_TYPE_LEASE.format(fallback="$5")})
 FROM unnest($1::text[], $2::text[]) AS r(id, lock)
-WHERE j.id = r.id AND j.lock = r.lock AND split_part(j.type, '-', 1) = $3
+WHERE {_BY_IDS.format(row="j.", client="$3")} AND j.id = r.id AND j.lock = r.lock
 RETURNING j.id, j.dt AS lease_until
 """
 
 # The held jobs among $1 ids with their $2 locks, locked until the complete
 # commits (an expiry skips them, a claim cannot see them): $3 client.
-HELD_FOR_UPDATE = """
+HELD_FOR_UPDATE = f"""
 SELECT j.id, j.type, j.attempts, j.create_dt
 FROM jobs j
 JOIN unnest($1::text[], $2::text[]) AS r(id, lock) ON j.id = r.id AND j.lock = r.lock
-WHERE split_part(j.type, '-', 1) = $3
+WHERE {_BY_IDS.format(row="j.", client="$3")}
 ORDER BY j.id
 FOR UPDATE OF j
 """
 
 # Which of $1 ids are $2's jobs at all (to tell 404 from 409).
-EXISTING = """
-SELECT id FROM all_jobs WHERE id = ANY($1::text[]) AND split_part(type, '-', 1) = $2
-"""
-
-# One row per complete, as release.RELEASE, matched on its whole lock:
-# $1 id, $2 lock, $3 how, $4 code, $5 exitcode, $6 result, $7 delay seconds.
-RELEASE = f"""
-WITH r AS (
-    SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::int[], $6::text[],
-                         $7::float8[]) AS r(id, lock, how, code, exitcode, result, delay)
-),
-archived AS (
-    DELETE FROM jobs j USING r
-    WHERE r.how = 'archive' AND j.id = r.id AND j.lock = r.lock
-    RETURNING j.id, j.type, j.data, j.create_dt, j.attempts, j.run_dt, j.runs, j.dependents,
-              j.deadline, j.lock, r.code, r.exitcode, r.result
-),
-moved AS (
-    INSERT INTO jobs_done (id, type, data, create_dt, done_dt, attempts, code, exitcode, result,
-                           run_dt, ran_by, runs, dependents, deadline)
-    SELECT id, type, data, create_dt, now(), attempts, code, exitcode, result, run_dt, lock,
-           runs, dependents, deadline
-    FROM archived
-
-    -- an id done already (stored twice by a race): this row goes, the first stays
-    ON CONFLICT (id) DO NOTHING
-),
-again AS (
-UPDATE jobs j
-SET lock = '',
-    dt = now() + make_interval(secs => r.delay),
-    code = r.code, exitcode = r.exitcode, result = r.result,
-    runs = coalesce(j.runs, '[]'::jsonb) || {
-    RUN_ENTRY.format(
-        by=BY_OF.format(lock="j.lock"),
-        exitcode="r.exitcode",
-        code="r.code",
-        reason=REASON_OF.format(code="r.code"),
-    )
-}
-FROM r
-WHERE r.how <> 'archive' AND j.id = r.id AND j.lock = r.lock
-RETURNING j.id
-),
-{NOTE_DONE.format(rows="(SELECT type, '__done' AS lock FROM archived) a")}
-SELECT id, dependents AS resolve FROM archived
-UNION ALL SELECT id, false FROM again
-UNION ALL SELECT NULL, NULL FROM note
+EXISTING = f"""
+SELECT id FROM all_jobs WHERE {_BY_IDS.format(row="", client="$2")}
 """
 
 # The worker's completes by code: $1 client, $2 worker, $3..$6 ok, failed, error, retry.
@@ -144,7 +106,7 @@ WITH {_HEARTBEAT.format(client="$3", worker="$4", lease="NULL::float8")}
 UPDATE jobs j
 SET lock = '', dt = now(), attempts = greatest(j.attempts - 1, 0)
 FROM unnest($1::text[], $2::text[]) AS r(id, lock)
-WHERE j.id = r.id AND j.lock = r.lock AND split_part(j.type, '-', 1) = $3
+WHERE {_BY_IDS.format(row="j.", client="$3")} AND j.id = r.id AND j.lock = r.lock
 RETURNING j.id, j.type
 """
 

@@ -3,7 +3,7 @@ last step, ``JobQueue.release``)."""
 
 from __future__ import annotations
 
-from queue_daemon.store.queries.queue import NOTE_DONE, REASON_OF, RUN_ENTRY
+from queue_daemon.store.queries.queue import BY_OF, NOTE_DONE, REASON_OF, RUN_ENTRY
 
 # One row of the unnest per release: $1 id, $2 how, $3 code, $4 exitcode,
 # $5 result, $6 delay seconds, $7 refund_attempt ('t' or 'f'), $8 the
@@ -77,7 +77,7 @@ SET lock = '',
     runs = CASE WHEN r.refund OR r.code IS NULL THEN j.runs
                 ELSE coalesce(j.runs, '[]'::jsonb) || {
     RUN_ENTRY.format(
-        by="'sysid:' || r.lock",
+        by=BY_OF.format(lock="r.lock"),
         exitcode="r.exitcode",
         code="r.code",
         reason=REASON_OF.format(code="r.code"),

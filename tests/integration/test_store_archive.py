@@ -14,7 +14,7 @@ from queue_daemon.domain.jobs import NewJob, Release, ReleaseHow
 from queue_daemon.domain.pulled import OptedJobs
 from queue_daemon.store import queries
 from queue_daemon.store.pg import PgStore
-from queue_daemon.store.pg_queue import release_params
+from queue_daemon.store.pg_release import release_params
 
 
 def job(job_id: str) -> NewJob:

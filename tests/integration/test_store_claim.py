@@ -22,11 +22,11 @@ from queue_daemon.domain.jobs import (
     UnhandledRound,
 )
 from queue_daemon.engine.backoff import Backoff
-from queue_daemon.store import pg_queue, queries
+from queue_daemon.store import pg_release, queries
 from queue_daemon.store.errors import NotFound
 from queue_daemon.store.migrate import available_migrations
 from queue_daemon.store.pg import PgStore
-from queue_daemon.store.pg_queue import release_params
+from queue_daemon.store.pg_release import release_params
 
 LEASE = 60.0
 
@@ -237,7 +237,7 @@ async def test_a_release_of_big_results_goes_in_several_statements_of_one_transa
     """A batch's results are sent RELEASE_TEXT characters a statement (1,000
     results of 1 MiB would pass PostgreSQL's 1 GB message), all in one
     transaction: every release applies, or none."""
-    monkeypatch.setattr(pg_queue, "RELEASE_TEXT", 10)
+    monkeypatch.setattr(pg_release, "RELEASE_TEXT", 10)
     await store.add_jobs([job(f"r{i}") for i in range(5)])
     assert len(await store.claim("a-t", 5, sysid="s1", lease=LEASE)) == 5
     done = [
@@ -686,3 +686,32 @@ async def test_a_release_looks_its_jobs_up_by_id_whatever_the_statistics_say(
         for statement in (queries.release.RELEASE, queries.release.ARCHIVE):
             plan = await _plan(conn, statement, *release_params(done, "s1"))
             assert "jobs_running_idx" not in plan and "jobs_pkey" in plan, plan
+
+
+@pytest.mark.timeout(300)
+async def test_a_pull_workers_statements_look_their_jobs_up_by_id_with_stale_statistics(
+    store: PgStore, conn: asyncpg.Connection
+) -> None:
+    """Analyzed while the table was empty (as while a backlog is drained): a
+    complete, renew, hand-back or existence check of a pull worker's jobs must
+    look each id up, never scan the tenant's jobs (38 ms a complete of 1,000
+    with 100,000 waiting)."""
+    await conn.execute("VACUUM ANALYZE jobs")
+    await conn.execute(storefill.FILL_WAITING, 50_000, 1)  # (fill would analyze)
+    lock = "w:" + "a" * 32 + ":wk"
+    rows = await conn.fetch(queries.pulled.CLAIM, "bench-t0", 500, lock, 60.0, "bench", "wk")
+    ids = [r["id"] for r in rows]
+    assert len(ids) == 500
+    locks = [lock] * len(ids)
+    statements = [
+        (queries.pulled.HELD_FOR_UPDATE, (ids, locks, "bench")),
+        (queries.pulled.RENEW, (ids, locks, "bench", "wk", 60.0)),
+        (queries.pulled.HAND_BACK, (ids, locks, "bench", "wk")),
+        (queries.pulled.EXISTING, (ids, "bench")),
+    ]
+    for mode in ["auto", "force_generic_plan"]:
+        await conn.execute(f"SET plan_cache_mode = {mode}")
+        for statement, args in statements:
+            plan = await _plan(conn, statement, *args)
+            assert "jobs_pkey" in plan, plan
+            assert "jobs_client_created_idx" not in plan and "Seq Scan on jobs " not in plan, plan

@@ -130,7 +130,7 @@ class Pulled(Queue):
             if r.how is ReleaseHow.ARCHIVE:
                 self._archive(row, now, r.code, r.exitcode, r.result)
                 continue
-            # queries.pulled.RELEASE: only a retry is due again (after its delay)
+            # queries.release.RELEASE: only a retry is due again (after its delay)
             row.lock, row.code, row.exitcode, row.result = "", r.code, r.exitcode, r.result
             row.dt = now + timedelta(seconds=r.delay) if r.how is ReleaseHow.RETRY else later(now)
         self.resolve([i for i in sorted(applied) if self.rows[i].lock == DONE])

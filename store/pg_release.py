@@ -1,0 +1,86 @@
+"""Releases written to the store: the end of runs with their outcomes, for the
+run loop's batches (``JobQueue.release``) and the pull workers' completes
+(``PulledJobs.complete_pulled``) alike, through the statements of
+``queries.release``."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
+
+import asyncpg
+
+from queue_daemon.domain.jobs import Release, ReleaseHow
+from queue_daemon.store import queries
+from queue_daemon.store.errors import StoreError
+
+if TYPE_CHECKING:
+    from queue_daemon.store.pg_base import Connection
+
+RELEASE_TEXT = 64 << 20  # characters of results sent in one release statement
+
+
+async def write_releases(
+    conn: Connection,
+    releases: Sequence[Release],
+    locks: str | Mapping[str, str],
+    *,
+    keep_first: bool,
+) -> list[asyncpg.Record]:
+    """The rows of the release statements of ``releases`` (sorted by id), each
+    applied only where its job holds its lock (``locks``: one for all, or each
+    job's by its id). A statement per RELEASE_TEXT characters of results (a batch
+    of 1,000 results of 1 MiB would pass PostgreSQL's 1 GB message), in one
+    transaction when there are several (begun only then: two more round trips).
+    ``keep_first``: the statements that keep the first row of an id done already
+    (queries.release); without it, such an id is a unique violation."""
+    q = queries.release
+    archive, release = (
+        (q.ARCHIVE_KEEP_FIRST, q.RELEASE_KEEP_FIRST) if keep_first else (q.ARCHIVE, q.RELEASE)
+    )
+    rows: list[asyncpg.Record] = []
+    chunks = _by_result_size(sorted(releases, key=lambda r: r.id))
+    together = conn.transaction() if len(chunks) > 1 else contextlib.nullcontext()
+    async with together:
+        for chunk in chunks:
+            statement = archive if all(r.how == ReleaseHow.ARCHIVE for r in chunk) else release
+            held = locks if isinstance(locks, str) else [locks[r.id] for r in chunk]
+            rows += await conn.fetch(statement, *release_params(chunk, held))
+    return rows
+
+
+def _by_result_size(releases: list[Release]) -> list[list[Release]]:
+    """``releases`` in chunks of at most RELEASE_TEXT characters of results (a
+    release whose result alone is bigger is a chunk of its own)."""
+    chunks: list[list[Release]] = [[]]
+    size = 0
+    for r in releases:
+        n = len(r.result) if r.result else 0
+        if size + n > RELEASE_TEXT and chunks[-1]:
+            chunks.append([])
+            size = 0
+        chunks[-1].append(r)
+        size += n
+    return chunks
+
+
+def release_params(releases: Sequence[Release], locks: str | Sequence[str]) -> tuple[object, ...]:
+    """The parameters of ``queries.release.RELEASE`` for ``releases`` (in this
+    order), each under its lock (``locks``: one for all, or one per release).
+    StoreError if an id or a lock holds a space (the texts are split on spaces;
+    no id the daemon makes holds one, nor a sysid or a pull worker's lock)."""
+    ids = " ".join([r.id for r in releases])
+    held = " ".join([locks] * len(releases)) if isinstance(locks, str) else " ".join(locks)
+    if ids.count(" ") != len(releases) - 1 or held.count(" ") != len(releases) - 1:
+        raise StoreError("a job id or lock holds a space: it cannot be released")
+    return (
+        ids,
+        " ".join([r.how for r in releases]),  # StrEnum: joined as their text
+        " ".join([r.code or "" for r in releases]),
+        " ".join(["" if r.exitcode is None else str(r.exitcode) for r in releases]),
+        [r.result for r in releases],
+        " ".join([repr(float(r.delay)) if r.delay else "0" for r in releases]),
+        " ".join(["t" if r.refund_attempt else "f" for r in releases]),
+        held,
+    )
