@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
+from operator import attrgetter
 
 from queue_daemon.domain.jobs import Release
 from queue_daemon.domain.pulled import HeldJob, PulledJob
@@ -39,19 +40,22 @@ class PulledPart:
         rows = await self._db.fetch(
             queries.pulled.CLAIM, type, limit, lock, float(lease), client, worker
         )
+        # rows read by position (the columns of queries.pulled.CLAIM, in order), as
+        # the run loop's claim: a Record's lookup by name costs about as much as
+        # the object it fills
         jobs = [
             PulledJob(
-                id=row["id"],
-                type=row["type"],
-                data=row["data"],
-                attempts=row["attempts"],
-                create_dt=row["create_dt"],
-                lease_until=row["lease_until"],
-                due_ms=row["due_ms"],
+                id=id_,
+                type=type_,
+                data=data,
+                attempts=attempts,
+                create_dt=create_dt,
+                lease_until=lease_until,
+                due_ms=due_ms,
             )
-            for row in rows
+            for id_, type_, data, attempts, create_dt, lease_until, due_ms in rows
         ]
-        jobs.sort(key=lambda job: (job.create_dt, job.id))
+        jobs.sort(key=attrgetter("create_dt", "id"))
         return jobs
 
     async def renew_pulled(

@@ -181,6 +181,10 @@ async def claim(request: web.Request) -> web.Response:
         )
     except NotPulled as exc:
         raise errors.conflict(str(exc)) from None
+    # a claim's jobs share their lease's end (one statement's now()): written once
+    until = {job.lease_until: "" for job in jobs}
+    for when in until:
+        until[when] = iso(when) or ""
     return json_response(
         {
             "jobs": [
@@ -189,7 +193,7 @@ async def claim(request: web.Request) -> web.Response:
                     "type": jobtype.name,
                     "payload": job.data,
                     "attempts": job.attempts,
-                    "lease_until": iso(job.lease_until),
+                    "lease_until": until[job.lease_until],
                     "lease_s": lease,
                     "claim": token,
                 }
