@@ -27,6 +27,7 @@ from queue_daemon.engine.run.sizes import (
     FIRST_BATCH,
     LEARNING_BATCHES,
     BatchSizes,
+    ran_seconds,
 )
 from queue_daemon.journal import Journal
 from queue_daemon.observe.metrics import Metrics
@@ -471,3 +472,15 @@ async def test_rows_a_quick_restart_took_before_their_flush_are_inserted_again(
         await journal.write("acme-t", ids, ["p"] * 30, create_ms=now_ms, dt_ms=now_ms)
         await ingest_all(journal, store, batch=10)
     assert restarted and sorted(store.rows) == sorted(ids)
+
+
+def test_a_batch_is_timed_by_its_runs_not_by_its_contexts_start() -> None:
+    # a first batch of one no-op job in a cold context: 70 ms, of which the run
+    # took 0.02: the next batch is sized for the run
+    assert ran_seconds([0.02], 0.07) == pytest.approx(0.00002)
+    assert ran_seconds([0.5, 1.5], 0.07) == pytest.approx(0.002)
+    assert ran_seconds([0.5, None], 0.07) == 0.07  # a run not measured: the batch's time
+    assert ran_seconds([], 0.07) == 0.0
+    sizes = BatchSizes(max_batch=1000)
+    sizes.timed("a-t", ran_seconds([0.02], 0.07), 1)
+    assert sizes.size("a-t") == 1000

@@ -14,7 +14,7 @@ from queue_daemon.domain.jobs import ClaimedJob, Release
 from queue_daemon.domain.outcomes import put_back
 from queue_daemon.engine.handlers import HandlerCache
 from queue_daemon.engine.releases import Releases
-from queue_daemon.engine.run.sizes import BatchSizes
+from queue_daemon.engine.run.sizes import BatchSizes, ran_seconds
 from queue_daemon.observe.metrics import Metrics
 from queue_daemon.observe.queuelog import QueueLog
 from queue_daemon.runners.models import HandlerSpec, JobInput, JobResult, ResultSink
@@ -110,7 +110,12 @@ class BatchRunner:
             began = time.monotonic()
             results = await self._pool.run_batch(spec, inputs, batch.follow, start_by=start_by)
             elapsed = time.monotonic() - began
-            self._sizes.timed(jobs[0].type, elapsed, len(jobs), sum(len(j.data) for j in jobs))
+            self._sizes.timed(
+                jobs[0].type,
+                ran_seconds([r.run_ms for r in results], elapsed),
+                len(jobs),
+                sum(len(j.data) for j in jobs),
+            )
             share = elapsed * 1000 / len(jobs)
             by_id: dict[str, JobResult] = {}
             took = batch.follow.took

@@ -12,6 +12,8 @@ whose run time is not known yet runs batches of ``FIRST_BATCH``, at most
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 BATCH_TARGET_S = 0.1
 BATCH_BYTES = 16 << 20  # payload characters a batch aims to stay under (learnt mean per job)
 FIRST_BATCH = 1  # jobs of a type whose run time is not known yet
@@ -56,6 +58,20 @@ class BatchSizes:
         """A batch of ``count`` jobs took ``seconds`` and carried ``payload_bytes``."""
         _average(self._job_seconds, jobtype, seconds / count)
         _average(self._job_bytes, jobtype, payload_bytes / count)
+
+
+def ran_seconds(run_ms: Iterable[float | None], elapsed: float) -> float:
+    """How long a batch's jobs ran, for ``timed``: the sum of their runs' own times
+    where the runner measured each (python and node), else the batch's
+    ``elapsed``, which holds a cold context's start (a first batch of one no-op
+    job took 70 ms, and the batches after it were sized for 70 ms jobs while that
+    average came down)."""
+    total = 0.0
+    for ms in run_ms:
+        if ms is None:
+            return elapsed
+        total += ms
+    return total / 1000
 
 
 def _average(means: dict[str, float], jobtype: str, value: float) -> None:
