@@ -1,8 +1,8 @@
 """A context: one sandboxed child running a language bootstrap for one handler version.
 
 The daemon side of runners/PROTOCOL.md. The protocol pipes are the child's
-fds 3 and 4; its stdout and stderr are drained all the time into rings of
-recent lines (a full pipe would block the child), which explain a crash.
+fds 3 and 4; the process itself, its directory and the drain of its output
+are ``runners.child``'s.
 
 Per-job timeouts need no task per frame: one timer a batch (``runners.deadline``).
 
@@ -15,30 +15,24 @@ the process group.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import os
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from queue_daemon.runners import framing, held
+from queue_daemon.runners import framing
 from queue_daemon.runners.budget import Spend, no_limit
+from queue_daemon.runners.child import ContextChild
 from queue_daemon.runners.codes import ERROR, TIMEOUT
 from queue_daemon.runners.deadline import JobDeadline
 from queue_daemon.runners.errors import ContextFailed, ProtocolError
 from queue_daemon.runners.models import HandlerSpec, JobInput, JobResult, ResultSink
 from queue_daemon.runners.output import OutputLimits
 from queue_daemon.runners.results import job_result, not_run, stopped
-from queue_daemon.runners.ring import LineRing, drain
-from queue_daemon.runners.sandbox import Child, Sandbox, describe_exit
+from queue_daemon.runners.sandbox import Sandbox
 
 logger = logging.getLogger(__name__)
-
-STDERR_TAIL = 5  # lines of stderr quoted when a context dies
-EXIT_GRACE = 1.0  # seconds a context gets to leave after ``exit``
-DRAIN_GRACE = 1.0  # seconds to read what a dead context last wrote
 
 
 def seconds(value: float) -> str:
@@ -67,30 +61,26 @@ class Context:
         self.broken = False  # died, timed out or asked to be recycled: never reused
         self.retired = False  # a newer handler version exists: close after this batch
         self.successor = False  # the pool is already starting this context's replacement
-        self.output = LineRing()  # the child's stdout and stderr (context-level, not a job's)
-        self._sandbox = sandbox
+        self._child = ContextChild(sandbox, spec.client, spend)
         self._command = command
         self._memory = memory
         self._limits = limits
         self._spend = spend  # the tenant's output budget (runners.budget)
         self._start_timeout = start_timeout
-        self._proc: Child | None = None
-        self._home: Path | None = None
-        self._held: int | None = None  # the held-results file (runners.held)
         self._reader: framing.FrameReader | None = None
         self._writer: asyncio.StreamWriter | None = None
         self._read_transport: asyncio.ReadTransport | None = None
-        self._drains: list[asyncio.Task[None]] = []
         self._closed = False
-        self._clock = JobDeadline(self._kill_tree)
+        self._clock = JobDeadline(self._child.kill_tree)
 
     @property
     def pid(self) -> int | None:
-        return self._proc.pid if self._proc is not None else None
+        proc = self._child.proc
+        return proc.pid if proc is not None else None
 
     @property
     def home(self) -> Path | None:
-        return self._home
+        return self._child.home
 
     @property
     def closed(self) -> bool:
@@ -101,8 +91,8 @@ class Context:
         return (
             not self._closed
             and not self.broken
-            and self._proc is not None
-            and self._proc.returncode is None
+            and self._child.proc is not None
+            and self._child.proc.returncode is None
         )
 
     # ------------------------------------------------------------------ start
@@ -110,43 +100,14 @@ class Context:
     async def start(self) -> None:
         """Spawn the child and load the handler; ContextFailed (already cleaned up) if it cannot."""
         try:
-            await self._spawn()
+            self._reader, self._writer, self._read_transport = await self._child.spawn(
+                self._command, self._memory, self.spec.lang
+            )
             await self._load(self.spec)
         except BaseException:
             self.broken = True
             await self.close()
             raise
-
-    async def _spawn(self) -> None:
-        await self._sandbox.prepare()
-        self._home = self._sandbox.make_dir(f"ctx-{self.spec.client}-", self.spec.client)
-        owner = self._sandbox.owner(self.spec.client)
-        self._held = held.create(self._home, None if owner is None else (owner.uid, owner.gid))
-        to_child, to_daemon = os.pipe(), os.pipe()
-        try:
-            self._proc = await self._sandbox.spawn(
-                self._command,
-                client=self.spec.client,
-                home=self._home,
-                pipes=(to_child[0], to_daemon[1]),
-                memory=self._memory,
-            )
-        except OSError as exc:
-            for fd in (*to_child, *to_daemon):
-                os.close(fd)
-            raise ContextFailed(f"cannot start a {self.spec.lang} context: {exc}") from None
-        os.close(to_child[0])
-        os.close(to_daemon[1])
-        self._reader, self._writer, self._read_transport = await framing.open_pipes(
-            to_daemon[0], to_child[1]
-        )
-        proc = self._proc
-        assert proc.stderr is not None
-        self._drains = [
-            asyncio.create_task(
-                drain(proc.stderr, self.output, self._spend), name=f"ctx-{proc.pid}-output"
-            )
-        ]
 
     async def load(self, spec: HandlerSpec) -> None:
         """Load another handler of the context's eid; ContextFailed (and the context
@@ -186,7 +147,7 @@ class Context:
         except ConnectionError:
             message = None
         if message is None:
-            raise ContextFailed(await self._death("the context died while starting"))
+            raise ContextFailed(await self._child.death("the context died while starting"))
         op = message.get("op")
         if op == "fatal":
             raise ContextFailed(str(message.get("message") or "the handler failed to load"))
@@ -307,10 +268,11 @@ class Context:
     ) -> list[dict[str, Any]]:
         """The results the context held and did not send before its pipe ended
         (runners.held), once it is stopped."""
-        if self._held is None or not held.anything_held(self._held):
+        held = self._child.held
+        if held is None or not held.anything():
             return []
-        await self._stop()  # nothing is written to the file any more
-        return held.read_back(self._held, running, jobs, index)
+        await self._child.stop()  # nothing is written to the file any more
+        return held.read_back(running, jobs, index)
 
     async def _spend_outside_the_clock(self, size: int, job_seconds: float) -> None:
         """What a job printed, from the tenant's output budget: a wait that is not the
@@ -318,10 +280,6 @@ class Context:
         self._clock.pause()
         await self._spend(size)
         self._clock.resume(job_seconds)
-
-    def _kill_tree(self) -> None:
-        if self._proc is not None:
-            self._proc.kill_tree()
 
     async def _failed(
         self,
@@ -339,12 +297,12 @@ class Context:
         if timed_out:
             reason = f"timed out after {seconds(timeout)}"
             code = TIMEOUT
-            await self._stop()
+            await self._child.stop()
         elif problem is not None:
             reason, code = problem, ERROR
-            await self._stop()
+            await self._child.stop()
         else:
-            reason, code = await self._death("context died"), ERROR
+            reason, code = await self._child.death("context died"), ERROR
         logger.warning(
             "%s context of %s-%s stopped: %s",
             self.spec.lang,
@@ -355,22 +313,6 @@ class Context:
         )
         return stopped(jobs, results, running, index, code, reason, timed_out=timed_out)
 
-    async def _stop(self) -> None:
-        """Kill the whole tree and reap the child."""
-        if self._proc is None:
-            return
-        self._proc.kill_tree()
-        await self._proc.exited()
-
-    async def _death(self, what: str) -> str:
-        """Why the child died: its exit status and the last lines it wrote to stderr."""
-        await self._stop()
-        await self._finish_drains()
-        assert self._proc is not None
-        text = f"{what} ({describe_exit(self._proc.returncode)})"
-        tail = [line for line in self.output.tail(STDERR_TAIL) if line.strip()]
-        return f"{text}: " + " | ".join(tail) if tail else text
-
     # ------------------------------------------------------------------ close
 
     async def close(self) -> None:
@@ -378,40 +320,12 @@ class Context:
         if self._closed:
             return
         self._closed = True
-        proc = self._proc
-        if proc is not None:
-            if proc.returncode is None and self._writer is not None and not self.broken:
-                with contextlib.suppress(TimeoutError, ConnectionError, RuntimeError):
-                    self._writer.write(framing.encode({"op": "exit"}))
-                    await asyncio.wait_for(proc.exited(), EXIT_GRACE)
-            proc.kill_tree()  # whatever it left behind in its group (and cgroup)
-            await proc.exited()
-            await self._sandbox.release(proc)
+        await self._child.end(None if self.broken else self._writer)
         if self._writer is not None:
             self._writer.close()
         if self._read_transport is not None:
             self._read_transport.close()
-        await self._finish_drains()
-        if proc is not None:
-            proc.close()
-        if self._held is not None:
-            os.close(self._held)
-            self._held = None
-        if self._home is not None:
-            await asyncio.to_thread(self._sandbox.remove_dir, self._home)
-
-    async def _finish_drains(self) -> None:
-        if not self._drains:
-            return
-        drains, self._drains = self._drains, []
-        _, pending = await asyncio.wait(drains, timeout=DRAIN_GRACE)
-        for task in pending:  # a process that left the group still holds the pipe
-            task.cancel()
-        if pending:
-            await asyncio.wait(pending)
-        for task in drains:
-            if not task.cancelled() and task.exception() is not None:
-                logger.warning("draining a context's output failed: %r", task.exception())
+        await self._child.clean()
 
 
 def _length(text: object) -> int:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
+from collections.abc import Collection
 
 from queue_daemon.runners.budget import Spend, no_limit
 
@@ -66,3 +67,22 @@ async def drain(stream: asyncio.StreamReader, ring: LineRing, spend: Spend = no_
             return
         ring.feed(data)
         await spend(len(data))
+
+
+async def finish_reading(
+    tasks: Collection[asyncio.Task[None]], grace: float
+) -> list[BaseException]:
+    """Wait up to ``grace`` seconds for the tasks reading a child's pipes (they end
+    once the child and its group are gone), cancel those still running (a process
+    that left the group still holds the pipe); what the others failed with."""
+    if not tasks:
+        return []
+    _, pending = await asyncio.wait(tasks, timeout=grace)
+    for task in pending:
+        task.cancel()
+    ended = await asyncio.gather(*tasks, return_exceptions=True)
+    return [
+        e
+        for e in ended
+        if isinstance(e, BaseException) and not isinstance(e, asyncio.CancelledError)
+    ]

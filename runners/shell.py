@@ -19,7 +19,7 @@ from queue_daemon.runners.budget import OutputBudget
 from queue_daemon.runners.codes import ERROR, OK, TIMEOUT
 from queue_daemon.runners.models import HandlerSpec, JobInput, JobResult, ResultSink
 from queue_daemon.runners.output import OutputLimits, parse_output
-from queue_daemon.runners.ring import READ_SIZE, LineRing, drain
+from queue_daemon.runners.ring import READ_SIZE, LineRing, drain, finish_reading
 from queue_daemon.runners.sandbox import Sandbox, describe_exit
 
 SHELL = "/bin/sh"
@@ -114,10 +114,7 @@ class ShellRunner:
         finally:
             proc.kill_tree()  # background leftovers would hold the pipes open
             # the pipes end once the group is gone (a process that left it is cut off)
-            await asyncio.wait(tasks, timeout=READ_GRACE)
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await finish_reading(tasks, READ_GRACE)
             await proc.exited()
             proc.close()
             await self._sandbox.release(proc)
