@@ -82,7 +82,7 @@ class PulledPart:
         async with self._db.conn() as conn, conn.transaction():
             rows = await conn.fetch(queries.pulled.HELD_FOR_UPDATE, ids, locks, client)
             held = [HeldJob(r["id"], r["type"], r["attempts"], r["create_dt"]) for r in rows]
-            releases = sorted(await decide(held), key=lambda r: r.id) if held else []
+            releases = await decide(held) if held else []
             applied: set[str] = set()
             if releases:
                 # the run loop's statements, each job under its own claim's lock;

@@ -182,9 +182,7 @@ async def claim(request: web.Request) -> web.Response:
     except NotPulled as exc:
         raise errors.conflict(str(exc)) from None
     # a claim's jobs share their lease's end (one statement's now()): written once
-    until = {job.lease_until: "" for job in jobs}
-    for when in until:
-        until[when] = iso(when) or ""
+    until = {when: iso(when) for when in {job.lease_until for job in jobs}}
     return json_response(
         {
             "jobs": [

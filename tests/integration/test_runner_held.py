@@ -5,37 +5,13 @@ when the context dies or is killed, so each job keeps its own outcome."""
 from __future__ import annotations
 
 import re
-from collections.abc import AsyncIterator
-from pathlib import Path
 
-import pytest
+from queue_daemon.runners.pool import RunnerPool
+from tests.integration.test_runner_python import jobs, pool, spec
 
-from queue_daemon.runners.models import HandlerSpec, JobInput
-from queue_daemon.runners.pool import RunnerPool, RunnerSettings
+__all__ = ["pool"]  # a fixture
 
 QUICK = 300  # jobs before the one that stops the context: enough to be held
-
-
-@pytest.fixture
-async def pool(work_root: Path) -> AsyncIterator[RunnerPool]:
-    pool = RunnerPool(RunnerSettings(work_root=work_root, failure_backoff=0.5))
-    yield pool
-    await pool.close()
-
-
-def spec(body: str, **kw: object) -> HandlerSpec:
-    return HandlerSpec(
-        version="v1",
-        client="acme",
-        type="t",
-        lang="python",
-        body=body,
-        **kw,  # type: ignore[arg-type]
-    )
-
-
-def jobs(*payloads: str) -> list[JobInput]:
-    return [JobInput(id=f"id-{i}", payload=p, attempt=1) for i, p in enumerate(payloads)]
 
 
 # the handler says, on stderr, how many bytes of results its context held when it stopped
