@@ -83,26 +83,26 @@ class JobsPart:
         return added
 
     async def add_dispatched(
-        self, jobs: Sequence[NewJob], dispatch: Dispatch
+        self, jobs: Sequence[NewJob], dispatch: Dispatch, *, fresh: bool = True
     ) -> tuple[int, list[ClaimedJob]]:
-        """Insert a fresh batch of a few jobs (not yet flushed, as ``add_jobs``
+        """Insert a batch of a few jobs (not yet flushed, as ``add_jobs``
         without ``durable``), those of ``dispatch.ids`` claimed by its sysid:
         how many rows were new, and the jobs claimed (none when the sysid may
-        not claim)."""
+        not claim). A batch that is not ``fresh`` skips the ids done already."""
         claim = [job.id in dispatch.ids for job in jobs]
         columns = list(zip(*jobs, strict=True))
         waiting = added_payload(
             job for job, claimed in zip(jobs, claim, strict=True) if not claimed
         )
+        args = (*columns, claim, dispatch.sysid, float(dispatch.lease), waiting)
         async with self._db.conn() as conn:
-            rows = await conn.fetch(
-                queries.intake.INSERT_DISPATCHED,
-                *columns,
-                claim,
-                dispatch.sysid,
-                float(dispatch.lease),
-                waiting,
-            )
+            if fresh:  # one statement, one round trip
+                rows = await conn.fetch(queries.intake.INSERT_DISPATCHED, *args)
+            else:
+                async with conn.transaction():
+                    rows = await conn.fetch(queries.intake.INSERT_DISPATCHED, *args)
+                    done = {r[0] for r in await conn.fetch(queries.intake.REMOVE_DONE, columns[0])}
+                rows = [row for row in rows if row[0] not in done]
         by_id = {job.id: job for job in jobs}
         added = 0
         claimed: list[ClaimedJob] = []

@@ -65,11 +65,13 @@ class JobIntake(Protocol):
         not looked through for its ids."""
 
     async def add_dispatched(
-        self, jobs: Sequence[NewJob], dispatch: Dispatch
+        self, jobs: Sequence[NewJob], dispatch: Dispatch, *, fresh: bool = True
     ) -> tuple[int, list[ClaimedJob]]:
-        """Insert a fresh batch of a few jobs as ``add_jobs`` without ``durable``,
+        """Insert a batch of a few jobs as ``add_jobs`` without ``durable``,
         those of ``dispatch`` claimed by its sysid (unless its lease ran out or
-        was released, as ``claim``): how many rows were new, and the jobs claimed."""
+        was released, as ``claim``): how many rows were new, and the jobs
+        claimed. Only a batch that is not ``fresh`` may hold ids done already
+        (skipped, as ``add_jobs`` skips them)."""
 
     async def add_opted(self, groups: Sequence[OptedJobs]) -> int:
         """Insert jobs with dependencies or a deadline (blocked until their

@@ -53,14 +53,18 @@ FROM (SELECT count(*) AS n FROM added) c
 # sysid could not claim: which of them wait is not known then). Returns each
 # row inserted, whether it was claimed, and its type's live handler version
 # in the snapshot that inserted it (as queue.CLAIM). $1..$5 the columns as
-# arrays, as INSERT_FEW. It commits synchronously, as a claim does
-# (docs/guarantees.md): a job runs only once its claim is durable.
+# arrays, as INSERT_FEW. It commits without waiting for the WAL flush, as
+# ingestion does: a crash of the server that takes the rows before the
+# ingester's flush makes the ingester insert them again, those the daemon
+# still runs claimed by it again (docs/guarantees.md). If the batch is not
+# fresh, REMOVE_DONE follows in its transaction.
 INSERT_DISPATCHED = """
 WITH lapsed AS (
     SELECT EXISTS (
         SELECT 1 FROM sysids s
         WHERE s.sysid = $7 AND (s.expires < now() OR s.released_at IS NOT NULL)
-    ) AS yes
+    ) AS yes,
+    set_config('synchronous_commit', 'off', true) AS async_commit
 ),
 added AS (
     INSERT INTO jobs (id, type, dt, data, create_dt, lock, attempts, run_dt)

@@ -178,3 +178,24 @@ async def test_a_lapsed_sysid_stores_a_dispatched_add_waiting(rig: Rig) -> None:
     assert await s.add_dispatched([new("d1")], dispatch) == (1, [])
     row = await rig.row("d1")
     assert row is not None and row.lock == "" and row.due
+
+
+async def test_a_dispatched_batch_stored_again_skips_done_jobs_and_claims_the_rest(
+    rig: Rig,
+) -> None:
+    """After a store crash took a dispatched batch's rows, the jobs the daemon
+    still runs are stored claimed by it again; a job of the batch done since
+    (its row survived and was archived) is not stored again."""
+    s = rig.store
+    await s.put_handler("a-t", {"lang": "python", "body": "x"})
+    sysid = await s.reserve_sysid(None, holder="h", host="x", data_dir="/d", lease=60)
+    await s.add_dispatched([new("d1")], Dispatch(ids=frozenset({"d1"}), sysid=sysid, lease=60.0))
+    done = Release(id="d1", how=ARCHIVE_OK, code="ok", exitcode=200)
+    assert await s.release([done], sysid=sysid) == {"d1"}
+    again = Dispatch(ids=frozenset({"d1", "d2"}), sysid=sysid, lease=60.0)
+    added, claimed = await s.add_dispatched([new("d1"), new("d2")], again, fresh=False)
+    assert added == 1 and [c.id for c in claimed] == ["d2"]
+    assert (await s.get_job("a", "d1")).state == JobState.DONE
+    row = await rig.row("d2")
+    assert row is not None and row.lock == sysid
+    assert await s.claim("a-t", 10, sysid=sysid, lease=60.0) == []

@@ -401,6 +401,26 @@ async def test_the_types_no_daemon_runs_are_swept_by_their_oldest_due_job(
         assert await store.unhandled_types(600) is None
 
 
+async def test_ingest_statements_commit_without_waiting_for_the_flush(
+    conn: asyncpg.Connection,
+) -> None:
+    """A few jobs' insert, dispatched or not, turns synchronous_commit off for its
+    own transaction: the ingester's flush makes them durable (docs/guarantees.md)."""
+    now = datetime.now(UTC)
+    columns = (["s1"], ["a-t"], [now], ["p"], [now])
+    dispatched = (*columns, [True], "nobody", LEASE, "")
+    for sql, args in (
+        (queries.intake.INSERT_FEW, (*columns, "")),
+        (queries.intake.INSERT_DISPATCHED, dispatched),
+    ):
+        async with conn.transaction():
+            assert await conn.fetchval("SHOW synchronous_commit") == "on"
+            await conn.fetch(sql, *args)
+            assert await conn.fetchval("SHOW synchronous_commit") == "off"
+        await conn.execute("DELETE FROM jobs")
+        assert await conn.fetchval("SHOW synchronous_commit") == "on"
+
+
 # --- plans ----------------------------------------------------------------------
 
 

@@ -383,6 +383,50 @@ async def test_an_idle_daemon_stores_a_few_fresh_jobs_claimed_and_runs_them(
     assert {r.id: r.result for r in store.done()}["0b-1"] == "Y"
 
 
+async def test_a_dispatched_job_a_store_crash_took_is_stored_claimed_again_while_it_runs(
+    running: Running, tmp_path: Path
+) -> None:
+    """A dispatched job's row is not flushed when it starts: a crash of the
+    store that takes it, with the server back before the ingester's flush, makes
+    the ingester insert it again, claimed by this daemon, which still runs it
+    (waiting, another daemon would run it too); it ends once."""
+    store, pool, _, loop = running
+    await _cache_the_handler(store, loop, "acme-t")
+    flush = store.flush
+    lock_after: list[str] = []
+
+    async def restart_before_the_first_flush() -> str:
+        if not lock_after:
+            assert "0c-1" in loop.running_ids()
+            store.restart()
+            assert "0c-1" not in store.rows  # taken by the crash
+            lock_after.append("")
+        return await flush()
+
+    store.flush = restart_before_the_first_flush  # type: ignore[method-assign]
+    pool.gate.clear()
+    now_ms = int(datetime.now(UTC).timestamp() * 1000)
+    async with await Journal.open(tmp_path / "journal") as journal:
+        await journal.write("acme-t", ["0c-1"], ["x"], create_ms=now_ms, dt_ms=now_ms)
+        ingester = Ingester(journal, store, ingest_batch=100, ingest_workers=1)
+        ingester.dispatcher = loop
+        task = asyncio.create_task(ingester.run())
+        try:
+            assert await ingester.drain(10.0)
+            await until(lambda: journal.lag.unread_lines == 0 and "0c-1" in store.rows, "again")
+            row = store.rows["0c-1"]
+            assert row.lock not in ("", DONE) and row.attempts == 1  # claimed by this daemon
+            assert await store.claim("acme-t", 10, sysid="other", lease=60.0) == []
+            pool.gate.set()
+            await until(lambda: store.rows["0c-1"].lock == DONE, "the job archived")
+        finally:
+            pool.gate.set()
+            ingester.stop()
+            await asyncio.wait_for(task, 10)
+    assert store.calls["add_dispatched"] == 2 and pool.ran.count("0c-1") == 1
+    assert store.rows["0c-1"].code == "ok"
+
+
 async def test_dispatch_takes_only_what_an_idle_daemon_may_run_and_gives_back_the_rest(
     running: Running,
 ) -> None:

@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from datetime import UTC, datetime, timedelta
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from queue_daemon.domain.jobs import ClaimedJob, Dispatch, NewJob, added_once
 from queue_daemon.domain.options import JobOptions
@@ -103,6 +103,16 @@ def to_new_jobs(entries: list[Entry]) -> list[NewJob]:
     return jobs
 
 
+class _Unsettled(NamedTuple):
+    """A batch in the store, not known flushed."""
+
+    reservation: Reservation
+    jobs: list[NewJob]
+    opted: list[OptedJobs]
+    epoch: str  # the server's, read before the insert
+    dispatched: frozenset[str]  # ids of its jobs stored claimed by this daemon
+
+
 class Dispatcher(Protocol):
     """The run loop, as the ingester sees it (``engine.run.loop.RunLoop``)."""
 
@@ -113,6 +123,10 @@ class Dispatcher(Protocol):
     def dispatched(self, dispatch: Dispatch, claimed: Sequence[ClaimedJob]) -> None:
         """They are stored, ``claimed`` of them by this daemon: run those, let the
         rest of the holds go (called once for each ``take``, whatever happened)."""
+
+    def still_running(self, ids: Collection[str]) -> Dispatch | None:
+        """Of ``ids``, the jobs this daemon runs now, to be stored claimed by it
+        again (None: none of them)."""
 
 
 class Ingester:
@@ -142,8 +156,9 @@ class Ingester:
         self._first_busy_since: float | None = None  # the first pipeline's batch began
         self._first_busy_lines = 0  # ... and its lines
         self.last_error: str | None = None
-        # in the store, not known flushed: each batch with the epoch it was inserted on
-        self._unsettled: list[tuple[Reservation, list[NewJob], list[OptedJobs], str]] = []
+        # in the store, not known flushed: each batch with the epoch it was inserted
+        # on and the ids of its jobs that were dispatched
+        self._unsettled: list[_Unsettled] = []
         self._room = asyncio.Semaphore(MAX_UNSETTLED)
         self._to_settle = asyncio.Event()
         self._pipelines_done = False
@@ -199,13 +214,15 @@ class Ingester:
                 entries = await journal.read(reservation)
                 plain, opted = split_opted(entries)
                 jobs = to_new_jobs(plain)
-                epoch = await self._insert(jobs, opted, durable=False, reservation=reservation)
+                epoch, dispatched = await self._insert(
+                    jobs, opted, durable=False, reservation=reservation
+                )
             finally:
                 if not helper:
                     self._first_busy_since = None
             self._on_stored(entries)
             await self._room.acquire()
-            self._unsettled.append((reservation, jobs, opted, epoch))
+            self._unsettled.append(_Unsettled(reservation, jobs, opted, epoch, dispatched))
             self._to_settle.set()
             streaming = began - last_began < 2 * SMALL_BATCH_CYCLE
             last_began = began
@@ -233,7 +250,7 @@ class Ingester:
             else:
                 # a flush on a server that restarted since a batch went in does not
                 # cover that batch: the crash may have taken it
-                again = [batch for batch in batches if batch[3] != epoch]
+                again = [batch for batch in batches if batch.epoch != epoch]
                 reason = "the store restarted since they were inserted"
             if again:
                 logger.warning(
@@ -242,27 +259,35 @@ class Ingester:
                     len(again),
                     extra={"action": "ingest_reinsert"},
                 )
-            for _, jobs, opted, _ in again:
-                await self._insert(jobs, opted, durable=True, count=False)
-            for reservation, _, _, _ in batches:
-                await self._journal.rsync(reservation)
+            for batch in again:
+                # a dispatched job that runs here still is stored claimed by this
+                # daemon again, so that no other daemon takes it meanwhile
+                running = None
+                if batch.dispatched and self.dispatcher is not None:
+                    running = self.dispatcher.still_running(batch.dispatched)
+                await self._insert(
+                    batch.jobs, batch.opted, durable=True, count=False, running=running
+                )
+            for batch in batches:
+                await self._journal.rsync(batch.reservation)
                 self._room.release()
 
-    async def _add_fresh(self, jobs: list[NewJob]) -> int:
-        """Store a fresh batch, the jobs the dispatcher takes claimed (a few only)."""
+    async def _add_fresh(self, jobs: list[NewJob]) -> tuple[int, frozenset[str]]:
+        """Store a fresh batch, the jobs the dispatcher takes claimed (a few
+        only): how many rows were new, and the ids of those claimed."""
         dispatcher = self.dispatcher
         dispatch = None
         if dispatcher is not None and len(jobs) <= DISPATCH_MAX:
             dispatch = dispatcher.take(jobs)
         if dispatch is None:
-            return await self._store.add_jobs(jobs, durable=False, fresh=True)
+            return await self._store.add_jobs(jobs, durable=False, fresh=True), frozenset()
         assert dispatcher is not None
         claimed: list[ClaimedJob] = []
         try:
             added, claimed = await self._store.add_dispatched(jobs, dispatch)
         finally:  # failed or cancelled: the holds go, the batch is tried again
             dispatcher.dispatched(dispatch, claimed)
-        return added
+        return added, frozenset(job.id for job in claimed)
 
     def _first_is_slow(self, loop: asyncio.AbstractEventLoop) -> bool:
         since = self._first_busy_since
@@ -278,11 +303,15 @@ class Ingester:
         durable: bool,
         count: bool = True,
         reservation: Reservation | None = None,
-    ) -> str:
+        running: Dispatch | None = None,
+    ) -> tuple[str, frozenset[str]]:
         """Insert until it succeeds; ``count``: add the new rows to ``ingested`` (not
         when inserting again rows that may or may not have been lost). Return the
         store's epoch read before the insert that succeeded ("" when ``durable``):
-        a flush on another epoch does not cover these rows.
+        a flush on another epoch does not cover these rows; and the ids of the
+        jobs stored claimed by this daemon (dispatched). ``running``: jobs of the
+        batch (inserted again, ``durable``) that this daemon runs, stored
+        claimed by it.
 
         Only the first try of a ``reservation`` the journal calls fresh, whose ids
         were each made for their add alone, is fresh for the store (no job of it
@@ -301,14 +330,19 @@ class Ingester:
                 epoch = "" if durable else await self._store.epoch()
                 # a reservation that expired meanwhile may be another pipeline's now
                 fresh = fresh and reservation is not None and reservation.fresh
-                if fresh and not durable and jobs:
-                    added = await self._add_fresh(jobs)
-                else:
-                    added = (
-                        await self._store.add_jobs(jobs, durable=durable, fresh=fresh)
-                        if jobs
-                        else 0
-                    )
+                dispatched: frozenset[str] = frozenset()
+                rest = jobs
+                added = 0
+                if running is not None:
+                    mine = [job for job in jobs if job.id in running.ids]
+                    rest = [job for job in jobs if job.id not in running.ids]
+                    added, _ = await self._store.add_dispatched(mine, running, fresh=False)
+                    if not rest:
+                        await self._store.flush()
+                if fresh and not durable and rest:
+                    added, dispatched = await self._add_fresh(rest)
+                elif rest:
+                    added += await self._store.add_jobs(rest, durable=durable, fresh=fresh)
                 if opted:  # dependencies and deadlines: rare, one statement per add
                     added += await self._store.add_opted(opted)
                 # not `self.ingested += await ...`: that reads the count before the
@@ -318,7 +352,7 @@ class Ingester:
                 if self.last_error is not None:
                     logger.info("store reachable again", extra={"action": "ingest_resumed"})
                     self.last_error = None
-                return epoch
+                return epoch, dispatched
             except StoreUnavailable as exc:
                 reason = f"store unavailable: {exc}"
             except StoreError as exc:

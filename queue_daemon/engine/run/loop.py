@@ -20,7 +20,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -286,6 +286,14 @@ class RunLoop:
             if jobs:
                 self._metrics.dispatched(jobtype, len(jobs))
                 self._start(jobtype, jobs, start_by)
+
+    def still_running(self, ids: Collection[str]) -> Dispatch | None:
+        """Of ``ids``, the jobs this daemon runs now, to be stored claimed by it
+        again after a store crash took their rows (None: none of them)."""
+        mine = frozenset(job_id for job_id in ids if job_id in self._running)
+        if not mine:
+            return None
+        return Dispatch(ids=mine, sysid=self._sysid, lease=self._settings.lease)
 
     def _hold(self, jobtype: str, limit: int) -> None:
         """Slots for a batch of up to ``limit`` jobs of ``jobtype``, held from the
