@@ -44,6 +44,7 @@ class _PendingWrite:
     batch: EncodedBatch
     create_ms: int
     future: asyncio.Future[None]
+    tag: object
 
 
 class Journal(JournalReader):
@@ -156,11 +157,14 @@ class Journal(JournalReader):
         create_ms: int,
         dt_ms: int,
         opts: str = "",
+        tag: object = None,
     ) -> None:
         """Append one batch; return once it is durable (fdatasync'ed).
 
-        ValueError on bad input, JournalUnavailable if it cannot be written. If the
-        caller is cancelled the batch may still be written.
+        ``tag``, kept in memory only, is handed to the reader of the batch with it
+        (``BatchRecord.tag``) until it is rsync'ed; a batch read after a restart
+        has none. ValueError on bad input, JournalUnavailable if it cannot be
+        written. If the caller is cancelled the batch may still be written.
         """
         if self._closed:
             raise JournalUnavailable(f"journal {self.path} is closed")
@@ -171,7 +175,7 @@ class Journal(JournalReader):
         )
         self._seq += 1
         future: asyncio.Future[None] = self._loop.create_future()
-        self._pending.append(_PendingWrite(batch, create_ms, future))
+        self._pending.append(_PendingWrite(batch, create_ms, future, tag))
         self._wake.set()
         await future
 
@@ -243,6 +247,7 @@ class Journal(JournalReader):
                 crc=b.crc,
                 lines=b.lines,
                 create_ms=item.create_ms,
+                tag=item.tag,
             )
             if self._cache_used + b.body_len <= self._cache_bytes:
                 rec.body = b.body

@@ -45,6 +45,7 @@ class BatchRecord:
     # may be in the store already: found on disk at start-up (written before
     # the journal was opened), or handed out before and not rsync'ed
     seen: bool = False
+    tag: object = None  # the writer's, for the reader (Journal.write)
 
     @property
     def size(self) -> int:

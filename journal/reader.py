@@ -73,7 +73,9 @@ class JournalReader:
             heapq.heappop(heap)
         return None
 
-    def _has_readable(self) -> bool:
+    @property
+    def unreserved(self) -> bool:
+        """Whether durable batches wait for a reader (none has reserved them)."""
         return bool(self._fresh) or self._peek_returned() is not None
 
     def read_reserve(
@@ -167,6 +169,7 @@ class JournalReader:
                 b.reserved_by = 0
                 self._unread_lines -= b.lines
                 self._unread_bytes -= b.size
+                b.tag = None
                 if b.body is not None:
                     self._cache_used -= b.body_len
                     b.body = None
@@ -210,7 +213,7 @@ class JournalReader:
         while not self._closed:
             now = time.monotonic()
             self._expire(now)
-            if self._has_readable():
+            if self.unreserved:
                 return True
             wait = None if deadline is None else deadline - now
             if wait is not None and wait <= 0:

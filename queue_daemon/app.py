@@ -173,7 +173,9 @@ class Daemon:
             metrics_tenants=settings.metrics_tenants, metrics_types=settings.metrics_types
         )
         adds = Adds(
-            intake=Intake(journal=journal, ids=ids, queuelog=queuelog, metrics=metrics),
+            intake=Intake(
+                journal=journal, ids=ids, queuelog=queuelog, metrics=metrics, early=ingester.early
+            ),
             limits=limits,
             rates=RateLimiter(settings.tenant_rate, settings.tenant_burst),
             waiting=waiting,

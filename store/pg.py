@@ -58,6 +58,7 @@ class PgStore:
         # JobIntake
         self.add_jobs = jobs.add_jobs
         self.add_dispatched = jobs.add_dispatched
+        self.remove_refused = jobs.remove_refused
         self.add_opted = graph.add_opted
         self.flush = jobs.flush
         self.epoch = jobs.epoch

@@ -125,6 +125,10 @@ class JobsPart:
                 )
         return added, claimed
 
+    async def remove_refused(self, ids: Sequence[str], sysid: str) -> int:
+        status = await self._db.execute(queries.intake.REMOVE_REFUSED, list(ids), sysid)
+        return status_count(status)
+
     async def flush(self) -> str:
         """Return once every row added before the call is durable (WAL flushed), with
         the epoch of the server that flushed; see ``epoch``."""

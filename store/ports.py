@@ -73,6 +73,10 @@ class JobIntake(Protocol):
         claimed. Only a batch that is not ``fresh`` may hold ids done already
         (skipped, as ``add_jobs`` skips them)."""
 
+    async def remove_refused(self, ids: Sequence[str], sysid: str) -> int:
+        """Delete the rows of ``ids`` that wait or that ``sysid`` holds (jobs of an
+        add refused after they were stored, never started); how many went."""
+
     async def add_opted(self, groups: Sequence[OptedJobs]) -> int:
         """Insert jobs with dependencies or a deadline (blocked until their
         dependencies are done, or failed at once when one already failed),

@@ -97,6 +97,13 @@ FROM added a
 UNION ALL SELECT NULL, NULL, NULL FROM note
 """
 
+# The jobs of an add refused after they were stored early (engine.ingest.early),
+# claimed by the daemon $2 and never started (or waiting, when its sysid had
+# lapsed); a synchronous commit.
+REMOVE_REFUSED = """
+DELETE FROM jobs WHERE id = ANY($1::text[]) AND lock IN ('', $2)
+"""
+
 # REMOVE_DONE_FROM_JOBS_IN follows in its transaction.
 INSERT_FROM_JOBS_IN = """
 INSERT INTO jobs (id, type, dt, data, create_dt)

@@ -199,3 +199,19 @@ async def test_a_dispatched_batch_stored_again_skips_done_jobs_and_claims_the_re
     row = await rig.row("d2")
     assert row is not None and row.lock == sysid
     assert await s.claim("a-t", 10, sysid=sysid, lease=60.0) == []
+
+
+async def test_a_refused_adds_rows_are_removed_unless_another_daemon_holds_them(
+    rig: Rig,
+) -> None:
+    s = rig.store
+    await s.put_handler("a-t", {"lang": "python", "body": "x"})
+    sysid = await s.reserve_sysid(None, holder="h", host="x", data_dir="/d", lease=60)
+    mine = Dispatch(ids=frozenset({"r1", "r2"}), sysid=sysid, lease=60.0)
+    await s.add_dispatched([new("r1"), new("r2"), new("r3")], mine)  # r3 waits
+    await s.add_jobs([new("o1")])
+    claimed = await s.claim("a-t", 10, sysid="other", lease=60.0)
+    assert sorted(c.id for c in claimed) == ["o1", "r3"]
+    assert await s.remove_refused(["r1", "r2", "r3", "o1", "nope"], sysid) == 2
+    assert await rig.row("r1") is None and await rig.row("r2") is None
+    assert await rig.row("r3") is not None and await rig.row("o1") is not None

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Callable, Sequence, Set
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from pathlib import Path
 
 import orjson
@@ -342,113 +342,6 @@ async def test_a_run_ended_after_its_lease_was_lost_is_not_counted_as_finished(
     scraped = generate_latest(metrics.registry).decode()
     assert 'queue_jobs_finished_total{code="ok",tenant="acme",type="t"} 1.0' in scraped
     assert 'queue_jobs_lost_lease_total{tenant="acme",type="t"} 1.0' in scraped
-
-
-# --- dispatch at ingest ---------------------------------------------------------------------
-
-
-def fresh(jobtype: str, *ids: str) -> list[NewJob]:
-    now = datetime.now(UTC)
-    return [NewJob(i, jobtype, now, f"p{i}", now) for i in ids]
-
-
-async def _cache_the_handler(store: FakeStore, loop: RunLoop, jobtype: str) -> None:
-    """One job through a claim: the daemon has its type's handler in its cache."""
-    store.set_handler(jobtype, "...")
-    store.add(jobtype, "warm-up", prefix="w")
-    loop.on_jobs({jobtype: 1})
-    await until(lambda: len(store.done()) == 1, "the first job archived")
-
-
-async def test_an_idle_daemon_stores_a_few_fresh_jobs_claimed_and_runs_them(
-    running: Running, tmp_path: Path
-) -> None:
-    store, pool, _, loop = running
-    await _cache_the_handler(store, loop, "acme-t")
-    claims = store.calls["claim"]
-    now_ms = int(datetime.now(UTC).timestamp() * 1000)
-    async with await Journal.open(tmp_path / "journal") as journal:
-        await journal.write("acme-t", ["0a-1", "0b-1"], ["x", "y"], create_ms=now_ms, dt_ms=now_ms)
-        ingester = Ingester(journal, store, ingest_batch=100, ingest_workers=1)
-        ingester.dispatcher = loop
-        task = asyncio.create_task(ingester.run())
-        try:
-            await until(lambda: len(store.done()) == 3, "the added jobs archived")
-        finally:
-            ingester.stop()
-            await asyncio.wait_for(task, 10)
-    assert store.calls["add_dispatched"] == 1 and store.calls.get("add_jobs", 0) == 0
-    assert store.calls["claim"] == claims  # no claim: they were stored claimed
-    assert {"0a-1", "0b-1"} <= set(pool.ran)
-    assert {r.id: r.result for r in store.done()}["0b-1"] == "Y"
-
-
-async def test_a_dispatched_job_a_store_crash_took_is_stored_claimed_again_while_it_runs(
-    running: Running, tmp_path: Path
-) -> None:
-    """A dispatched job's row is not flushed when it starts: a crash of the
-    store that takes it, with the server back before the ingester's flush, makes
-    the ingester insert it again, claimed by this daemon, which still runs it
-    (waiting, another daemon would run it too); it ends once."""
-    store, pool, _, loop = running
-    await _cache_the_handler(store, loop, "acme-t")
-    flush = store.flush
-    lock_after: list[str] = []
-
-    async def restart_before_the_first_flush() -> str:
-        if not lock_after:
-            assert "0c-1" in loop.running_ids()
-            store.restart()
-            assert "0c-1" not in store.rows  # taken by the crash
-            lock_after.append("")
-        return await flush()
-
-    store.flush = restart_before_the_first_flush  # type: ignore[method-assign]
-    pool.gate.clear()
-    now_ms = int(datetime.now(UTC).timestamp() * 1000)
-    async with await Journal.open(tmp_path / "journal") as journal:
-        await journal.write("acme-t", ["0c-1"], ["x"], create_ms=now_ms, dt_ms=now_ms)
-        ingester = Ingester(journal, store, ingest_batch=100, ingest_workers=1)
-        ingester.dispatcher = loop
-        task = asyncio.create_task(ingester.run())
-        try:
-            assert await ingester.drain(10.0)
-            await until(lambda: journal.lag.unread_lines == 0 and "0c-1" in store.rows, "again")
-            row = store.rows["0c-1"]
-            assert row.lock not in ("", DONE) and row.attempts == 1  # claimed by this daemon
-            assert await store.claim("acme-t", 10, sysid="other", lease=60.0) == []
-            pool.gate.set()
-            await until(lambda: store.rows["0c-1"].lock == DONE, "the job archived")
-        finally:
-            pool.gate.set()
-            ingester.stop()
-            await asyncio.wait_for(task, 10)
-    assert store.calls["add_dispatched"] == 2 and pool.ran.count("0c-1") == 1
-    assert store.rows["0c-1"].code == "ok"
-
-
-async def test_dispatch_takes_only_what_an_idle_daemon_may_run_and_gives_back_the_rest(
-    running: Running,
-) -> None:
-    store, pool, _, loop = running
-    await _cache_the_handler(store, loop, "acme-t")
-    store.set_handler("acme-pulled", "...", lang="worker")
-    assert loop.take(fresh("acme-pulled", "0p-1")) is None  # a pull worker's type
-    assert loop.take(fresh("acme-unknown", "0u-1")) is None  # no handler in the cache
-    later = fresh("acme-t", "0l-1")[0]._replace(dt=datetime.now(UTC) + timedelta(hours=1))
-    assert loop.take([later]) is None  # not due yet
-    dispatch = loop.take(fresh("acme-t", *(f"0{n}-1" for n in range(5))))
-    assert dispatch is not None and len(dispatch.ids) == 3  # the free slots (concurrency 3)
-    assert loop.take(fresh("acme-t", "0x-1")) is None  # held: no slot is free
-    loop.dispatched(dispatch, [])  # the insert failed: the slots come back
-    again = loop.take(fresh("acme-t", "0y-1"))
-    assert again is not None and again.ids == {"0y-1"}
-    loop.dispatched(again, [])
-    pool.gate.clear()
-    store.add("acme-t", "waits", prefix="q")
-    loop.on_jobs({"acme-t": 1})  # another job waits to be claimed: its turn comes first
-    assert loop.take(fresh("acme-t", "0z-1")) is None
-    pool.gate.set()
 
 
 # --- the ingester against the fake store ----------------------------------------------

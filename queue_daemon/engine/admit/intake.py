@@ -4,8 +4,11 @@ journal's group-commit fsync, the queue log's ``added`` line, the metrics."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime, timedelta
+from typing import Protocol
 
+from queue_daemon.domain.jobs import NewJob
 from queue_daemon.domain.names import JobType
 from queue_daemon.domain.options import NO_OPTIONS, JobOptions
 from queue_daemon.engine.admit.ids import IdGenerator
@@ -13,15 +16,36 @@ from queue_daemon.journal import Journal
 from queue_daemon.observe.metrics import Metrics
 from queue_daemon.observe.queuelog import QueueLog
 
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+class EarlyAdd(Protocol):
+    """A few jobs stored while the journal writes them (``engine.ingest.early``)."""
+
+    def journaled(self, ok: bool) -> None: ...
+
+    async def refused(self) -> None: ...
+
+
+# adds of more jobs than this are not stored early (the ingester's limit is lower)
+EARLY_MAX = 64
+
 
 class Intake:
     def __init__(
-        self, *, journal: Journal, ids: IdGenerator, queuelog: QueueLog, metrics: Metrics
+        self,
+        *,
+        journal: Journal,
+        ids: IdGenerator,
+        queuelog: QueueLog,
+        metrics: Metrics,
+        early: Callable[[list[NewJob]], EarlyAdd | None] | None = None,
     ) -> None:
         self.journal = journal
         self._ids = ids
         self._queuelog = queuelog
         self._metrics = metrics
+        self._early = early  # dispatch at add: the ingester's (``Ingester.early``)
 
     async def add(
         self,
@@ -41,7 +65,31 @@ class Intake:
         # options are encoded here, where their journal line is written: adds
         # without them write none
         opts = options.encode() if options else ""
-        await self.journal.write(stored, ids, payloads, create_ms=create_ms, dt_ms=dt_ms, opts=opts)
+        early = None
+        if self._early is not None and not opts and len(ids) <= EARLY_MAX:
+            early = self._early(_new_jobs(stored, ids, payloads, create_ms, dt_ms))
+        try:
+            await self.journal.write(
+                stored, ids, payloads, create_ms=create_ms, dt_ms=dt_ms, opts=opts, tag=early
+            )
+        except Exception:
+            if early is not None:
+                await early.refused()  # none of its jobs runs
+            raise
+        except BaseException:  # cancelled: the lines may be written still
+            if early is not None:
+                early.journaled(False)
+            raise
+        if early is not None:
+            early.journaled(True)
         self._queuelog.added(stored, ids, payloads, create_ms, dt_ms)
         self._metrics.added(jobtype.client, jobtype.name, len(ids))  # once per call
         return ids
+
+
+def _new_jobs(
+    stored: str, ids: Sequence[str], payloads: Sequence[str], create_ms: int, dt_ms: int
+) -> list[NewJob]:
+    dt = EPOCH + timedelta(milliseconds=dt_ms)
+    created = EPOCH + timedelta(milliseconds=create_ms)
+    return [NewJob(i, stored, dt, p, created) for i, p in zip(ids, payloads, strict=True)]

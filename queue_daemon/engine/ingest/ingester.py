@@ -19,14 +19,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
-from typing import NamedTuple, Protocol
+from typing import NamedTuple
 
 from queue_daemon.domain.jobs import ClaimedJob, Dispatch, NewJob, added_once
 from queue_daemon.domain.options import JobOptions
 from queue_daemon.domain.pulled import OptedJobs
 from queue_daemon.engine.backoff import Backoff
+from queue_daemon.engine.ingest.early import Dispatcher, EarlyAdd, Stored
 from queue_daemon.journal import Entry, Journal, Reservation
 from queue_daemon.store.errors import StoreError, StoreUnavailable
 from queue_daemon.store.ports import JobIntake
@@ -109,24 +110,8 @@ class _Unsettled(NamedTuple):
     reservation: Reservation
     jobs: list[NewJob]
     opted: list[OptedJobs]
-    epoch: str  # the server's, read before the insert
+    epochs: frozenset[str]  # the server's, read before each insert of its rows
     dispatched: frozenset[str]  # ids of its jobs stored claimed by this daemon
-
-
-class Dispatcher(Protocol):
-    """The run loop, as the ingester sees it (``engine.run.loop.RunLoop``)."""
-
-    def take(self, jobs: Sequence[NewJob]) -> Dispatch | None:
-        """The jobs of a fresh batch that this daemon runs at once, their slots
-        held (None: none)."""
-
-    def dispatched(self, dispatch: Dispatch, claimed: Sequence[ClaimedJob]) -> None:
-        """They are stored, ``claimed`` of them by this daemon: run those, let the
-        rest of the holds go (called once for each ``take``, whatever happened)."""
-
-    def still_running(self, ids: Collection[str]) -> Dispatch | None:
-        """Of ``ids``, the jobs this daemon runs now, to be stored claimed by it
-        again (None: none of them)."""
 
 
 class Ingester:
@@ -212,7 +197,8 @@ class Ingester:
                 self._first_busy_lines = reservation.lines
             try:
                 entries = await journal.read(reservation)
-                plain, opted = split_opted(entries)
+                early, lines = await _stored_early(reservation, entries)
+                plain, opted = split_opted(lines)
                 jobs = to_new_jobs(plain)
                 epoch, dispatched = await self._insert(
                     jobs, opted, durable=False, reservation=reservation
@@ -222,7 +208,15 @@ class Ingester:
                     self._first_busy_since = None
             self._on_stored(entries)
             await self._room.acquire()
-            self._unsettled.append(_Unsettled(reservation, jobs, opted, epoch, dispatched))
+            epochs = {epoch}
+            for stored in early:
+                self.ingested += stored.added
+                jobs += stored.jobs
+                epochs.add(stored.epoch)
+                dispatched |= stored.claimed
+            self._unsettled.append(
+                _Unsettled(reservation, jobs, opted, frozenset(epochs), dispatched)
+            )
             self._to_settle.set()
             streaming = began - last_began < 2 * SMALL_BATCH_CYCLE
             last_began = began
@@ -250,7 +244,7 @@ class Ingester:
             else:
                 # a flush on a server that restarted since a batch went in does not
                 # cover that batch: the crash may have taken it
-                again = [batch for batch in batches if batch.epoch != epoch]
+                again = [batch for batch in batches if batch.epochs != {epoch}]
                 reason = "the store restarted since they were inserted"
             if again:
                 logger.warning(
@@ -271,6 +265,28 @@ class Ingester:
             for batch in batches:
                 await self._journal.rsync(batch.reservation)
                 self._room.release()
+
+    def early(self, jobs: list[NewJob]) -> EarlyAdd | None:
+        """Dispatch at add (``engine.ingest.early``): an EarlyAdd storing ``jobs``,
+        an add's, while the journal writes them, when this daemon runs them all
+        at once and nothing else waits to be ingested; else None."""
+        dispatcher = self.dispatcher
+        if (
+            dispatcher is None
+            or not jobs
+            or len(jobs) > DISPATCH_MAX
+            or self.last_error is not None
+            or self._journal.unreserved  # (a pipeline is behind: ingest in order)
+            or not all(added_once(job.id) for job in jobs)
+        ):
+            return None
+        dispatch = dispatcher.take(jobs)
+        if dispatch is None:
+            return None
+        if len(dispatch.ids) < len(jobs):  # some would wait: a claim takes them all
+            dispatcher.dispatched(dispatch, [])
+            return None
+        return EarlyAdd(self._store, dispatcher, jobs, dispatch)
 
     async def _add_fresh(self, jobs: list[NewJob]) -> tuple[int, frozenset[str]]:
         """Store a fresh batch, the jobs the dispatcher takes claimed (a few
@@ -362,3 +378,24 @@ class Ingester:
             self.last_error = reason
             fresh = False  # the failed try may have put some of them in
             await backoff.sleep()
+
+
+async def _stored_early(
+    reservation: Reservation, entries: list[Entry]
+) -> tuple[list[Stored], list[Entry]]:
+    """Of a reservation's batches, those an early add stored (``engine.ingest.early``),
+    and the entries of the others, to be inserted."""
+    if all(b.tag is None for b in reservation.batches):
+        return [], entries
+    early: list[Stored] = []
+    rest: list[Entry] = []
+    at = 0
+    for batch in reservation.batches:
+        lines = entries[at : at + batch.lines]
+        at += batch.lines
+        stored = await batch.tag.stored() if isinstance(batch.tag, EarlyAdd) else None
+        if stored is None:
+            rest += lines
+        else:
+            early.append(stored)
+    return early, rest

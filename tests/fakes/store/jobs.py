@@ -134,6 +134,13 @@ class Jobs(Tables):
         self.resolve(pending)
         return len(pending)
 
+    async def remove_refused(self, ids: Sequence[str], sysid: str) -> int:
+        self._call("remove_refused")
+        gone = [i for i in ids if i in self.rows and self.rows[i].lock in ("", sysid)]
+        for job_id in gone:
+            del self.rows[job_id]
+        return len(gone)
+
     async def flush(self) -> str:
         self._call("flush")
         self._unflushed.clear()
