@@ -92,6 +92,8 @@ class EarlyAdd:
         stored = None
         try:
             try:
+                # the journal's flusher first: its fsync is the longer wait
+                await asyncio.sleep(0)
                 epoch = await self._store.epoch()
                 added, claimed = await self._store.add_dispatched(self._jobs, self._dispatch)
                 ids = frozenset(job.id for job in claimed)
