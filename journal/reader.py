@@ -62,6 +62,7 @@ class JournalReader:
                     if b.reserved_by == rid and not b.synced:
                         b.reserved_by = 0
                         b.seen = True
+                        b.tag = None  # read again as any line that may be stored
                         heapq.heappush(self._returned, (b.seq, b))
 
     def _peek_returned(self) -> BatchRecord | None:

@@ -174,7 +174,11 @@ class Daemon:
         )
         adds = Adds(
             intake=Intake(
-                journal=journal, ids=ids, queuelog=queuelog, metrics=metrics, early=ingester.early
+                journal=journal,
+                ids=ids,
+                queuelog=queuelog,
+                metrics=metrics,
+                early=ingester.start_early,
             ),
             limits=limits,
             rates=RateLimiter(settings.tenant_rate, settings.tenant_burst),

@@ -83,18 +83,24 @@ class JobsPart:
         return added
 
     async def add_dispatched(
-        self, jobs: Sequence[NewJob], dispatch: Dispatch, *, fresh: bool = True
+        self,
+        jobs: Sequence[NewJob],
+        dispatch: Dispatch,
+        *,
+        fresh: bool = True,
+        early: bool = False,
     ) -> tuple[int, list[ClaimedJob]]:
         """Insert a batch of a few jobs (not yet flushed, as ``add_jobs``
         without ``durable``), those of ``dispatch.ids`` claimed by its sysid:
         how many rows were new, and the jobs claimed (none when the sysid may
-        not claim). A batch that is not ``fresh`` skips the ids done already."""
+        not claim). A batch that is not ``fresh`` skips the ids done already;
+        an ``early`` one stores nothing when the sysid may not claim."""
         claim = [job.id in dispatch.ids for job in jobs]
         columns = list(zip(*jobs, strict=True))
         waiting = added_payload(
             job for job, claimed in zip(jobs, claim, strict=True) if not claimed
         )
-        args = (*columns, claim, dispatch.sysid, float(dispatch.lease), waiting)
+        args = (*columns, claim, dispatch.sysid, float(dispatch.lease), waiting, early)
         async with self._db.conn() as conn:
             if fresh:  # one statement, one round trip
                 rows = await conn.fetch(queries.intake.INSERT_DISPATCHED, *args)

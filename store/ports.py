@@ -65,13 +65,19 @@ class JobIntake(Protocol):
         not looked through for its ids."""
 
     async def add_dispatched(
-        self, jobs: Sequence[NewJob], dispatch: Dispatch, *, fresh: bool = True
+        self,
+        jobs: Sequence[NewJob],
+        dispatch: Dispatch,
+        *,
+        fresh: bool = True,
+        early: bool = False,
     ) -> tuple[int, list[ClaimedJob]]:
         """Insert a batch of a few jobs as ``add_jobs`` without ``durable``,
         those of ``dispatch`` claimed by its sysid (unless its lease ran out or
         was released, as ``claim``): how many rows were new, and the jobs
         claimed. Only a batch that is not ``fresh`` may hold ids done already
-        (skipped, as ``add_jobs`` skips them)."""
+        (skipped, as ``add_jobs`` skips them). An ``early`` batch (an add's, not
+        yet journaled) stores nothing when the sysid may not claim."""
 
     async def remove_refused(self, ids: Sequence[str], sysid: str) -> int:
         """Delete the rows of ``ids`` that wait or that ``sysid`` holds (jobs of an

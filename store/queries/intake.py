@@ -56,8 +56,11 @@ FROM (SELECT count(*) AS n FROM added) c
 # arrays, as INSERT_FEW. It commits without waiting for the WAL flush, as
 # ingestion does: a crash of the server that takes the rows before the
 # ingester's flush makes the ingester insert them again, those the daemon
-# still runs claimed by it again (docs/guarantees.md). If the batch is not
-# fresh, REMOVE_DONE follows in its transaction.
+# still runs claimed by it again (docs/guarantees.md). With $10 (an add stored
+# early, before its journal write is durable: engine.ingest.early) a lapsed
+# sysid stores nothing, so that no other daemon can take a job of an add that
+# may yet be refused. If the batch is not fresh, REMOVE_DONE follows in its
+# transaction.
 INSERT_DISPATCHED = """
 WITH lapsed AS (
     SELECT EXISTS (
@@ -78,6 +81,7 @@ added AS (
                 $6::bool[]) AS n(id, type, dt, data, create_dt, claim)
     CROSS JOIN lapsed l
     CROSS JOIN LATERAL (SELECT n.claim AND NOT l.yes AS claim) c
+    WHERE NOT ($10 AND l.yes)
     ON CONFLICT (id) DO NOTHING
     RETURNING id, type, lock <> '' AS claimed
 ),

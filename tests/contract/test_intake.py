@@ -215,3 +215,16 @@ async def test_a_refused_adds_rows_are_removed_unless_another_daemon_holds_them(
     assert await s.remove_refused(["r1", "r2", "r3", "o1", "nope"], sysid) == 2
     assert await rig.row("r1") is None and await rig.row("r2") is None
     assert await rig.row("r3") is not None and await rig.row("o1") is not None
+
+
+async def test_an_early_add_for_a_lapsed_sysid_stores_nothing(rig: Rig) -> None:
+    """An add stored before its journal write is durable must not be taken by
+    another daemon: with its sysid lapsed, nothing is stored (the ingester
+    stores the jobs once the write is durable)."""
+    s = rig.store
+    await s.put_handler("a-t", {"lang": "python", "body": "x"})
+    sysid = await s.reserve_sysid(None, holder="h", host="x", data_dir="/d", lease=60)
+    await s.release_sysid(sysid, holder="h")
+    dispatch = Dispatch(ids=frozenset({"e1"}), sysid=sysid, lease=60.0)
+    assert await s.add_dispatched([new("e1")], dispatch, early=True) == (0, [])
+    assert await rig.row("e1") is None

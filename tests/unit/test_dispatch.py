@@ -7,7 +7,7 @@ tests/integration and tests/acceptance.)"""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -158,8 +158,15 @@ async def early_rig(running: Running, tmp_path: Path) -> AsyncIterator[EarlyRig]
         ingester.dispatcher = loop
         made: list[bool] = []
 
-        def early(jobs: list[NewJob]) -> EarlyAdd | None:
-            add = ingester.early(jobs)
+        def early(
+            stored_type: str,
+            ids: Sequence[str],
+            payloads: Sequence[str],
+            *,
+            create_ms: int,
+            dt_ms: int,
+        ) -> EarlyAdd | None:
+            add = ingester.start_early(stored_type, ids, payloads, create_ms=create_ms, dt_ms=dt_ms)
             made.append(add is not None)
             return add
 
@@ -221,7 +228,7 @@ async def test_an_add_the_journal_refuses_runs_none_of_its_early_stored_jobs(
     await until(lambda: store.rows[job_id].lock == DONE, "a later add run: the slots came back")
 
 
-async def test_an_early_insert_that_fails_leaves_the_jobs_to_the_ingester(
+async def test_an_early_insert_whose_answer_is_lost_leaves_the_jobs_to_the_ingester(
     running: Running, early: EarlyRig, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     store, pool, _, _ = running
@@ -229,16 +236,37 @@ async def test_an_early_insert_that_fails_leaves_the_jobs_to_the_ingester(
     insert = store.add_dispatched
     failed: list[bool] = []
 
-    async def fails_once(jobs: list[NewJob], *args: object, **kwargs: object) -> object:
-        if not failed:
+    async def commits_then_fails(jobs: list[NewJob], *args: object, **kwargs: object) -> object:
+        result = await insert(jobs, *args, **kwargs)  # type: ignore[arg-type]
+        if not failed:  # committed, but the connection was lost before the answer
             failed.append(True)
             raise StoreUnavailable("connection lost")
-        return await insert(jobs, *args, **kwargs)  # type: ignore[arg-type]
+        return result
 
-    monkeypatch.setattr(store, "add_dispatched", fails_once)
+    monkeypatch.setattr(store, "add_dispatched", commits_then_fails)
     (job_id,) = await intake.add(ACME_T, ["x"], create_ms=now_ms(), dt_ms=now_ms())
+    # taken out again and stored by the ingester: it runs at once, not once the
+    # lease of a claim that nothing runs has ended
     await until(lambda: job_id in store.rows and store.rows[job_id].lock == DONE, "the job done")
     assert early.made == [True] and failed and pool.ran.count(job_id) == 1
+    assert store.calls["remove_refused"] == 1 and store.rows[job_id].attempts == 1
+
+
+async def test_an_add_refused_before_its_write_begins_stores_nothing_early(
+    running: Running, early: EarlyRig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store, _, _, loop = running
+
+    async def closed(*args: object, **kwargs: object) -> None:
+        raise JournalUnavailable("the journal is closed")
+
+    monkeypatch.setattr(early.journal, "write", closed)
+    with pytest.raises(JournalUnavailable):
+        await early.intake.add(ACME_T, ["x"], create_ms=now_ms(), dt_ms=now_ms())
+    assert early.made == [True] and store.calls.get("add_dispatched", 0) == 0
+    dispatch = loop.take(fresh("acme-t", "0t-1"))
+    assert dispatch is not None  # the slots came back
+    loop.dispatched(dispatch, [])
 
 
 async def test_only_adds_that_run_at_once_whole_are_stored_early(

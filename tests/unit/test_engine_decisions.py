@@ -33,6 +33,7 @@ from queue_daemon.journal import Journal
 from queue_daemon.observe.metrics import Metrics
 from queue_daemon.observe.queuelog import QueueLog
 from queue_daemon.runners.models import HandlerSpec, JobInput, JobResult, ResultSink
+from queue_daemon.store.errors import StoreUnavailable
 from queue_daemon.wiring.engine import EngineSettings
 from tests.engines import engine_of, run_engine
 from tests.fakes.intake import RecordingIntake
@@ -409,6 +410,34 @@ async def test_rows_a_quick_restart_took_before_their_flush_are_inserted_again(
         await journal.write("acme-t", ids, ["p"] * 30, create_ms=now_ms, dt_ms=now_ms)
         await ingest_all(journal, store, batch=10)
     assert restarted and sorted(store.rows) == sorted(ids)
+
+
+async def test_rows_inserted_again_are_flushed_on_the_server_they_went_into(
+    tmp_path: Path,
+) -> None:
+    """The flush fails (the server went away), the rows are inserted again, and
+    the server restarts once more before that insert's flush: they are inserted
+    a third time, not taken for durable."""
+    store = FakeStore()
+    flush = store.flush
+    flushes = 0
+
+    async def fail_then_restart() -> str:
+        nonlocal flushes
+        flushes += 1
+        if flushes == 1:
+            raise StoreUnavailable("the server went away")
+        if flushes == 2:
+            store.restart()
+        return await flush()
+
+    store.flush = fail_then_restart  # type: ignore[method-assign]
+    now_ms = int(datetime.now(UTC).timestamp() * 1000)
+    async with await Journal.open(tmp_path / "journal") as journal:
+        ids = [f"r{n}" for n in range(5)]
+        await journal.write("acme-t", ids, ["p"] * 5, create_ms=now_ms, dt_ms=now_ms)
+        await ingest_all(journal, store, batch=10)
+    assert flushes >= 3 and sorted(store.rows) == sorted(ids)
 
 
 def test_a_batch_is_timed_by_its_runs_not_by_its_contexts_start() -> None:

@@ -4,11 +4,9 @@ journal's group-commit fsync, the queue log's ``added`` line, the metrics."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from datetime import UTC, datetime, timedelta
+from collections.abc import Sequence
 from typing import Protocol
 
-from queue_daemon.domain.jobs import NewJob
 from queue_daemon.domain.names import JobType
 from queue_daemon.domain.options import NO_OPTIONS, JobOptions
 from queue_daemon.engine.admit.ids import IdGenerator
@@ -16,19 +14,27 @@ from queue_daemon.journal import Journal
 from queue_daemon.observe.metrics import Metrics
 from queue_daemon.observe.queuelog import QueueLog
 
-EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
-
-class EarlyAdd(Protocol):
-    """A few jobs stored while the journal writes them (``engine.ingest.early``)."""
+class Early(Protocol):
+    """An add's jobs stored while the journal writes them (``engine.ingest.early``)."""
 
     def journaled(self, ok: bool) -> None: ...
 
     async def refused(self) -> None: ...
 
 
-# adds of more jobs than this are not stored early (the ingester's limit is lower)
-EARLY_MAX = 64
+class EarlyStarter(Protocol):
+    """``Ingester.start_early``: an Early for an add, or None."""
+
+    def __call__(
+        self,
+        stored_type: str,
+        ids: Sequence[str],
+        payloads: Sequence[str],
+        *,
+        create_ms: int,
+        dt_ms: int,
+    ) -> Early | None: ...
 
 
 class Intake:
@@ -39,13 +45,13 @@ class Intake:
         ids: IdGenerator,
         queuelog: QueueLog,
         metrics: Metrics,
-        early: Callable[[list[NewJob]], EarlyAdd | None] | None = None,
+        early: EarlyStarter | None = None,
     ) -> None:
         self.journal = journal
         self._ids = ids
         self._queuelog = queuelog
         self._metrics = metrics
-        self._early = early  # dispatch at add: the ingester's (``Ingester.early``)
+        self._early = early  # dispatch at add: the ingester's
 
     async def add(
         self,
@@ -66,8 +72,8 @@ class Intake:
         # without them write none
         opts = options.encode() if options else ""
         early = None
-        if self._early is not None and not opts and len(ids) <= EARLY_MAX:
-            early = self._early(_new_jobs(stored, ids, payloads, create_ms, dt_ms))
+        if self._early is not None and not opts:
+            early = self._early(stored, ids, payloads, create_ms=create_ms, dt_ms=dt_ms)
         try:
             await self.journal.write(
                 stored, ids, payloads, create_ms=create_ms, dt_ms=dt_ms, opts=opts, tag=early
@@ -85,11 +91,3 @@ class Intake:
         self._queuelog.added(stored, ids, payloads, create_ms, dt_ms)
         self._metrics.added(jobtype.client, jobtype.name, len(ids))  # once per call
         return ids
-
-
-def _new_jobs(
-    stored: str, ids: Sequence[str], payloads: Sequence[str], create_ms: int, dt_ms: int
-) -> list[NewJob]:
-    dt = EPOCH + timedelta(milliseconds=dt_ms)
-    created = EPOCH + timedelta(milliseconds=create_ms)
-    return [NewJob(i, stored, dt, p, created) for i, p in zip(ids, payloads, strict=True)]

@@ -11,7 +11,11 @@ reads the batch takes its rows as stored, flushes them with its other batches
 before the read point passes them (inserting them again, claimed, if a store
 crash took them: ``Ingester``), or inserts the lines itself when the early
 insert failed. A write that fails takes the rows out again before the add
-is refused: no job of a refused add runs.
+is refused: no job of a refused add runs. An insert whose outcome is not
+known (its connection lost) is taken out again whatever the write did, so
+that the ingester stores those jobs as any; an insert for a daemon whose
+sysid lapsed stores nothing (no other daemon may take them before the
+write's outcome is known).
 """
 
 from __future__ import annotations
@@ -29,8 +33,8 @@ from queue_daemon.store.ports import JobIntake
 
 logger = logging.getLogger(__name__)
 
-# tries to take a refused add's rows out again (about 5 s in all)
-REMOVE_TRIES = 8
+# tries to take a refused add's rows out again (about 3 s apart in all)
+REMOVE_TRIES = 7
 
 
 class Dispatcher(Protocol):
@@ -89,25 +93,28 @@ class EarlyAdd:
 
     async def _run(self) -> Stored | None:
         claimed: list[ClaimedJob] = []
-        stored = None
         try:
+            # the journal's flusher first: its fsync is the longer wait
+            await asyncio.sleep(0)
+            if self._journaled.done() and not self._journaled.result():
+                return None  # refused before the write began (a closed journal)
             try:
-                # the journal's flusher first: its fsync is the longer wait
-                await asyncio.sleep(0)
                 epoch = await self._store.epoch()
-                added, claimed = await self._store.add_dispatched(self._jobs, self._dispatch)
-                ids = frozenset(job.id for job in claimed)
-                stored = Stored(self._jobs, epoch, added, ids)
+                added, claimed = await self._store.add_dispatched(
+                    self._jobs, self._dispatch, early=True
+                )
             except StoreError as exc:
-                # the rows may be in or not: the ingester's insert skips them by id
+                # committed or not: out again, the ingester stores them as any
                 logger.info("early add failed: %s", exc, extra={"action": "early_add_failed"})
-                claimed = []
-            if await self._journaled:
-                return stored
-            claimed = []  # the add was refused: none of them runs
-            if stored is not None:
                 await self._remove()
-            return None
+                return None
+            if not await self._journaled:
+                claimed = []  # the add was refused: none of them runs
+                await self._remove()
+                return None
+            if not claimed:  # the sysid lapsed: nothing was stored
+                return None
+            return Stored(self._jobs, epoch, added, frozenset(job.id for job in claimed))
         except BaseException:  # cancelled (shutting down): they run after their lease
             claimed = []
             raise
@@ -117,15 +124,16 @@ class EarlyAdd:
     async def _remove(self) -> None:
         ids = [job.id for job in self._jobs]
         backoff = Backoff(0.05, 2.0)
-        for _ in range(REMOVE_TRIES):
+        for attempt in range(REMOVE_TRIES):
+            if attempt:
+                await backoff.sleep()
             try:
                 await self._store.remove_refused(ids, self._dispatch.sysid)
                 return
             except StoreError as exc:
                 reason = str(exc)
-            await backoff.sleep()
         logger.error(
-            "a refused add's jobs could not be taken out of the store (%s); they run "
+            "an early add's jobs could not be taken out of the store (%s); they run "
             "once their lease ends",
             reason,
             extra={"action": "early_add_stays", "ids": ids[:10]},

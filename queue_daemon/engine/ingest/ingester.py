@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import NamedTuple
 
-from queue_daemon.domain.jobs import ClaimedJob, Dispatch, NewJob, added_once
+from queue_daemon.domain.jobs import ClaimedJob, NewJob, added_once
 from queue_daemon.domain.options import JobOptions
 from queue_daemon.domain.pulled import OptedJobs
 from queue_daemon.engine.backoff import Backoff
@@ -254,32 +254,42 @@ class Ingester:
                     extra={"action": "ingest_reinsert"},
                 )
             for batch in again:
-                # a dispatched job that runs here still is stored claimed by this
-                # daemon again, so that no other daemon takes it meanwhile
-                running = None
-                if batch.dispatched and self.dispatcher is not None:
-                    running = self.dispatcher.still_running(batch.dispatched)
                 await self._insert(
-                    batch.jobs, batch.opted, durable=True, count=False, running=running
+                    batch.jobs,
+                    batch.opted,
+                    durable=True,
+                    count=False,
+                    dispatched=batch.dispatched,
                 )
             for batch in batches:
                 await self._journal.rsync(batch.reservation)
                 self._room.release()
 
-    def early(self, jobs: list[NewJob]) -> EarlyAdd | None:
-        """Dispatch at add (``engine.ingest.early``): an EarlyAdd storing ``jobs``,
-        an add's, while the journal writes them, when this daemon runs them all
-        at once and nothing else waits to be ingested; else None."""
+    def start_early(
+        self,
+        stored_type: str,
+        ids: Sequence[str],
+        payloads: Sequence[str],
+        *,
+        create_ms: int,
+        dt_ms: int,
+    ) -> EarlyAdd | None:
+        """Dispatch at add (``engine.ingest.early``): an EarlyAdd storing an add's
+        jobs while the journal writes them, when this daemon runs them all at
+        once and nothing else waits to be ingested; else None."""
         dispatcher = self.dispatcher
         if (
             dispatcher is None
-            or not jobs
-            or len(jobs) > DISPATCH_MAX
+            or not ids
+            or len(ids) > DISPATCH_MAX
             or self.last_error is not None
+            or not self._journal.writable
             or self._journal.unreserved  # (a pipeline is behind: ingest in order)
-            or not all(added_once(job.id) for job in jobs)
+            or not all(added_once(job_id) for job_id in ids)
         ):
             return None
+        lines = zip(ids, payloads, strict=True)
+        jobs = to_new_jobs([Entry(i, create_ms, dt_ms, stored_type, p) for i, p in lines])
         dispatch = dispatcher.take(jobs)
         if dispatch is None:
             return None
@@ -319,15 +329,17 @@ class Ingester:
         durable: bool,
         count: bool = True,
         reservation: Reservation | None = None,
-        running: Dispatch | None = None,
+        dispatched: frozenset[str] = frozenset(),
     ) -> tuple[str, frozenset[str]]:
         """Insert until it succeeds; ``count``: add the new rows to ``ingested`` (not
         when inserting again rows that may or may not have been lost). Return the
-        store's epoch read before the insert that succeeded ("" when ``durable``):
-        a flush on another epoch does not cover these rows; and the ids of the
-        jobs stored claimed by this daemon (dispatched). ``running``: jobs of the
-        batch (inserted again, ``durable``) that this daemon runs, stored
-        claimed by it.
+        store's epoch read before the insert that succeeded: a flush on another
+        epoch does not cover these rows; and the ids of the jobs stored claimed
+        by this daemon (dispatched). ``durable``: flushed before it returns, on
+        the epoch it was inserted on (else inserted again). ``dispatched``: jobs
+        of the batch (inserted again) that were dispatched; those this daemon
+        still runs are stored claimed by it, so that no other daemon takes one
+        meanwhile.
 
         Only the first try of a ``reservation`` the journal calls fresh, whose ids
         were each made for their add alone, is fresh for the store (no job of it
@@ -343,24 +355,29 @@ class Ingester:
         )
         while True:
             try:
-                epoch = "" if durable else await self._store.epoch()
+                epoch = await self._store.epoch()
                 # a reservation that expired meanwhile may be another pipeline's now
                 fresh = fresh and reservation is not None and reservation.fresh
-                dispatched: frozenset[str] = frozenset()
+                claimed: frozenset[str] = frozenset()
                 rest = jobs
                 added = 0
+                running = None  # asked at each try: a job may have ended meanwhile
+                if dispatched and self.dispatcher is not None:
+                    running = self.dispatcher.still_running(dispatched)
                 if running is not None:
-                    mine = [job for job in jobs if job.id in running.ids]
                     rest = [job for job in jobs if job.id not in running.ids]
-                    added, _ = await self._store.add_dispatched(mine, running, fresh=False)
-                    if not rest:
-                        await self._store.flush()
+                    mine = [job for job in jobs if job.id in running.ids]
+                    added += (await self._store.add_dispatched(mine, running, fresh=False))[0]
                 if fresh and not durable and rest:
-                    added, dispatched = await self._add_fresh(rest)
+                    added, claimed = await self._add_fresh(rest)
                 elif rest:
-                    added += await self._store.add_jobs(rest, durable=durable, fresh=fresh)
+                    added += await self._store.add_jobs(rest, durable=False, fresh=fresh)
                 if opted:  # dependencies and deadlines: rare, one statement per add
                     added += await self._store.add_opted(opted)
+                if durable and await self._store.flush() != epoch:
+                    # the server restarted between the insert and the flush
+                    fresh = False
+                    continue
                 # not `self.ingested += await ...`: that reads the count before the
                 # await, and a concurrent pipeline's rows would be lost from it
                 if count:
@@ -368,7 +385,7 @@ class Ingester:
                 if self.last_error is not None:
                     logger.info("store reachable again", extra={"action": "ingest_resumed"})
                     self.last_error = None
-                return epoch, dispatched
+                return epoch, claimed
             except StoreUnavailable as exc:
                 reason = f"store unavailable: {exc}"
             except StoreError as exc:
@@ -388,14 +405,11 @@ async def _stored_early(
     if all(b.tag is None for b in reservation.batches):
         return [], entries
     early: list[Stored] = []
-    rest: list[Entry] = []
-    at = 0
     for batch in reservation.batches:
-        lines = entries[at : at + batch.lines]
-        at += batch.lines
         stored = await batch.tag.stored() if isinstance(batch.tag, EarlyAdd) else None
-        if stored is None:
-            rest += lines
-        else:
+        if stored is not None:
             early.append(stored)
-    return early, rest
+    if not early:
+        return [], entries
+    done = {job.id for stored in early for job in stored.jobs}
+    return early, [e for e in entries if e.id not in done]

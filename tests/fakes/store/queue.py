@@ -134,12 +134,19 @@ class Queue(Tables):
         return sorted(claimed, key=lambda job: (job.created_ms, job.id))
 
     async def add_dispatched(
-        self, jobs: Sequence[NewJob], dispatch: Dispatch, *, fresh: bool = True
+        self,
+        jobs: Sequence[NewJob],
+        dispatch: Dispatch,
+        *,
+        fresh: bool = True,
+        early: bool = False,
     ) -> tuple[int, list[ClaimedJob]]:
         self._call("add_dispatched")
         now = self.now()
         lapsed = self._lapsed(dispatch.sysid, now)
         added, claimed = 0, []
+        if early and lapsed:
+            return 0, []
         for job in jobs:
             found = self.rows.get(job.id)
             assert not (fresh and found is not None and found.lock == DONE), (
