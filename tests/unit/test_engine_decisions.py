@@ -386,6 +386,16 @@ async def test_adding_the_same_rows_again_counts_nothing_new() -> None:
     assert len(store.rows) == 3
 
 
+async def journal_and_ingest(tmp_path: Path, store: FakeStore, n: int) -> list[str]:
+    """Journal ``n`` jobs and ingest them, 10 a batch; their ids."""
+    now_ms = int(datetime.now(UTC).timestamp() * 1000)
+    async with await Journal.open(tmp_path / "journal") as journal:
+        ids = [f"r{i}" for i in range(n)]
+        await journal.write("acme-t", ids, ["p"] * n, create_ms=now_ms, dt_ms=now_ms)
+        await ingest_all(journal, store, batch=10)
+    return ids
+
+
 async def test_rows_a_quick_restart_took_before_their_flush_are_inserted_again(
     tmp_path: Path,
 ) -> None:
@@ -404,11 +414,7 @@ async def test_rows_a_quick_restart_took_before_their_flush_are_inserted_again(
         return await flush()
 
     store.flush = restart_before_the_first_flush  # type: ignore[method-assign]
-    now_ms = int(datetime.now(UTC).timestamp() * 1000)
-    async with await Journal.open(tmp_path / "journal") as journal:
-        ids = [f"r{n}" for n in range(30)]
-        await journal.write("acme-t", ids, ["p"] * 30, create_ms=now_ms, dt_ms=now_ms)
-        await ingest_all(journal, store, batch=10)
+    ids = await journal_and_ingest(tmp_path, store, 30)
     assert restarted and sorted(store.rows) == sorted(ids)
 
 
@@ -432,11 +438,7 @@ async def test_rows_inserted_again_are_flushed_on_the_server_they_went_into(
         return await flush()
 
     store.flush = fail_then_restart  # type: ignore[method-assign]
-    now_ms = int(datetime.now(UTC).timestamp() * 1000)
-    async with await Journal.open(tmp_path / "journal") as journal:
-        ids = [f"r{n}" for n in range(5)]
-        await journal.write("acme-t", ids, ["p"] * 5, create_ms=now_ms, dt_ms=now_ms)
-        await ingest_all(journal, store, batch=10)
+    ids = await journal_and_ingest(tmp_path, store, 5)
     assert flushes >= 3 and sorted(store.rows) == sorted(ids)
 
 
