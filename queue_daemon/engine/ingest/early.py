@@ -28,6 +28,7 @@ from typing import Protocol
 
 from queue_daemon.domain.jobs import ClaimedJob, Dispatch, NewJob
 from queue_daemon.engine.backoff import Backoff
+from queue_daemon.journal import Entry, Reservation
 from queue_daemon.store.errors import StoreError
 from queue_daemon.store.ports import JobIntake
 
@@ -138,3 +139,21 @@ class EarlyAdd:
             reason,
             extra={"action": "early_add_stays", "ids": ids[:10]},
         )
+
+
+async def stored_early(
+    reservation: Reservation, entries: list[Entry]
+) -> tuple[list[Stored], list[Entry]]:
+    """Of a reservation's batches, those an early add stored, and the entries of
+    the others, to be inserted."""
+    if all(b.tag is None for b in reservation.batches):
+        return [], entries
+    early: list[Stored] = []
+    for batch in reservation.batches:
+        stored = await batch.tag.stored() if isinstance(batch.tag, EarlyAdd) else None
+        if stored is not None:
+            early.append(stored)
+    if not early:
+        return [], entries
+    done = {job.id for stored in early for job in stored.jobs}
+    return early, [e for e in entries if e.id not in done]

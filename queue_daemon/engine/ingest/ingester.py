@@ -20,21 +20,19 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Sequence
-from datetime import UTC, datetime, timedelta
 from typing import NamedTuple
 
 from queue_daemon.domain.jobs import ClaimedJob, NewJob, added_once
-from queue_daemon.domain.options import JobOptions
 from queue_daemon.domain.pulled import OptedJobs
 from queue_daemon.engine.backoff import Backoff
-from queue_daemon.engine.ingest.early import Dispatcher, EarlyAdd, Stored
+from queue_daemon.engine.ingest.early import Dispatcher, EarlyAdd, stored_early
+from queue_daemon.engine.ingest.lines import split_opted, to_new_jobs
 from queue_daemon.journal import Entry, Journal, Reservation
 from queue_daemon.store.errors import StoreError, StoreUnavailable
 from queue_daemon.store.ports import JobIntake
 
 logger = logging.getLogger(__name__)
 
-EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 RESERVE_TIMEOUT = 60.0  # seconds before an un-synced reservation is handed out again
 # payload bytes a pipeline reads at a time besides its lines (big payloads: fewer rows)
 READ_BYTES = 16 << 20
@@ -60,48 +58,6 @@ DISPATCH_MAX = 64
 # wait for that batch's insert.
 HELP_AFTER = 0.01
 BIG_BATCH = 100
-
-
-def split_opted(entries: list[Entry]) -> tuple[list[Entry], list[OptedJobs]]:
-    """The entries without options, and those with options grouped by their add
-    (consecutive lines of one type and the same options)."""
-    if not any(e.opts for e in entries):  # nearly always: one pass, no copies
-        return entries, []
-    plain = [e for e in entries if not e.opts]
-    groups: list[OptedJobs] = []
-    key: tuple[str, str] | None = None
-    for e in entries:
-        if not e.opts:
-            continue
-        if (e.type, e.opts) != key:
-            key = (e.type, e.opts)
-            options = JobOptions.parse(e.opts)
-            deadline = options.deadline_ms
-            groups.append(
-                OptedJobs(
-                    jobs=[],
-                    after=list(options.after),
-                    resolve_any=options.resolve_any,
-                    deadline=None if deadline is None else EPOCH + timedelta(milliseconds=deadline),
-                )
-            )
-        groups[-1].jobs.extend(to_new_jobs([e]))
-    return plain, groups
-
-
-def to_new_jobs(entries: list[Entry]) -> list[NewJob]:
-    # A batch's lines share a handful of timestamps: convert each distinct one once.
-    stamps: dict[int, datetime] = {}
-    jobs = []
-    for e in entries:
-        dt = stamps.get(e.dt_ms)
-        if dt is None:
-            dt = stamps[e.dt_ms] = EPOCH + timedelta(milliseconds=e.dt_ms)
-        created = stamps.get(e.create_ms)
-        if created is None:
-            created = stamps[e.create_ms] = EPOCH + timedelta(milliseconds=e.create_ms)
-        jobs.append(NewJob(id=e.id, type=e.type, dt=dt, data=e.payload, create_dt=created))
-    return jobs
 
 
 class _Unsettled(NamedTuple):
@@ -197,7 +153,7 @@ class Ingester:
                 self._first_busy_lines = reservation.lines
             try:
                 entries = await journal.read(reservation)
-                early, lines = await _stored_early(reservation, entries)
+                early, lines = await stored_early(reservation, entries)
                 plain, opted = split_opted(lines)
                 jobs = to_new_jobs(plain)
                 epoch, dispatched = await self._insert(
@@ -395,21 +351,3 @@ class Ingester:
             self.last_error = reason
             fresh = False  # the failed try may have put some of them in
             await backoff.sleep()
-
-
-async def _stored_early(
-    reservation: Reservation, entries: list[Entry]
-) -> tuple[list[Stored], list[Entry]]:
-    """Of a reservation's batches, those an early add stored (``engine.ingest.early``),
-    and the entries of the others, to be inserted."""
-    if all(b.tag is None for b in reservation.batches):
-        return [], entries
-    early: list[Stored] = []
-    for batch in reservation.batches:
-        stored = await batch.tag.stored() if isinstance(batch.tag, EarlyAdd) else None
-        if stored is not None:
-            early.append(stored)
-    if not early:
-        return [], entries
-    done = {job.id for stored in early for job in stored.jobs}
-    return early, [e for e in entries if e.id not in done]
