@@ -67,11 +67,13 @@ def judge(
     runs: list[checks.Run],
     torn_lines: list[str],
     queue_log: list[dict[str, object]],
+    refused: set[str],
 ) -> dict[str, list[str]]:
     """Every invariant on what a round left behind (processes aside)."""
     payload_counts = Counter(job.data for job in stored.values())
     return {
         "lost": checks.lost(world_acked, stored, forgiven),
+        "stored though refused": checks.stored_though_refused(refused, stored),
         "duplicated": checks.duplicated(payload_counts),
         "corrupted": checks.corrupted(world_acked, stored),
         "not done ok": checks.not_done_ok(stored, [i for i in world_acked if i not in forgiven]),
@@ -144,7 +146,9 @@ async def run_round(
         if keep_logs:
             shutil.copyfile(world.run_log, log_dir / f"round-{plan.number}-runs.log")
         records = world.queue_log_records()
-        result.violations = judge(world.acked, world.forgiven, stored, runs, torn, records)
+        result.violations = judge(
+            world.acked, world.forgiven, stored, runs, torn, records, world.refused_payloads
+        )
         result.stale = len(checks.stale_runs(stored, runs))
         result.reruns = checks.reruns(runs)
         if result.failed:
@@ -203,6 +207,7 @@ def summary(seed: int, results: list[RoundResult], seconds: float) -> str:
         f"journal damage reported at start-up: {sum(1 for d in damage if d[2])} of {len(damage)}"
         f" ({sum(1 for d in damage if d[1])} had to be)",
         f"lost: {totals['lost']}",
+        f"stored though their add was refused: {totals['stored though refused']}",
         f"duplicated ingestions: {totals['duplicated']}",
         f"corrupted payloads: {totals['corrupted']}",
         f"not done ok: {totals['not done ok']}",

@@ -97,6 +97,17 @@ def lost(
     return sorted(i for i in acked if i not in stored and i not in forgiven)
 
 
+def refused_whole(status: int) -> bool:
+    """Whether an add answered ``status`` accepted none of its jobs: a 4xx, or 503
+    (its journal could not be written); a 500 or no answer says nothing."""
+    return 400 <= status < 500 or status == 503
+
+
+def stored_though_refused(refused: Collection[str], stored: Mapping[str, Stored]) -> list[str]:
+    """Stored jobs whose payload was sent in an add that was refused whole."""
+    return sorted(job.id for job in stored.values() if job.data in refused)
+
+
 def duplicated(counts: Mapping[str, int]) -> list[str]:
     """Ids stored more than once."""
     return sorted(i for i, n in counts.items() if n > 1)

@@ -117,6 +117,7 @@ class World:
     forgiven: set[str] = field(default_factory=set)
     damage: list[tuple[str, bool, bool]] = field(default_factory=list)  # kind, must, reported
     refused: dict[int, int] = field(default_factory=dict)  # status -> adds answered so
+    refused_payloads: set[str] = field(default_factory=set)  # of adds refused whole
     problems: list[str] = field(default_factory=list)  # invariant failures seen by injectors
     daemon_pids: list[int] = field(default_factory=list)
     exit_codes: list[tuple[str, int | None]] = field(default_factory=list)
@@ -244,6 +245,8 @@ class World:
             self.acked.update(zip(reply.json["ids"], lines, strict=True))
         else:
             self.refused[reply.status] = self.refused.get(reply.status, 0) + 1
+            if checks.refused_whole(reply.status):
+                self.refused_payloads.update(lines)
         return reply.status
 
     async def _adder(self, tenant: str, rng: random.Random) -> None:

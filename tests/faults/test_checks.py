@@ -41,6 +41,12 @@ def test_lost_finds_an_acknowledged_id_missing_from_the_store_unless_forgiven() 
     assert checks.lost(ACKED, partial, {"b"}) == []
 
 
+def test_stored_though_refused_finds_a_job_of_an_add_refused_whole() -> None:
+    assert [s for s in (200, 0, 500, 503, 429, 400) if checks.refused_whole(s)] == [503, 429, 400]
+    assert checks.stored_though_refused({"never stored"}, GOOD) == []
+    assert checks.stored_though_refused({P2}, GOOD) == ["b"]
+
+
 def test_duplicated_finds_a_payload_stored_twice() -> None:
     assert checks.duplicated({P1: 1, P2: 1}) == []
     assert checks.duplicated({P1: 1, P2: 2}) == [P2]
