@@ -314,3 +314,20 @@ async def test_an_early_stored_job_a_store_crash_took_is_stored_claimed_again(
         pool.gate.set()
     await until(lambda: store.rows[job_id].lock == DONE, "the job archived")
     assert early.made == [True] and pool.ran.count(job_id) == 1
+
+
+async def test_a_drain_waits_for_a_dispatch_in_flight(running: Running) -> None:
+    """A dispatch that ends after the drain began starts its batch then: the
+    drain waits for it, and for that batch."""
+    store, _, _, loop = running
+    await _cache_the_handler(store, loop, "acme-t")
+    jobs = fresh("acme-t", "0d-1")
+    dispatch = loop.take(jobs)
+    assert dispatch is not None
+    _, claimed = await store.add_dispatched(jobs, dispatch)
+    drain = asyncio.create_task(loop.drain(5.0))
+    await asyncio.sleep(0.05)
+    assert not drain.done()  # the dispatch is in flight
+    loop.dispatched(dispatch, claimed)
+    await asyncio.wait_for(drain, 5.0)
+    assert store.rows["0d-1"].lock == DONE  # run and released before the drain ended

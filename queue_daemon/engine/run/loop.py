@@ -44,6 +44,7 @@ logger = logging.getLogger(__name__)
 
 RETRY_FIRST_S = 0.05  # a failed claim or release is tried again after this, doubling
 RETRY_MAX_S = 5.0
+DRAIN_POLL_S = 0.005  # how often a drain looks whether claims and dispatches ended
 # Claim loops running at once, never two claims of one jobtype: two claims of
 # one type cost PostgreSQL about 40% more CPU per job (their SKIP LOCKED scans
 # step over each other's rows). The second loop lets another tenant's job be
@@ -143,8 +144,16 @@ class RunLoop:
         stop them and put their jobs back at once for another daemon."""
         self._stopping = True
         self._wake.set()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + within
+        # a claim or a dispatch in flight starts its batch when it ends: wait for
+        # them (polled: only a drain waits for this), so that no batch starts
+        # after those waited for below
+        while (self._claiming or self._dispatches) and loop.time() < deadline:  # noqa: ASYNC110
+            await asyncio.sleep(DRAIN_POLL_S)
         if self._batches:
-            _, pending = await asyncio.wait(set(self._batches), timeout=within)
+            rest = max(0.0, deadline - loop.time())
+            _, pending = await asyncio.wait(set(self._batches), timeout=rest)
             for task in pending:
                 task.cancel()
             if pending:
@@ -227,9 +236,9 @@ class RunLoop:
             self._start(jobtype, jobs, start_by)
         return True
 
-    # dispatch at ingest (engine.ingest.ingester.Dispatcher)
+    # dispatch at add and at ingest (engine.ingest.early.Dispatcher)
     def take(self, jobs: Sequence[NewJob]) -> Dispatch | None:
-        """Of a fresh batch being ingested, the jobs this daemon runs at once, their
+        """Of a fresh add or batch being ingested, the jobs this daemon runs at once, their
         slots held: the ingester stores them claimed (``dispatched`` then starts
         them), so their run waits for no notification and no claim. Only while
         nothing else waits here (no turn of another tenant or type is taken), for
