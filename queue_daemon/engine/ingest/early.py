@@ -146,8 +146,6 @@ async def stored_early(
 ) -> tuple[list[Stored], list[Entry]]:
     """Of a reservation's batches, those an early add stored, and the entries of
     the others, to be inserted."""
-    if all(b.tag is None for b in reservation.batches):
-        return [], entries
     early: list[Stored] = []
     for batch in reservation.batches:
         stored = await batch.tag.stored() if isinstance(batch.tag, EarlyAdd) else None

@@ -97,8 +97,8 @@ class Ingester:
         self._first_busy_since: float | None = None  # the first pipeline's batch began
         self._first_busy_lines = 0  # ... and its lines
         self.last_error: str | None = None
-        # in the store, not known flushed: each batch with the epoch it was inserted
-        # on and the ids of its jobs that were dispatched
+        # in the store, not known flushed: each batch with the epochs its rows were
+        # inserted on and the ids of its jobs that were dispatched
         self._unsettled: list[_Unsettled] = []
         self._room = asyncio.Semaphore(MAX_UNSETTLED)
         self._to_settle = asyncio.Event()
@@ -325,7 +325,8 @@ class Ingester:
                     mine = [job for job in jobs if job.id in running.ids]
                     added += (await self._store.add_dispatched(mine, running, fresh=False))[0]
                 if fresh and not durable and rest:
-                    added, claimed = await self._add_fresh(rest)
+                    new, claimed = await self._add_fresh(rest)
+                    added += new
                 elif rest:
                     added += await self._store.add_jobs(rest, durable=False, fresh=fresh)
                 if opted:  # dependencies and deadlines: rare, one statement per add
