@@ -122,6 +122,7 @@ class PgStore:
         self.renew_pulled = pulled.renew_pulled
         self.existing_jobs = pulled.existing_jobs
         self.complete_pulled = pulled.complete_pulled
+        self.archive_pulled = pulled.archive_pulled
         self.hand_back = pulled.hand_back
         self.done_among = pulled.done_among
         self.daemons = pulled.daemons

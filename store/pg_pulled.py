@@ -106,6 +106,18 @@ class PulledPart:
             )
         return applied
 
+    async def archive_pulled(
+        self, releases: Sequence[Release], claims: Sequence[Claim], *, client: str, worker: str
+    ) -> list[tuple[str, str, int]]:
+        async with self._db.conn() as conn:
+            rows = await write_releases(
+                conn, releases, dict(claims), keep_first=True, pulled=(client, worker)
+            )
+        # a NULL id: the note's row
+        done = [(row[0], row[1], row[2]) for row in rows if row[0] is not None]
+        await self._graph.resolve([row[0] for row in rows if row[0] is not None and row[3]])
+        return done
+
     async def hand_back(
         self, claims: Sequence[Claim], *, client: str, worker: str
     ) -> dict[str, str]:

@@ -27,6 +27,7 @@ async def write_releases(
     locks: str | Mapping[str, str],
     *,
     keep_first: bool,
+    pulled: tuple[str, str] | None = None,
 ) -> list[asyncpg.Record]:
     """The rows of the release statements of ``releases`` (sorted by id), each
     applied only where its job holds its lock (``locks``: one for all, or each
@@ -34,7 +35,10 @@ async def write_releases(
     of 1,000 results of 1 MiB would pass PostgreSQL's 1 GB message), in one
     transaction when there are several (begun only then: two more round trips).
     ``keep_first``: the statements that keep the first row of an id done already
-    (queries.release); without it, such an id is a unique violation."""
+    (queries.release); without it, such an id is a unique violation. ``pulled``:
+    (client, worker) of a pull worker's complete whose releases all archive
+    (queries.release.ARCHIVE_PULLED: scoped to the client, counted for the
+    worker; keeps the first row)."""
     q = queries.release
     archive, release = (
         (q.ARCHIVE_KEEP_FIRST, q.RELEASE_KEEP_FIRST) if keep_first else (q.ARCHIVE, q.RELEASE)
@@ -46,7 +50,10 @@ async def write_releases(
         for chunk in chunks:
             statement = archive if all(r.how == ReleaseHow.ARCHIVE for r in chunk) else release
             held = locks if isinstance(locks, str) else [locks[r.id] for r in chunk]
-            rows += await conn.fetch(statement, *release_params(chunk, held))
+            if pulled is None:
+                rows += await conn.fetch(statement, *release_params(chunk, held))
+            else:
+                rows += await conn.fetch(q.ARCHIVE_PULLED, *release_params(chunk, held), *pulled)
     return rows
 
 

@@ -284,6 +284,14 @@ class PulledJobs(Protocol):
         ``decide`` for their releases (it may write follow-on jobs; an exception
         changes nothing), apply them and count them for the worker. The ids applied."""
 
+    async def archive_pulled(
+        self, releases: Sequence[Release], claims: Sequence[Claim], *, client: str, worker: str
+    ) -> list[tuple[str, str, int]]:
+        """Archive the jobs of ``releases`` (all of them ``archive``: runs that
+        ended ok or failed, nothing to decide from the jobs' rows) that their
+        claims still hold, in one statement, and count them for the worker. The
+        jobs archived: (id, stored type, attempts)."""
+
     async def hand_back(
         self, claims: Sequence[Claim], *, client: str, worker: str
     ) -> dict[str, str]:

@@ -47,6 +47,10 @@ class Releases:
         policy = Policy(max_attempts=spec.max_attempts, job_ttl=self._job_ttl)
         return BatchReleases(follow, policy, limits.result)
 
+    def result_limit(self, client: str) -> int:
+        """The UTF-8 bytes of a result that ``client``'s jobs keep."""
+        return self._limits.of(client).result
+
     def no_handler(self, jobs: Sequence[Attempt], *, now: datetime | None = None) -> list[Release]:
         """The releases of jobs whose type lost its handler before they ran: they
         wait again, unless their time ran out (503)."""

@@ -37,7 +37,7 @@ unnest(string_to_array($1, ' '), string_to_array($2, ' '), string_to_array($3, '
 _ARCHIVED = f"""
 archived AS (
     DELETE FROM jobs j USING {_RELEASES}
-    WHERE r.how = 'archive' AND j.id = r.id AND j.lock = r.lock
+    WHERE r.how = 'archive' AND j.id = r.id AND j.lock = r.lock{{scope}}
     RETURNING j.id, j.type, j.data, j.create_dt, j.attempts, j.run_dt, j.runs, j.dependents,
               j.deadline, j.lock, r.refund,
               coalesce(r.code, j.code) AS code,
@@ -46,6 +46,7 @@ archived AS (
               r.code IS NULL OR r.refund AS uncounted
 )
 """
+_ARCHIVED_ANY = _ARCHIVED.format(scope="")
 _MOVED = """
 moved AS (
     INSERT INTO jobs_done (id, type, data, create_dt, done_dt, attempts, code, exitcode, result,
@@ -96,10 +97,10 @@ UNION ALL SELECT id, false FROM again
 UNION ALL SELECT NULL, NULL FROM note
 """
 RELEASE = _RELEASE.format(
-    archived=_ARCHIVED, moved=_MOVED.format(conflict=""), again=_AGAIN, noted=_NOTED
+    archived=_ARCHIVED_ANY, moved=_MOVED.format(conflict=""), again=_AGAIN, noted=_NOTED
 )
 RELEASE_KEEP_FIRST = _RELEASE.format(
-    archived=_ARCHIVED, moved=_MOVED.format(conflict=_KEEP_FIRST), again=_AGAIN, noted=_NOTED
+    archived=_ARCHIVED_ANY, moved=_MOVED.format(conflict=_KEEP_FIRST), again=_AGAIN, noted=_NOTED
 )
 # RELEASE when every release archives (the common batch): without the update
 # of the jobs that run again, the statement is planned in half the time and
@@ -109,7 +110,30 @@ WITH {archived}, {moved}, {noted}
 SELECT id, dependents AS resolve FROM archived
 UNION ALL SELECT NULL, NULL FROM note
 """
-ARCHIVE = _ARCHIVE.format(archived=_ARCHIVED, moved=_MOVED.format(conflict=""), noted=_NOTED)
+ARCHIVE = _ARCHIVE.format(archived=_ARCHIVED_ANY, moved=_MOVED.format(conflict=""), noted=_NOTED)
 ARCHIVE_KEEP_FIRST = _ARCHIVE.format(
-    archived=_ARCHIVED, moved=_MOVED.format(conflict=_KEEP_FIRST), noted=_NOTED
+    archived=_ARCHIVED_ANY, moved=_MOVED.format(conflict=_KEEP_FIRST), noted=_NOTED
 )
+
+# A pull worker's complete whose runs all ended ok or failed, without follow-on
+# jobs (the common one): nothing to decide from the jobs' rows, so they are
+# archived at once, each where its claim still holds it ($8 its lock), scoped to
+# the client $9 as every statement of queries.pulled, and counted for the
+# worker $10 in the same statement (no transaction, no rows locked first). The
+# rows: each job archived with its stored type and attempts, then the note's.
+ARCHIVE_PULLED = f"""
+WITH {_ARCHIVED.format(scope=" AND j.type >= $9 || '-' AND j.type < $9 || '.'")},
+{_MOVED.format(conflict=_KEEP_FIRST)}, {_NOTED},
+counted AS (
+    INSERT INTO workers AS w (client, name, done_ok, done_failed, done_error, done_retry)
+    SELECT $9, $10, count(*) FILTER (WHERE code = 'ok'), count(*) FILTER (WHERE code = 'failed'),
+           count(*) FILTER (WHERE code = 'error'), 0
+    FROM archived
+    ON CONFLICT (client, name) DO UPDATE
+    SET last_seen = now(), done_ok = w.done_ok + EXCLUDED.done_ok,
+        done_failed = w.done_failed + EXCLUDED.done_failed,
+        done_error = w.done_error + EXCLUDED.done_error
+)
+SELECT id, type, attempts, dependents AS resolve FROM archived
+UNION ALL SELECT NULL, NULL, NULL, NULL FROM note
+"""

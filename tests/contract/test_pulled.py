@@ -74,6 +74,41 @@ async def test_a_retry_from_a_worker_is_due_after_its_delay(rig: Rig) -> None:
     assert worker.done_retry == 1 and worker.holding == 0
 
 
+async def test_an_archive_takes_only_what_its_claims_hold_of_the_client(rig: Rig) -> None:
+    s = rig.store
+    await s.add_jobs([new("a", ago=20), new("b", ago=10), new("c"), new("x", "b-t")])
+    await s.claim_pulled("a-t", 3, lock=LOCK, lease=30, client="a", worker="w1")
+    await s.claim_pulled("b-t", 1, lock=LOCK, lease=30, client="b", worker="w1")
+
+    def done(job_id: str, code: str, exitcode: int) -> Release:
+        return Release(id=job_id, how=ReleaseHow.ARCHIVE, code=code, exitcode=exitcode, result="r")
+
+    releases = [done("a", "ok", 200), done("b", "failed", 404), done("c", "ok", 200)]
+    releases.append(done("x", "ok", 200))
+    claims = [("a", LOCK), ("b", LOCK), ("c", OTHER), ("x", LOCK), ("nope", LOCK)]
+    archived = await s.archive_pulled(releases, claims, client="a", worker="w1")
+    # c: another claim holds it; x: another client's job, whatever its lock
+    assert sorted(archived) == [("a", "a-t", 1), ("b", "a-t", 1)]
+    a, b = await s.get_job("a", "a"), await s.get_job("a", "b")
+    assert (a.state, a.code, a.result, b.code, b.exitcode) == (
+        JobState.DONE,
+        "ok",
+        "r",
+        "failed",
+        404,
+    )
+    assert [run["by"] for run in b.runs or []] == ["worker:w1"]
+    assert (await rig.row("c")).lock == LOCK  # type: ignore[union-attr]
+    assert (await rig.row("x")).lock == LOCK  # type: ignore[union-attr]
+    assert await s.done_among(["a", "b", "c"]) == {"a", "b"}
+    (worker,) = await s.workers("a")
+    assert (worker.done_ok, worker.done_failed, worker.holding) == (1, 1, 1)
+    # again: nothing held any more, nothing counted
+    assert await s.archive_pulled(releases[:2], claims[:2], client="a", worker="w1") == []
+    (worker,) = await s.workers("a")
+    assert (worker.done_ok, worker.done_failed) == (1, 1)
+
+
 async def test_a_hand_back_puts_jobs_back_without_the_attempt(rig: Rig) -> None:
     s = rig.store
     await s.add_jobs([new("a"), new("b")])

@@ -20,8 +20,9 @@ from collections.abc import Callable, Container, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-from queue_daemon.domain.jobs import Release
+from queue_daemon.domain.jobs import Release, ReleaseHow
 from queue_daemon.domain.names import JobType
+from queue_daemon.domain.outcomes import code_of
 from queue_daemon.domain.pulled import HeldJob, PulledJob
 from queue_daemon.engine.handlers import PULLED_LANG, HandlerCache
 from queue_daemon.engine.pull.holds import RECHECK_S, JobWaits
@@ -29,9 +30,11 @@ from queue_daemon.engine.releases import Releases
 from queue_daemon.observe.metrics import Metrics
 from queue_daemon.observe.queuelog import QueueLog
 from queue_daemon.runners.models import HandlerSpec, JobResult
+from queue_daemon.runners.output import clip
 from queue_daemon.store.ports import Claim, PulledJobs
 
 MAX_ITEMS = 1000  # jobs per claim, and items per batch request
+FINAL = (2, 4)  # exit-code classes (ok, failed) archived whatever the job's attempts and age
 
 
 class NotPulled(Exception):
@@ -149,6 +152,59 @@ class Pulls:
         """Apply each completion whose claim still holds its job; the ids applied,
         and the ids that are not ``client``'s jobs. FollowOnsNotWritten when the
         journal refused the follow-on jobs (nothing changed)."""
+        claims = [(c.id, c.claim) for c in completions]
+        if all(not c.jobs and c.exitcode // 100 in FINAL for c in completions):
+            applied = await self._archive(client, worker, completions, claims)
+        else:
+            applied = await self._decided(client, worker, completions, claims)
+        self._metrics.pulled(client, "completed", len(applied))
+        stale = len(completions) - len(applied)
+        unknown = await self._unknown(client, claims, applied)
+        self._metrics.pulled(client, "stale", stale - len(unknown))
+        return applied, unknown
+
+    async def _archive(
+        self,
+        client: str,
+        worker: str,
+        completions: Sequence[Completion],
+        claims: list[tuple[str, str]],
+    ) -> set[str]:
+        """Runs that all ended ok or failed, without follow-on jobs: archived in one
+        statement, nothing read or decided from their rows first."""
+        limit = self._releases.result_limit(client)
+        releases = [
+            Release(
+                id=c.id,
+                how=ReleaseHow.ARCHIVE,
+                code=code_of(c.exitcode),
+                exitcode=c.exitcode,
+                result=None if c.result is None else clip(c.result, limit),
+            )
+            for c in completions
+        ]
+        done = await self._store.archive_pulled(
+            releases, _locks(claims, worker), client=client, worker=worker
+        )
+        attempts: dict[str, dict[str, int]] = defaultdict(dict)  # stored type -> id -> attempts
+        for job_id, stored, tries in done:
+            attempts[stored][job_id] = tries
+        for stored, of_type in attempts.items():
+            mine = [r for r in releases if r.id in of_type]
+            self._queuelog.finished(stored, mine, attempts=of_type, worker=worker)
+            self._metrics.finished(stored, mine)
+        return {job_id for job_id, _, _ in done}
+
+    async def _decided(
+        self,
+        client: str,
+        worker: str,
+        completions: Sequence[Completion],
+        claims: list[tuple[str, str]],
+    ) -> set[str]:
+        """Each run's release decided from its job's row (its attempts, its time,
+        the handler's rules) while the store holds the jobs locked, follow-on jobs
+        journaled before the releases are written."""
         by_id = {c.id: c for c in completions}
         logged: list[tuple[str, list[Release], dict[str, int]]] = []
 
@@ -156,7 +212,6 @@ class Pulls:
             logged.clear()
             return await self._decide(held, by_id, logged)
 
-        claims = [(c.id, c.claim) for c in completions]
         applied = await self._store.complete_pulled(
             _locks(claims, worker), decide, client=client, worker=worker
         )
@@ -164,11 +219,7 @@ class Pulls:
             mine = [r for r in releases if r.id in applied]
             self._queuelog.finished(stored, mine, attempts=attempts, worker=worker)
             self._metrics.finished(stored, mine)
-        self._metrics.pulled(client, "completed", len(applied))
-        stale = len(completions) - len(applied)
-        unknown = await self._unknown(client, claims, applied)
-        self._metrics.pulled(client, "stale", stale - len(unknown))
-        return applied, unknown
+        return applied
 
     async def _decide(
         self,

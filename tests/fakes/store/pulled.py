@@ -109,7 +109,21 @@ class Pulled(Queue):
         releases: list[Release] = []
         if held:  # decide may raise: nothing has changed yet
             releases = await decide([HeldJob(r.id, r.type, r.attempts, r.create_dt) for r in held])
-            releases.sort(key=lambda r: r.id)
+        return self._apply(releases, claims, client, worker)
+
+    async def archive_pulled(
+        self, releases: Sequence[Release], claims: Sequence[Claim], *, client: str, worker: str
+    ) -> list[tuple[str, str, int]]:
+        self._call("archive_pulled")
+        held = {r.id: (r.type, r.attempts) for r in self._held(claims, client)}
+        applied = self._apply([r for r in releases if r.id in held], claims, client, worker)
+        return [(i, *held[i]) for i in sorted(applied)]
+
+    def _apply(
+        self, releases: Sequence[Release], claims: Sequence[Claim], client: str, worker: str
+    ) -> set[str]:
+        """queries.release's statements: each release where its claim holds its job."""
+        releases = sorted(releases, key=lambda r: r.id)
         now, locks = self.now(), dict(claims)
         applied: set[str] = set()
         for r in releases:
