@@ -23,7 +23,7 @@ class Job:
         "type",
     )
 
-    def __init__(self, item: dict[str, Any]) -> None:
+    def __init__(self, item: dict[str, Any], lease_end: float | None = None) -> None:
         self.id: str = item["id"]
         self.type: str = item["type"]
         self.payload: str = item["payload"]
@@ -31,7 +31,8 @@ class Job:
         self.lease_until: str = item["lease_until"]
         self.claim: str = item["claim"]
         self._emits: list[dict[str, Any]] = []
-        self._lease_end = epoch(self.lease_until)  # moved on by each renewal
+        # moved on by each renewal; given when the claim's jobs share one lease
+        self._lease_end = epoch(self.lease_until) if lease_end is None else lease_end
 
     @property
     def attempt(self) -> int:
@@ -49,6 +50,20 @@ class Job:
 
     def __repr__(self) -> str:
         return f"<Job {self.id} {self.type} attempt {self.attempts}>"
+
+
+def jobs_of(items: list[dict[str, Any]]) -> list[Job]:
+    """The jobs of a claim's items, the end of each distinct lease parsed once (a
+    claim's jobs share one)."""
+    ends: dict[Any, float] = {}
+    jobs = []
+    for item in items:
+        until = item["lease_until"]
+        end = ends.get(until)
+        if end is None:
+            end = ends[until] = epoch(until)
+        jobs.append(Job(item, end))
+    return jobs
 
 
 def outcome(value: Any) -> tuple[int, Any]:

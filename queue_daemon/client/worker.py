@@ -31,7 +31,7 @@ from typing import Any
 
 from queue_daemon.client.client import Client, backoff
 from queue_daemon.client.errors import QueueError
-from queue_daemon.client.job import Job, epoch, failure, lease_seconds, outcome, sendable
+from queue_daemon.client.job import Job, epoch, failure, jobs_of, lease_seconds, outcome, sendable
 from queue_daemon.client.lanes import Lanes
 
 logger = logging.getLogger(__name__)
@@ -176,7 +176,7 @@ class Worker:
             attempt = 0
             items = in_time(items, time.monotonic() - sent)
             if items:
-                self._start([Job(item) for item in items])
+                self._start(jobs_of(items))
 
     async def _first(self, awaitable: Awaitable[Any]) -> bool:
         """Await ``awaitable`` unless a stop comes first (then it is cancelled);
@@ -225,7 +225,7 @@ class Worker:
     def _result(self, job: Job, value: Any, error: BaseException | None) -> None:
         if self._running.pop(job.id, None) is None:
             return  # handed back meanwhile: its outcome is not ours to give
-        if error is None and inspect.isawaitable(value):
+        if error is None and value is not None and inspect.isawaitable(value):
             if inspect.iscoroutine(value):
                 value.close()
             error = TypeError("the function returned an awaitable: make it an async def")

@@ -9,7 +9,7 @@ from typing import NamedTuple
 from queue_daemon.domain.jobs import NewJob
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(slots=True, kw_only=True)  # made per job: not frozen (runners.models)
 class PulledJob:
     """A job a tenant's worker now holds (``lock = 'w:<claim>:<worker>'``)."""
 

@@ -45,7 +45,7 @@ class FollowOnsNotWritten(Exception):
     """The journal refused a complete's follow-on jobs: nothing was changed."""
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(slots=True, kw_only=True)  # made per job: not frozen (runners.models)
 class Completion:
     """One job's end as a worker reports it."""
 
@@ -260,7 +260,11 @@ class Pulls:
 
 
 def _locks(claims: Sequence[tuple[str, str]], worker: str) -> list[Claim]:
-    return [(job_id, lock_of(claim, worker)) for job_id, claim in claims]
+    locks: dict[str, str] = {}  # a request's jobs mostly share one claim
+    return [
+        (job_id, locks.get(claim) or locks.setdefault(claim, lock_of(claim, worker)))
+        for job_id, claim in claims
+    ]
 
 
 def _orphan_spec(jobtype: JobType) -> HandlerSpec:
