@@ -2,8 +2,9 @@
 concern of the ports (``store/ports.py``), reached as ``queries.<module>.<NAME>``.
 
 Tenant scoping is always done here, in SQL: ``split_part(type, '-', 1) = $client``
-matches the expression index ``jobs_client_created_idx`` (a client name never
-contains ``-``, so ``a`` never sees ``ab``'s jobs). STATS scopes by the range
+matches the expression index ``jobs_client_created_idx`` of the waiting,
+blocked and done rows of ``jobs`` (a client name never contains ``-``, so
+``a`` never sees ``ab``'s jobs). STATS scopes by the range
 ``type >= $client || '-' AND type < $client || '.'`` on the C-collated type
 instead, the same set, so that it can read the partial indexes and type_counts.
 """

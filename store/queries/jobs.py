@@ -30,17 +30,29 @@ WHERE split_part(type, '-', 1) = $1
 # bytes of payloads and results: a page of big jobs is shorter, never huge.
 # ``octet_length`` of a stored value reads its size, not the value; ``rows``:
 # how many the page had before the byte cut.
-_PAGE = """
+#
+# The jobs are read in two parts, each in the index's order up to $4 rows, then
+# merged: the waiting, blocked and done ones (jobs_client_created_idx holds only
+# those, 0014, merged with jobs_done's index), and the running ones (read
+# through jobs_running_idx, as many as run now, and sorted). Each part is a
+# subquery of its own: a part of a UNION ALL with a condition of its own is not
+# merged into the parts of all_jobs, and would be read whole and sorted.
+_ORDER = "ORDER BY split_part(type, '-', 1), create_dt DESC, id DESC"
+_PAGE = f"""
 SELECT *, count(*) OVER () AS rows
 FROM (
-    SELECT {columns},
+    SELECT {{columns}},
         sum(octet_length(data) + coalesce(octet_length(result), 0))
-            OVER (ORDER BY split_part(type, '-', 1), create_dt DESC, id DESC) AS upto,
+            OVER (ORDER BY create_dt DESC, id DESC) AS upto,
         octet_length(data) + coalesce(octet_length(result), 0) AS size
-    FROM all_jobs
-    {filters}
-    {after}
-    ORDER BY split_part(type, '-', 1), create_dt DESC, id DESC
+    FROM (
+        (SELECT * FROM all_jobs {{filters}} AND (lock = '' OR lock = '__done') {{after}}
+         {_ORDER} LIMIT $4)
+        UNION ALL
+        (SELECT * FROM all_jobs {{filters}} AND lock <> '' AND lock <> '__done' {{after}}
+         {_ORDER} LIMIT $4)
+    ) listed
+    ORDER BY create_dt DESC, id DESC
     LIMIT $4
 ) page
 """

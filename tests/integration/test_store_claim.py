@@ -463,7 +463,12 @@ async def test_hot_path_plans_avoid_full_scans(store: PgStore, conn: asyncpg.Con
     # the retention of a store whose oldest done jobs are younger (the common case)
     purge = await _plan(conn, queries.queue.PURGE_CHUNK, 7200.0, 10_000)
     assert "jobs_done_idx" in purge and "jobs_done_dt_idx" in purge, purge
-    for plan in (claim, whole_claim, waiting, unhandled, old, expire, purge):
+    # a tenant's listing: the live jobs' index (waiting and done rows) and the
+    # running ones apart, merged in order with the archive's
+    listing = await _plan(conn, queries.jobs.LIST_JOBS_FIRST, "bench", None, None, 51, 1 << 20)
+    assert "jobs_client_created_idx" in listing and "jobs_running_idx" in listing, listing
+    assert "jobs_done_client_created_idx" in listing and "Merge Append" in listing, listing
+    for plan in (claim, whole_claim, waiting, unhandled, old, expire, purge, listing):
         assert "Seq Scan on jobs" not in plan, plan
 
 
@@ -713,7 +718,7 @@ async def test_a_pull_workers_statements_look_their_jobs_up_by_id_with_stale_sta
     store: PgStore, conn: asyncpg.Connection
 ) -> None:
     """Analyzed while the table was empty (as while a backlog is drained): a
-    complete, renew, hand-back or existence check of a pull worker's jobs must
+    complete (either way), renew, hand-back or existence check of a pull worker's jobs must
     look each id up, never scan the tenant's jobs (38 ms a complete of 1,000
     with 100,000 waiting)."""
     await conn.execute("VACUUM ANALYZE jobs")
@@ -723,11 +728,13 @@ async def test_a_pull_workers_statements_look_their_jobs_up_by_id_with_stale_sta
     ids = [r["id"] for r in rows]
     assert len(ids) == 500
     locks = [lock] * len(ids)
+    done = [Release(id=i, how=ReleaseHow.ARCHIVE, code="ok", exitcode=200) for i in ids]
     statements = [
         (queries.pulled.HELD_FOR_UPDATE, (ids, locks, "bench")),
         (queries.pulled.RENEW, (ids, locks, "bench", "wk", 60.0)),
         (queries.pulled.HAND_BACK, (ids, locks, "bench", "wk")),
         (queries.pulled.EXISTING, (ids, "bench")),
+        (queries.release.ARCHIVE_PULLED, (*release_params(done, locks), "bench", "wk")),
     ]
     for mode in ["auto", "force_generic_plan"]:
         await conn.execute(f"SET plan_cache_mode = {mode}")

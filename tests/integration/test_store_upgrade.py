@@ -15,6 +15,7 @@ from queue_daemon.store.migrate import available_migrations, migrate
 from queue_daemon.store.pg import PgStore
 
 ARCHIVE = 13
+LISTING = 14  # the listing index without running jobs
 LEASE = 600.0
 
 # The jobs of a store before 0013, written as its statements left them: w1
@@ -66,7 +67,7 @@ async def test_a_store_of_the_layout_before_0013_upgrades_in_place(pg_empty_dsn:
             "INSERT INTO sysids (sysid, holder, expires)"
             " VALUES ('s1', 'h', now() + interval '1 hour')"
         )
-        assert await migrate(conn) == [ARCHIVE]
+        assert await migrate(conn) == [ARCHIVE, LISTING]
     finally:
         await conn.close()
 
@@ -75,6 +76,9 @@ async def test_a_store_of_the_layout_before_0013_upgrades_in_place(pg_empty_dsn:
         assert (await store.stats("a"))["t"] == TypeStats(
             waiting=1, scheduled=1, blocked=1, running=1, done_ok=1
         )
+        # every job listed, the running one too (the listing index leaves it out)
+        listed = await store.list_jobs("a", limit=10)
+        assert sorted(j.id for j in listed.jobs) == ["b1", "d1", "r1", "w1", "x1"]
         # the running job's release (claimed before the upgrade) frees the blocked one
         assert await store.release([_ok("r1")], sysid="s1") == {"r1"}
         ran = {"r1"}
