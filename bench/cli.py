@@ -271,6 +271,11 @@ class Run:
         assert self.databases is not None
         return asyncio.run(self.databases.fresh(name))
 
+    def settle(self) -> None:
+        """Before a measured phase: the server as quiet as before the last (bench.pg)."""
+        if self.databases is not None:
+            asyncio.run(self.databases.settle())
+
     def close(self) -> None:
         try:
             if self.databases is not None:

@@ -8,7 +8,10 @@ given DSN is used as it is.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
+import time
 import warnings
 from pathlib import Path
 
@@ -39,6 +42,10 @@ class PrivatePostgres:
     def stop(self) -> None:
         if self.started:
             stop_server(self.pgdata)
+
+
+SETTLE_S = 120.0  # at most this long waiting for the server's autovacuum to end
+_AUTOVACUUMS = "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'autovacuum worker'"
 
 
 class Databases:
@@ -74,6 +81,23 @@ class Databases:
             while self._created:
                 database = self._created.pop()
                 await conn.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
+        finally:
+            await conn.close()
+
+    async def settle(self, limit_s: float = SETTLE_S) -> None:
+        """The same quiet server for every measured phase: the databases of the
+        phases before dropped (and the autovacuum at work on them), a CHECKPOINT
+        (no phase pays for the pages another left dirty), then a wait of up to
+        ``limit_s`` while autovacuum still works elsewhere on the server."""
+        await self.drop_all()
+        conn = await asyncpg.connect(self.admin_dsn)
+        try:
+            with contextlib.suppress(asyncpg.InsufficientPrivilegeError):
+                await conn.execute("CHECKPOINT")
+            deadline = time.monotonic() + limit_s
+            # polled: the server tells no one when its autovacuum ends
+            while await conn.fetchval(_AUTOVACUUMS) and time.monotonic() < deadline:  # noqa: ASYNC110
+                await asyncio.sleep(0.2)
         finally:
             await conn.close()
 

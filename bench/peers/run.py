@@ -335,8 +335,11 @@ class Sizes:
         return Sizes(100_000, 1_000_000, 100.0, 20.0, 2.0)
 
 
-def _measure(label: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
-    """``fn(*args, **kwargs)``, or None (printed) when it failed."""
+def _measure(run: Run, label: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+    """``fn(*args, **kwargs)`` on a settled server (``Run.settle``: the databases
+    of earlier phases dropped, their autovacuum with them, a checkpoint), or
+    None (printed) when it failed."""
+    run.settle()
     t0 = time.monotonic()
     try:
         value = fn(*args, **kwargs)
@@ -362,10 +365,12 @@ def measure(run: Run, peers: Sequence[PeerRunner], sizes: Sizes) -> list[Row]:
     for batch in (1, 1000):
         row = Row(f"enqueue, {batch:,} a call", "jobs/s", True)
         lines_conns = conns if batch == 1 else bulk
-        http = _measure(f"this project, HTTP, {batch}", ours.enqueue_http, run, batch, lines_conns)
+        http = _measure(
+            run, f"this project, HTTP, {batch}", ours.enqueue_http, run, batch, lines_conns
+        )
         writers = 64 if batch == 1 else 8
         journal = _measure(
-            f"this project, journal, {batch}", ours.enqueue_journal, run, batch, writers
+            run, f"this project, journal, {batch}", ours.enqueue_journal, run, batch, writers
         )
         row.ours = None if http is None else http.value
         row.notes.append(f"this project: HTTP POSTs of {batch:,} line(s), {lines_conns} conns")
@@ -374,14 +379,14 @@ def measure(run: Run, peers: Sequence[PeerRunner], sizes: Sizes) -> list[Row]:
                 f"journal path without HTTP: {journal.value:,.0f} jobs/s ({journal.notes})"
             )
         for peer in peers:
-            found = _measure(f"{peer.name}, {batch}", peer.enqueue, batch)
+            found = _measure(run, f"{peer.name}, {batch}", peer.enqueue, batch)
             row.peers[peer.name] = None if found is None else found[0]
             if found is not None:
                 row.notes.append(f"{peer.name}: {found[1]}")
         rows.append(row)
 
     for peer in peers:
-        peer.tuned = _measure(f"{peer.name}, worker shapes", peer.tune, run.opts.quick) or ""
+        peer.tuned = _measure(run, f"{peer.name}, worker shapes", peer.tune, run.opts.quick) or ""
     rows.append(_e2e_row(run, peers, sizes, 0))
     rows.extend(_latency_rows(run, peers, sizes))
     rows.append(_e2e_row(run, peers, sizes, sizes.backlog))
@@ -391,12 +396,12 @@ def measure(run: Run, peers: Sequence[PeerRunner], sizes: Sizes) -> list[Row]:
 def _e2e_row(run: Run, peers: Sequence[PeerRunner], sizes: Sizes, backlog: int) -> Row:
     what = "e2e" if not backlog else f"e2e, {backlog:,} waiting in another queue"
     row = Row(f"{what} ({sizes.jobs:,} no-op jobs)", "jobs/s", True)
-    figure = _measure(f"this project, {what}", ours.e2e, run, sizes.jobs, backlog=backlog)
+    figure = _measure(run, f"this project, {what}", ours.e2e, run, sizes.jobs, backlog=backlog)
     if figure is not None:
         row.ours = figure.value
         row.notes.append(f"this project: {figure.notes}")
     for peer in peers:
-        found = _measure(f"{peer.name}, {what}", peer.e2e, sizes.jobs, backlog)
+        found = _measure(run, f"{peer.name}, {what}", peer.e2e, sizes.jobs, backlog)
         row.peers[peer.name] = None if found is None else found[0]
         if found is not None:
             row.notes.append(f"{peer.name}: {found[1]}")
@@ -408,11 +413,11 @@ def _latency_rows(run: Run, peers: Sequence[PeerRunner], sizes: Sizes) -> list[R
     p50 = Row(f"{what}, p50", "ms", False)
     p99 = Row(f"{what}, p99", "ms", False)
     args = (sizes.latency_rate, sizes.latency_s, sizes.latency_warm_s)
-    found = _measure(f"this project, {what}", ours.latency, run, *args)
+    found = _measure(run, f"this project, {what}", ours.latency, run, *args)
     if found is not None:
         p50.ours, p99.ours = found
     for peer in peers:
-        found = _measure(f"{peer.name}, {what}", peer.latency, *args)
+        found = _measure(run, f"{peer.name}, {what}", peer.latency, *args)
         p50.peers[peer.name], p99.peers[peer.name] = found if found is not None else (None, None)
     return [p50, p99]
 
