@@ -275,6 +275,7 @@ class Run:
         """Before a measured phase: the server as quiet as before the last (bench.pg)."""
         if self.databases is not None:
             asyncio.run(self.databases.settle())
+            self.daemon_dsn = self.daemon_token = None  # its database went with the others
 
     def close(self) -> None:
         try:
