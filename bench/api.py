@@ -83,9 +83,11 @@ class Api:
         counts = data.get("types", {}).get(type_, {})
         return {key: int(counts.get(key, 0)) for key in STATE_KEYS}
 
-    async def job(self, job_id: str) -> dict[str, Any] | None:
-        """The job, or None while it is not in the store yet."""
-        status, data = await self._json("GET", f"/job/{job_id}")
+    async def job(self, job_id: str, wait: float = 0) -> dict[str, Any] | None:
+        """The job, or None while it is not in the store yet; ``wait``: held up to
+        that many seconds until it is done (``?wait=``)."""
+        query = f"?wait={wait:g}" if wait else ""
+        status, data = await self._json("GET", f"/job/{job_id}{query}")
         if status == 404:
             return None
         if status != 200 or not isinstance(data, dict):
