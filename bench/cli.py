@@ -275,7 +275,8 @@ class Run:
         """Before a measured phase: the server as quiet as before the last (bench.pg)."""
         if self.databases is not None:
             asyncio.run(self.databases.settle())
-            self.daemon_dsn = self.daemon_token = None  # its database went with the others
+            if self.daemon_dsn != self.databases.admin_dsn:  # its database went with the others
+                self.daemon_dsn = self.daemon_token = None
 
     def close(self) -> None:
         try:

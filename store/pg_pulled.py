@@ -3,6 +3,7 @@ of workers (``PulledJobs`` in ``store/ports.py``)."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
 from operator import attrgetter
@@ -11,9 +12,12 @@ from queue_daemon.domain.jobs import Release
 from queue_daemon.domain.pulled import HeldJob, PulledJob
 from queue_daemon.domain.views import DaemonSeen, WorkerSeen
 from queue_daemon.store import queries
+from queue_daemon.store.errors import StoreError
 from queue_daemon.store.pg_base import Db, row_as, status_count
 from queue_daemon.store.pg_graph import GraphPart
 from queue_daemon.store.pg_release import write_releases
+
+logger = logging.getLogger(__name__)
 
 # (job id, the whole lock value its claim put on it)
 Claim = tuple[str, str]
@@ -109,13 +113,23 @@ class PulledPart:
     async def archive_pulled(
         self, releases: Sequence[Release], claims: Sequence[Claim], *, client: str, worker: str
     ) -> list[tuple[str, str, int]]:
+        if not releases:
+            return []
         async with self._db.conn() as conn:
             rows = await write_releases(
                 conn, releases, dict(claims), keep_first=True, pulled=(client, worker)
             )
         # a NULL id: the note's row
         done = [(row[0], row[1], row[2]) for row in rows if row[0] is not None]
-        await self._graph.resolve([row[0] for row in rows if row[0] is not None and row[3]])
+        try:
+            await self._graph.resolve([row[0] for row in rows if row[0] is not None and row[3]])
+        except StoreError as exc:
+            # the outcomes are stored: the upkeep's sweep resolves what this could not
+            logger.warning(
+                "dependents of completed jobs not resolved yet: %s",
+                exc,
+                extra={"action": "resolve_deferred"},
+            )
         return done
 
     async def hand_back(

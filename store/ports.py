@@ -288,9 +288,11 @@ class PulledJobs(Protocol):
         self, releases: Sequence[Release], claims: Sequence[Claim], *, client: str, worker: str
     ) -> list[tuple[str, str, int]]:
         """Archive the jobs of ``releases`` (all of them ``archive``: runs that
-        ended ok or failed, nothing to decide from the jobs' rows) that their
-        claims still hold, in one statement, and count them for the worker. The
-        jobs archived: (id, stored type, attempts)."""
+        ended ok or failed, nothing to decide from the jobs' rows; each with its
+        claim in ``claims``) that their claims still hold, in one statement, and
+        count them for the worker; an ok run of a type whose live handler has a
+        ``then`` is left held (its chained job comes first). The jobs archived:
+        (id, stored type, attempts)."""
 
     async def hand_back(
         self, claims: Sequence[Claim], *, client: str, worker: str

@@ -36,7 +36,8 @@ WHERE split_part(type, '-', 1) = $1
 # those, 0014, merged with jobs_done's index), and the running ones (read
 # through jobs_running_idx, as many as run now, and sorted). Each part is a
 # subquery of its own: a part of a UNION ALL with a condition of its own is not
-# merged into the parts of all_jobs, and would be read whole and sorted.
+# merged into the parts of all_jobs, and would be read whole and sorted. A
+# state asked for ($3) leaves out the part that cannot hold it before it is read.
 _ORDER = "ORDER BY split_part(type, '-', 1), create_dt DESC, id DESC"
 _PAGE = f"""
 SELECT *, count(*) OVER () AS rows
@@ -46,10 +47,12 @@ FROM (
             OVER (ORDER BY create_dt DESC, id DESC) AS upto,
         octet_length(data) + coalesce(octet_length(result), 0) AS size
     FROM (
-        (SELECT * FROM all_jobs {{filters}} AND (lock = '' OR lock = '__done') {{after}}
+        (SELECT * FROM all_jobs {{filters}} AND (lock = '' OR lock = '__done')
+           AND $3::text IS DISTINCT FROM 'running' {{after}}
          {_ORDER} LIMIT $4)
         UNION ALL
-        (SELECT * FROM all_jobs {{filters}} AND lock <> '' AND lock <> '__done' {{after}}
+        (SELECT * FROM all_jobs {{filters}} AND lock <> '' AND lock <> '__done'
+           AND ($3::text IS NULL OR $3::text = 'running') {{after}}
          {_ORDER} LIMIT $4)
     ) listed
     ORDER BY create_dt DESC, id DESC

@@ -47,6 +47,10 @@ archived AS (
 )
 """
 _ARCHIVED_ANY = _ARCHIVED.format(scope="")
+# ARCHIVE_PULLED's rows: the client's, and not an ok run of a chaining type
+_PULLED_SCOPE = """
+      AND j.type >= $9 || '-' AND j.type < $9 || '.'
+      AND (r.code <> 'ok' OR j.type NOT IN (SELECT type FROM chained))"""
 _MOVED = """
 moved AS (
     INSERT INTO jobs_done (id, type, data, create_dt, done_dt, attempts, code, exitcode, result,
@@ -119,10 +123,21 @@ ARCHIVE_KEEP_FIRST = _ARCHIVE.format(
 # jobs (the common one): nothing to decide from the jobs' rows, so they are
 # archived at once, each where its claim still holds it ($8 its lock), scoped to
 # the client $9 as every statement of queries.pulled, and counted for the
-# worker $10 in the same statement (no transaction, no rows locked first). The
-# rows: each job archived with its stored type and attempts, then the note's.
+# worker $10 in the same statement (no transaction, no rows locked first). An
+# ok run of a type whose live handler chains a `then` job is left as it is:
+# that job must be journaled before the outcome is stored (the caller
+# completes those in a transaction). The rows: each job archived with its
+# stored type and attempts, then the note's.
 ARCHIVE_PULLED = f"""
-WITH {_ARCHIVED.format(scope=" AND j.type >= $9 || '-' AND j.type < $9 || '.'")},
+WITH chained AS MATERIALIZED (
+    SELECT type FROM (
+        SELECT DISTINCT ON (type) type, data->>'then' AS then
+        FROM handlers
+        WHERE type >= $9 || '-' AND type < $9 || '.' AND deleted_at IS NULL
+        ORDER BY type, dt DESC, id DESC
+    ) live
+    WHERE coalesce(then, '') <> ''
+), {_ARCHIVED.format(scope=_PULLED_SCOPE)},
 {_MOVED.format(conflict=_KEEP_FIRST)}, {_NOTED},
 counted AS (
     INSERT INTO workers AS w (client, name, done_ok, done_failed, done_error, done_retry)

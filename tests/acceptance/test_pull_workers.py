@@ -89,6 +89,50 @@ async def test_claim_renew_complete_with_follow_ons_then_and_the_registry(
     assert seen["box-2"]["holding"] == 2, seen
 
 
+async def test_a_batch_complete_chains_then_jobs_and_answers_bad_tokens_per_item(
+    daemons: DaemonFactory, pg_dsn: str, tmp_path: Path, session: aiohttp.ClientSession
+) -> None:
+    """Results of ok and failed runs without follow-on jobs are archived in one
+    statement: an ok run of a type whose handler chains a ``then`` job still
+    gets that job, and an id or claim that was never given out (a space in it)
+    is that item's 404 or 409, not the request's error."""
+    token = add_tenant("t", store=pg_dsn, data_dir=tmp_path, cwd=tmp_path)
+    api = Api(session, daemons.start(tmp_path, pg_dsn).url, "t", token)
+    await pulled_type(api, "chain", then="after")
+    await pulled_type(api, "after")
+    await api.add("chain", ["a", "b", "c"])
+    jobs = await claimed(api, "chain", "box-1", limit=10)
+    jobs += await claim_jobs(api, "chain", "box-1", limit=10)
+    assert len(jobs) == 3
+    ok, no, spaced = jobs
+    batch = await post_json(
+        api,
+        "/jobs/complete",
+        {
+            "worker": "box-1",
+            "results": [
+                {"id": ok["id"], "claim": ok["claim"], "result": "r"},
+                {"id": no["id"], "claim": no["claim"], "exitcode": 404},
+                {"id": spaced["id"], "claim": "a claim", "exitcode": 200},
+                {"id": "no such job", "claim": ok["claim"], "exitcode": 200},
+            ],
+        },
+    )
+    assert [r["status"] for r in batch.json["results"]] == [200, 200, 409, 404], batch
+    assert (await api.get_job(ok["id"])).json["code"] == "ok"
+    assert (await api.get_job(no["id"])).json["code"] == "failed"
+    assert (await api.get_job(spaced["id"])).json["state"] == "running"
+    afters = await claimed(api, "after", "box-2")
+    assert [a["payload"] for a in afters] == ["r"]  # the ok run's chained job, once
+    one = await complete(api, spaced, "box-1", exitcode=200, result="s")
+    assert one.status == 200 and one.json["code"] == "ok", one
+    afters = await claimed(api, "after", "box-2")
+    assert [a["payload"] for a in afters] == ["s"]
+    workers = await api.request("GET", "/t/workers")
+    seen = {w["name"]: w for w in workers.json["workers"]}
+    assert seen["box-1"]["done_ok"] == 2 and seen["box-1"]["done_failed"] == 1, seen
+
+
 async def test_a_stalled_worker_cannot_overwrite_the_result_of_the_one_that_took_over(
     daemons: DaemonFactory, pg_dsn: str, tmp_path: Path, session: aiohttp.ClientSession
 ) -> None:

@@ -109,6 +109,25 @@ async def test_an_archive_takes_only_what_its_claims_hold_of_the_client(rig: Rig
     assert (worker.done_ok, worker.done_failed) == (1, 1)
 
 
+async def test_an_archive_leaves_ok_runs_of_a_type_that_chains_a_then_job(rig: Rig) -> None:
+    s = rig.store
+    await s.put_handler("a-c", {"lang": "worker", "then": "next"})
+    await s.put_handler("a-t", {"lang": "worker", "then": "next"})
+    await s.put_handler("a-t", {"lang": "worker"})  # its live version chains nothing
+    await s.add_jobs([new("a", "a-c", ago=20), new("b", "a-c", ago=10), new("c", "a-t")])
+    await s.claim_pulled("a-c", 2, lock=LOCK, lease=30, client="a", worker="w1")
+    await s.claim_pulled("a-t", 1, lock=LOCK, lease=30, client="a", worker="w1")
+    releases = [
+        Release(id=i, how=ReleaseHow.ARCHIVE, code=code, exitcode=exitcode)
+        for i, code, exitcode in [("a", "ok", 200), ("b", "failed", 400), ("c", "ok", 200)]
+    ]
+    claims = [("a", LOCK), ("b", LOCK), ("c", LOCK)]
+    archived = await s.archive_pulled(releases, claims, client="a", worker="w1")
+    assert sorted(archived) == [("b", "a-c", 1), ("c", "a-t", 1)]
+    assert (await rig.row("a")).lock == LOCK  # type: ignore[union-attr]
+    assert await s.archive_pulled([], [], client="a", worker="w1") == []
+
+
 async def test_a_hand_back_puts_jobs_back_without_the_attempt(rig: Rig) -> None:
     s = rig.store
     await s.add_jobs([new("a"), new("b")])

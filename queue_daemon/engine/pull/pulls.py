@@ -155,6 +155,13 @@ class Pulls:
         claims = [(c.id, c.claim) for c in completions]
         if all(not c.jobs and c.exitcode // 100 in FINAL for c in completions):
             applied = await self._archive(client, worker, completions, claims)
+            # what is left: stale claims, and ok runs of a type whose handler
+            # chains a ``then`` job (journaled before their outcomes)
+            left = [c for c in completions if c.id not in applied]
+            if left:
+                applied |= await self._decided(
+                    client, worker, left, [(c.id, c.claim) for c in left]
+                )
         else:
             applied = await self._decided(client, worker, completions, claims)
         self._metrics.pulled(client, "completed", len(applied))
@@ -171,8 +178,16 @@ class Pulls:
         claims: list[tuple[str, str]],
     ) -> set[str]:
         """Runs that all ended ok or failed, without follow-on jobs: archived in one
-        statement, nothing read or decided from their rows first."""
+        statement, nothing read or decided from their rows first (the store
+        leaves those of a type that chains a ``then`` job)."""
         limit = self._releases.result_limit(client)
+        # an id or claim with a space was never given out: no job is held by it
+        # (and the statement's texts are split on spaces)
+        sendable = [
+            (c, claim)
+            for c, claim in zip(completions, claims, strict=True)
+            if " " not in c.id and " " not in c.claim
+        ]
         releases = [
             Release(
                 id=c.id,
@@ -181,10 +196,10 @@ class Pulls:
                 exitcode=c.exitcode,
                 result=None if c.result is None else clip(c.result, limit),
             )
-            for c in completions
+            for c, _ in sendable
         ]
         done = await self._store.archive_pulled(
-            releases, _locks(claims, worker), client=client, worker=worker
+            releases, _locks([claim for _, claim in sendable], worker), client=client, worker=worker
         )
         attempts: dict[str, dict[str, int]] = defaultdict(dict)  # stored type -> id -> attempts
         for job_id, stored, tries in done:

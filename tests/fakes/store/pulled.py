@@ -115,9 +115,18 @@ class Pulled(Queue):
         self, releases: Sequence[Release], claims: Sequence[Claim], *, client: str, worker: str
     ) -> list[tuple[str, str, int]]:
         self._call("archive_pulled")
+        locks = dict(claims)
+        for r in releases:  # (a release without its claim: KeyError, as PostgreSQL's)
+            assert r.how is ReleaseHow.ARCHIVE and locks[r.id]
         held = {r.id: (r.type, r.attempts) for r in self._held(claims, client)}
-        applied = self._apply([r for r in releases if r.id in held], claims, client, worker)
+        mine = [r for r in releases if r.id in held and not self._chains(held[r.id][0], r)]
+        applied = self._apply(mine, claims, client, worker) if mine else set()
         return [(i, *held[i]) for i in sorted(applied)]
+
+    def _chains(self, type: str, release: Release) -> bool:
+        """An ok run of a type whose live handler chains a ``then`` job."""
+        handler = self._live_handler(type)
+        return release.code == "ok" and handler is not None and bool(handler.data.get("then"))
 
     def _apply(
         self, releases: Sequence[Release], claims: Sequence[Claim], client: str, worker: str
