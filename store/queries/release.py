@@ -131,12 +131,12 @@ ARCHIVE_KEEP_FIRST = _ARCHIVE.format(
 ARCHIVE_PULLED = f"""
 WITH chained AS MATERIALIZED (
     SELECT type FROM (
-        SELECT DISTINCT ON (type) type, data->>'then' AS then
+        SELECT DISTINCT ON (type) type, data->>'then' AS chains
         FROM handlers
         WHERE type >= $9 || '-' AND type < $9 || '.' AND deleted_at IS NULL
         ORDER BY type, dt DESC, id DESC
     ) live
-    WHERE coalesce(then, '') <> ''
+    WHERE coalesce(chains, '') <> ''
 ), {_ARCHIVED.format(scope=_PULLED_SCOPE)},
 {_MOVED.format(conflict=_KEEP_FIRST)}, {_NOTED},
 counted AS (
