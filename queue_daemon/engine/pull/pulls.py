@@ -154,16 +154,14 @@ class Pulls:
         journal refused the follow-on jobs (nothing changed)."""
         claims = [(c.id, c.claim) for c in completions]
         if all(not c.jobs and c.exitcode // 100 in FINAL for c in completions):
-            applied = await self._archive(client, worker, completions, claims)
+            applied = await self._archive(client, worker, completions)
             # what is left: stale claims, and ok runs of a type whose handler
             # chains a ``then`` job (journaled before their outcomes)
             left = [c for c in completions if c.id not in applied]
             if left:
-                applied |= await self._decided(
-                    client, worker, left, [(c.id, c.claim) for c in left]
-                )
+                applied |= await self._decided(client, worker, left)
         else:
-            applied = await self._decided(client, worker, completions, claims)
+            applied = await self._decided(client, worker, completions)
         self._metrics.pulled(client, "completed", len(applied))
         stale = len(completions) - len(applied)
         unknown = await self._unknown(client, claims, applied)
@@ -171,11 +169,7 @@ class Pulls:
         return applied, unknown
 
     async def _archive(
-        self,
-        client: str,
-        worker: str,
-        completions: Sequence[Completion],
-        claims: list[tuple[str, str]],
+        self, client: str, worker: str, completions: Sequence[Completion]
     ) -> set[str]:
         """Runs that all ended ok or failed, without follow-on jobs: archived in one
         statement, nothing read or decided from their rows first (the store
@@ -183,11 +177,7 @@ class Pulls:
         limit = self._releases.result_limit(client)
         # an id or claim with a space was never given out: no job is held by it
         # (and the statement's texts are split on spaces)
-        sendable = [
-            (c, claim)
-            for c, claim in zip(completions, claims, strict=True)
-            if " " not in c.id and " " not in c.claim
-        ]
+        sendable = [c for c in completions if " " not in c.id and " " not in c.claim]
         releases = [
             Release(
                 id=c.id,
@@ -196,10 +186,11 @@ class Pulls:
                 exitcode=c.exitcode,
                 result=None if c.result is None else clip(c.result, limit),
             )
-            for c, _ in sendable
+            for c in sendable
         ]
+        claims = [(c.id, c.claim) for c in sendable]
         done = await self._store.archive_pulled(
-            releases, _locks([claim for _, claim in sendable], worker), client=client, worker=worker
+            releases, _locks(claims, worker), client=client, worker=worker
         )
         attempts: dict[str, dict[str, int]] = defaultdict(dict)  # stored type -> id -> attempts
         for job_id, stored, tries in done:
@@ -211,11 +202,7 @@ class Pulls:
         return {job_id for job_id, _, _ in done}
 
     async def _decided(
-        self,
-        client: str,
-        worker: str,
-        completions: Sequence[Completion],
-        claims: list[tuple[str, str]],
+        self, client: str, worker: str, completions: Sequence[Completion]
     ) -> set[str]:
         """Each run's release decided from its job's row (its attempts, its time,
         the handler's rules) while the store holds the jobs locked, follow-on jobs
@@ -227,6 +214,7 @@ class Pulls:
             logged.clear()
             return await self._decide(held, by_id, logged)
 
+        claims = [(c.id, c.claim) for c in completions]
         applied = await self._store.complete_pulled(
             _locks(claims, worker), decide, client=client, worker=worker
         )
