@@ -40,21 +40,43 @@ async def write_releases(
     (queries.release.ARCHIVE_PULLED: scoped to the client, counted for the
     worker; keeps the first row)."""
     q = queries.release
-    archive, release = (
-        (q.ARCHIVE_KEEP_FIRST, q.RELEASE_KEEP_FIRST) if keep_first else (q.ARCHIVE, q.RELEASE)
+    archive_ok, archive, release = (
+        (q.ARCHIVE_OK_KEEP_FIRST, q.ARCHIVE_KEEP_FIRST, q.RELEASE_KEEP_FIRST)
+        if keep_first
+        else (q.ARCHIVE_OK, q.ARCHIVE, q.RELEASE)
     )
     rows: list[asyncpg.Record] = []
     chunks = _by_result_size(sorted(releases, key=lambda r: r.id))
     together = conn.transaction() if len(chunks) > 1 else contextlib.nullcontext()
     async with together:
         for chunk in chunks:
-            statement = archive if all(r.how == ReleaseHow.ARCHIVE for r in chunk) else release
-            held = locks if isinstance(locks, str) else [locks[r.id] for r in chunk]
-            if pulled is None:
-                rows += await conn.fetch(statement, *release_params(chunk, held))
-            else:
+            if pulled is not None:
+                held = locks if isinstance(locks, str) else [locks[r.id] for r in chunk]
                 rows += await conn.fetch(q.ARCHIVE_PULLED, *release_params(chunk, held), *pulled)
+            elif isinstance(locks, str) and all(map(_plain_ok, chunk)):
+                rows += await conn.fetch(archive_ok, _joined_ids(chunk), locks)
+            else:
+                held = locks if isinstance(locks, str) else [locks[r.id] for r in chunk]
+                every = all(r.how == ReleaseHow.ARCHIVE for r in chunk)
+                rows += await conn.fetch(
+                    archive if every else release, *release_params(chunk, held)
+                )
     return rows
+
+
+_ARCHIVE = ReleaseHow.ARCHIVE  # a module constant: an enum member's lookup costs a job
+
+
+def _plain_ok(r: Release) -> bool:
+    """A release of ``queries.release.ARCHIVE_OK``: done, ok with exit code 200,
+    no result, counted."""
+    return (
+        r.how is _ARCHIVE
+        and r.exitcode == 200
+        and r.result is None
+        and r.code == "ok"
+        and not r.refund_attempt
+    )
 
 
 def _by_result_size(releases: list[Release]) -> list[list[Release]]:
@@ -72,15 +94,24 @@ def _by_result_size(releases: list[Release]) -> list[list[Release]]:
     return chunks
 
 
+def _joined_ids(releases: Sequence[Release]) -> str:
+    """The ids of ``releases`` in one text, joined by spaces. StoreError if an id
+    holds a space (the text is split on spaces; no id the daemon makes holds one)."""
+    ids = " ".join([r.id for r in releases])
+    if ids.count(" ") != len(releases) - 1:
+        raise StoreError("a job id holds a space: it cannot be released")
+    return ids
+
+
 def release_params(releases: Sequence[Release], locks: str | Sequence[str]) -> tuple[object, ...]:
     """The parameters of ``queries.release.RELEASE`` for ``releases`` (in this
     order), each under its lock (``locks``: one for all, or one per release).
-    StoreError if an id or a lock holds a space (the texts are split on spaces;
-    no id the daemon makes holds one, nor a sysid or a pull worker's lock)."""
-    ids = " ".join([r.id for r in releases])
+    StoreError if an id or a lock holds a space (as ``_joined_ids``; nor does a
+    sysid or a pull worker's lock)."""
+    ids = _joined_ids(releases)
     held = " ".join([locks] * len(releases)) if isinstance(locks, str) else " ".join(locks)
-    if ids.count(" ") != len(releases) - 1 or held.count(" ") != len(releases) - 1:
-        raise StoreError("a job id or lock holds a space: it cannot be released")
+    if held.count(" ") != len(releases) - 1:
+        raise StoreError("a lock holds a space: it cannot be released")
     return (
         ids,
         " ".join([r.how for r in releases]),  # StrEnum: joined as their text

@@ -118,6 +118,28 @@ ARCHIVE = _ARCHIVE.format(archived=_ARCHIVED_ANY, moved=_MOVED.format(conflict="
 ARCHIVE_KEEP_FIRST = _ARCHIVE.format(
     archived=_ARCHIVED_ANY, moved=_MOVED.format(conflict=_KEEP_FIRST), noted=_NOTED
 )
+# ARCHIVE when every run ended ok with exit code 200, returned no result and
+# counted (the common batch), all under one lock ($2; $1 the ids, as in
+# _RELEASES): the outcome is a constant, so two parameters to send and split
+# instead of eight arrays, about 1.3 us of PostgreSQL's CPU a job less
+# (measured end to end on no-op jobs). The ids and the lock are read through
+# sub-selects: the planner then knows neither the number of ids (a join
+# against 1,000 of them it planned as a hash of the whole table, 2 us a job
+# more) nor the lock (a constant lets it read jobs_running_idx, see
+# _RELEASES), and looks each id up by primary key.
+_ARCHIVED_OK = """
+archived AS (
+    DELETE FROM jobs j
+    WHERE j.id = ANY((SELECT string_to_array($1, ' '))::text[]) AND j.lock = (SELECT $2::text)
+    RETURNING j.id, j.type, j.data, j.create_dt, j.attempts, j.run_dt, j.runs, j.dependents,
+              j.deadline, j.lock, false AS refund, 'ok'::text AS code, 200 AS exitcode,
+              NULL::text AS result, false AS uncounted
+)
+"""
+ARCHIVE_OK = _ARCHIVE.format(archived=_ARCHIVED_OK, moved=_MOVED.format(conflict=""), noted=_NOTED)
+ARCHIVE_OK_KEEP_FIRST = _ARCHIVE.format(
+    archived=_ARCHIVED_OK, moved=_MOVED.format(conflict=_KEEP_FIRST), noted=_NOTED
+)
 
 # A pull worker's complete whose runs all ended ok or failed, without follow-on
 # jobs (the common one): nothing to decide from the jobs' rows, so they are

@@ -102,3 +102,35 @@ async def test_a_release_of_an_id_done_already_keeps_the_first(
     assert await conn.fetchval("SELECT result FROM jobs_done WHERE id = 'd1'") == "first"
     in_jobs = await conn.fetchval("SELECT count(*) FROM jobs WHERE id = 'd2'")
     assert in_jobs == (1 if how == ReleaseHow.RETRY else 0)
+
+
+async def test_a_plain_ok_batch_is_archived_where_its_claim_holds(
+    store: PgStore, conn: asyncpg.Connection
+) -> None:
+    """Runs that all ended ok, 200, without a result (queries.release.ARCHIVE_OK):
+    archived with that outcome and their run, counted; a job another claim holds
+    now is left as it is; an id done already keeps its first row."""
+    assert await store.add_jobs([job(f"p{i}") for i in range(4)], fresh=True) == 4
+    assert len(await store.claim("a-t", 10, sysid="s1", lease=600.0)) == 4
+    await conn.execute("UPDATE jobs SET lock = 's9' WHERE id = 'p2'")  # claimed again elsewhere
+    await conn.execute(
+        "INSERT INTO jobs_done (id, type, data, create_dt, done_dt, attempts, code, exitcode,"
+        " result) VALUES ('p3', 'a-t', 'p', now(), now(), 1, 'ok', 200, 'first')"
+    )
+    plain = [Release(id=f"p{i}", how=ReleaseHow.ARCHIVE, code="ok", exitcode=200) for i in range(4)]
+    assert await store.release(plain, sysid="s1") == {"p0", "p1", "p3"}
+    rows = await conn.fetch(
+        "SELECT id, code, exitcode, result, attempts, ran_by, run_dt IS NOT NULL AS ran"
+        " FROM jobs_done ORDER BY id"
+    )
+    assert [tuple(r) for r in rows] == [
+        ("p0", "ok", 200, None, 1, "s1", True),
+        ("p1", "ok", 200, None, 1, "s1", True),
+        ("p3", "ok", 200, "first", 1, None, False),
+    ]
+    assert await conn.fetchval("SELECT lock FROM jobs WHERE id = 'p2'") == "s9"
+    assert await conn.fetchval("SELECT count(*) FROM jobs WHERE id <> 'p2'") == 0
+    job_runs = await conn.fetchval("SELECT runs FROM all_jobs WHERE id = 'p0'")
+    assert '"by": "sysid:s1"' in job_runs and '"code": "ok"' in job_runs, job_runs
+    counted = "SELECT n FROM type_counts WHERE type = 'a-t' AND code = 'ok'"
+    assert await conn.fetchval(counted) == 3

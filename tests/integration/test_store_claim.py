@@ -468,7 +468,27 @@ async def test_hot_path_plans_avoid_full_scans(store: PgStore, conn: asyncpg.Con
     listing = await _plan(conn, queries.jobs.LIST_JOBS_FIRST, "bench", None, None, 51, 1 << 20)
     assert "jobs_client_created_idx" in listing and "jobs_running_idx" in listing, listing
     assert "jobs_done_client_created_idx" in listing and "Merge Append" in listing, listing
-    for plan in (claim, whole_claim, waiting, unhandled, old, expire, purge, listing):
+    # a release of a whole batch: each id looked up by primary key (the planner,
+    # told of 1,000 ids, hashed the whole table instead)
+    ids = [r[0] for r in await conn.fetch("SELECT id FROM jobs ORDER BY id LIMIT 1000")]
+    plain = [Release(id=i, how=ReleaseHow.ARCHIVE, code="ok", exitcode=200) for i in ids]
+    archive_ok = await _plan(conn, queries.release.ARCHIVE_OK, " ".join(ids), "s1")
+    archive = await _plan(conn, queries.release.ARCHIVE, *release_params(plain, "s1"))
+    for plan in (archive_ok, archive):
+        assert "jobs_pkey" in plan and "Hash" not in plan, plan
+    plans = (
+        claim,
+        whole_claim,
+        waiting,
+        unhandled,
+        old,
+        expire,
+        purge,
+        listing,
+        archive_ok,
+        archive,
+    )
+    for plan in plans:
         assert "Seq Scan on jobs" not in plan, plan
 
 
