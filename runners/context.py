@@ -240,13 +240,9 @@ class Context:
                     running = jobs[index] if index < len(jobs) else None
                     index += running is not None
                     implied = True
-                    if sink is not None:
-                        del message  # what the result does not hold (its output) is freed
-                        # the time the daemon takes is not the next job's
-                        clock.move(timeout)
-                        results[-1] = await sink.take(result)
-                    if printed:
-                        await self._spend_outside_the_clock(printed, timeout)
+                    del message  # what the result does not hold (its output) is freed
+                    if printed or (sink is not None and sink.wants(result)):
+                        results[-1] = await self._taken(result, sink, printed, timeout)
                 elif op == "done":
                     if running is not None or index < len(jobs):
                         raise ProtocolError("done before every job had a result")
@@ -262,6 +258,18 @@ class Context:
             clock.stop()
             reader.on_end = None
         return await self._failed(jobs, results, running, index, timeout_per_job, problem)
+
+    async def _taken(
+        self, result: JobResult, sink: ResultSink | None, printed: int, job_seconds: float
+    ) -> JobResult:
+        """``result`` as ``sink`` keeps it, and what it printed spent from the
+        tenant's output budget: time the daemon takes, not the next job's."""
+        if sink is not None and sink.wants(result):
+            self._clock.move(job_seconds)
+            result = await sink.take(result)
+        if printed:
+            await self._spend_outside_the_clock(printed, job_seconds)
+        return result
 
     async def _held_back(
         self, running: JobInput | None, jobs: Sequence[JobInput], index: int

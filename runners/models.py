@@ -86,5 +86,8 @@ class ResultSink(Protocol):
         """Bytes of follow-on payloads one run may add: a context drops the rest
         itself (``emit_over`` in its reply), so they never reach the daemon."""
 
+    def wants(self, result: JobResult) -> bool:
+        """Whether ``take`` would change ``result`` (follow-on jobs to take out)."""
+
     async def take(self, result: JobResult) -> JobResult:
         """The result to keep."""

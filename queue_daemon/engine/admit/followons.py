@@ -91,16 +91,21 @@ class FollowOns:
         """Whether the result of ``job_id`` was taken (as it arrived)."""
         return job_id in self._taken
 
-    async def take(self, result: JobResult) -> JobResult:
-        """``result`` without its follow-on jobs, which are now pending or written;
-        its exit code and result say so when some were dropped or refused."""
-        self._taken.add(result.id)
-        if not result.ran or not (
+    def wants(self, result: JobResult) -> bool:
+        """Whether ``take`` has anything to do for ``result`` (most runs: nothing,
+        and the result is kept as it is, with no coroutine to await)."""
+        return result.ran and bool(
             result.emits
             or result.dropped
             or result.emit_over
             or (self._spec.then and code_of(result.exitcode) == "ok")
-        ):  # nothing to take (most runs): the result as it is
+        )
+
+    async def take(self, result: JobResult) -> JobResult:
+        """``result`` without its follow-on jobs, which are now pending or written;
+        its exit code and result say so when some were dropped or refused."""
+        self._taken.add(result.id)
+        if not self.wants(result):  # nothing to take: the result as it is
             return result
         jobs, sizes, drops = self._within_limits(result)
         if jobs:

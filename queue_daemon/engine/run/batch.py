@@ -118,12 +118,13 @@ class BatchRunner:
             )
             share = elapsed * 1000 / len(jobs)
             by_id: dict[str, JobResult] = {}
-            took = batch.follow.took
+            took, wants = batch.follow.took, batch.follow.wants
             for ran in results:
                 if ran.ran:
                     run_ms[ran.id] = share if ran.run_ms is None else ran.run_ms
-                # most results were taken as they arrived: no coroutine for those
-                by_id[ran.id] = ran if took(ran.id) else await batch.take(ran)
+                # taken as they arrived, or nothing to take (most results): no
+                # coroutine for those
+                by_id[ran.id] = ran if took(ran.id) or not wants(ran) else await batch.take(ran)
             self._metrics.ran(spec.lang, elapsed)
             now = datetime.now(UTC)
             releases: list[Release] = []
