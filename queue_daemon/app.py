@@ -358,7 +358,7 @@ async def serve(settings: Settings, ready: Callable[[str], None] | None = None) 
     return 1 if failed else 0
 
 
-# new live objects between collections of the young generation (Python's default: 700);
+# new live objects between collections of the young generation (Python 3.11's default: 700);
 # about 0.5 us of the daemon's CPU a no-op job less (measured end to end)
 GC_YOUNG = 20_000
 

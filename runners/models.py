@@ -77,9 +77,9 @@ class JobResult:
 
 
 class ResultSink(Protocol):
-    """Takes each result as it arrives, before the next job's: the daemon takes the
-    follow-on jobs out (journaling them in chunks), so a batch never holds every
-    job's follow-on jobs at once."""
+    """Takes each result that ``wants`` names as it arrives, before the next job's:
+    the daemon takes the follow-on jobs out (journaling them in chunks), so a batch
+    never holds every job's follow-on jobs at once."""
 
     @property
     def emit_limit(self) -> int:

@@ -53,7 +53,7 @@ async def write_releases(
             if pulled is not None:
                 held = locks if isinstance(locks, str) else [locks[r.id] for r in chunk]
                 rows += await conn.fetch(q.ARCHIVE_PULLED, *release_params(chunk, held), *pulled)
-            elif isinstance(locks, str) and all(map(_plain_ok, chunk)):
+            elif isinstance(locks, str) and " " not in locks and all(map(_plain_ok, chunk)):
                 rows += await conn.fetch(archive_ok, _joined_ids(chunk), locks)
             else:
                 held = locks if isinstance(locks, str) else [locks[r.id] for r in chunk]

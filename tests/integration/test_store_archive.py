@@ -14,7 +14,7 @@ from queue_daemon.domain.jobs import NewJob, Release, ReleaseHow
 from queue_daemon.domain.pulled import OptedJobs
 from queue_daemon.store import queries
 from queue_daemon.store.pg import PgStore
-from queue_daemon.store.pg_release import release_params
+from queue_daemon.store.pg_release import release_params, write_releases
 
 
 def job(job_id: str) -> NewJob:
@@ -134,3 +134,44 @@ async def test_a_plain_ok_batch_is_archived_where_its_claim_holds(
     assert '"by": "sysid:s1"' in job_runs and '"code": "ok"' in job_runs, job_runs
     counted = "SELECT n FROM type_counts WHERE type = 'a-t' AND code = 'ok'"
     assert await conn.fetchval(counted) == 3
+
+
+class _Sent:
+    """A connection that records the statements sent through it."""
+
+    def __init__(self, conn: asyncpg.Connection) -> None:
+        self.conn = conn
+        self.sent: list[str] = []
+
+    async def fetch(self, query: str, *args: object) -> list[asyncpg.Record]:
+        self.sent.append(query)
+        return await self.conn.fetch(query, *args)
+
+    def transaction(self) -> object:
+        return self.conn.transaction()
+
+
+@pytest.mark.parametrize(
+    ("release", "locks", "statement"),
+    [
+        (Release(id="q0", how=ReleaseHow.ARCHIVE, code="ok", exitcode=200), "s1", "ARCHIVE_OK"),
+        (Release(id="q0", how=ReleaseHow.ARCHIVE, code="ok", exitcode=200, result=""), "s1",
+         "ARCHIVE"),
+        (Release(id="q0", how=ReleaseHow.ARCHIVE, code="ok", exitcode=201), "s1", "ARCHIVE"),
+        (Release(id="q0", how=ReleaseHow.ARCHIVE, code="ok", exitcode=200, refund_attempt=True),
+         "s1", "ARCHIVE"),
+        (Release(id="q0", how=ReleaseHow.ARCHIVE, code="ok", exitcode=200), {"q0": "s1"},
+         "ARCHIVE"),
+        (Release(id="q0", how=ReleaseHow.RETRY, code="error", exitcode=500, delay=1.0), "s1",
+         "RELEASE"),
+    ],
+)  # fmt: skip
+async def test_only_a_plain_ok_batch_under_one_lock_takes_the_short_statement(
+    store: PgStore, conn: asyncpg.Connection, release: Release, locks: object, statement: str
+) -> None:
+    assert await store.add_jobs([job("q0")], fresh=True) == 1
+    assert len(await store.claim("a-t", 10, sysid="s1", lease=600.0)) == 1
+    sent = _Sent(conn)
+    rows = await write_releases(sent, [release], locks, keep_first=False)  # type: ignore[arg-type]
+    assert [r[0] for r in rows if r[0] is not None] == ["q0"]
+    assert sent.sent == [getattr(queries.release, statement)]
