@@ -69,6 +69,12 @@ moved AS (
 # goes and the first stays. Not in the statements of every release: the
 # arbiter's check costs an archive about 15% more.
 _KEEP_FIRST = "ON CONFLICT (id) DO NOTHING"
+# The jobs that run again. Their releases are picked by the two hows that
+# mean it, not by ``<> 'archive'``: the planner, which knows nothing of the
+# unnest's values, expects an equality (or two) to keep a few of its rows and
+# a difference nearly all, and for a batch of 1,000 it joined them to every
+# entry of jobs_pkey in order (a merge join reading the whole index) instead
+# of looking each one up.
 _AGAIN = f"""
 again AS (
 UPDATE jobs j
@@ -89,7 +95,7 @@ SET lock = '',
     )
 } END
 FROM {_RELEASES}
-WHERE r.how <> 'archive' AND j.id = r.id AND j.lock = r.lock
+WHERE r.how IN ('retry', 'unget') AND j.id = r.id AND j.lock = r.lock
 RETURNING j.id
 )
 """

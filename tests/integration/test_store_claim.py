@@ -474,8 +474,10 @@ async def test_hot_path_plans_avoid_full_scans(store: PgStore, conn: asyncpg.Con
     plain = [Release(id=i, how=ReleaseHow.ARCHIVE, code="ok", exitcode=200) for i in ids]
     archive_ok = await _plan(conn, queries.release.ARCHIVE_OK, " ".join(ids), "s1")
     archive = await _plan(conn, queries.release.ARCHIVE, *release_params(plain, "s1"))
-    for plan in (archive_ok, archive):
-        assert "jobs_pkey" in plan and "Hash" not in plan, plan
+    again = [Release(id=i, how=ReleaseHow.RETRY, code="error", exitcode=500) for i in ids]
+    release = await _plan(conn, queries.release.RELEASE, *release_params(again, "s1"))
+    for plan in (archive_ok, archive, release):
+        assert "jobs_pkey" in plan and "Hash" not in plan and "Merge" not in plan, plan
     plans = (
         claim,
         whole_claim,
