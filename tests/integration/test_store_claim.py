@@ -476,7 +476,10 @@ async def test_hot_path_plans_avoid_full_scans(store: PgStore, conn: asyncpg.Con
     archive = await _plan(conn, queries.release.ARCHIVE, *release_params(plain, "s1"))
     again = [Release(id=i, how=ReleaseHow.RETRY, code="error", exitcode=500) for i in ids]
     release = await _plan(conn, queries.release.RELEASE, *release_params(again, "s1"))
-    for plan in (archive_ok, archive, release):
+    pulled = await _plan(
+        conn, queries.release.ARCHIVE_PULLED, *release_params(plain, "s1"), "bench", "w1"
+    )
+    for plan in (archive_ok, archive, release, pulled):
         assert "jobs_pkey" in plan and "Hash" not in plan and "Merge" not in plan, plan
     plans = (
         claim,
