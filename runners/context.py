@@ -241,8 +241,9 @@ class Context:
                     index += running is not None
                     implied = True
                     del message  # what the result does not hold (its output) is freed
-                    if printed or (sink is not None and sink.wants(result)):
-                        results[-1] = await self._taken(result, sink, printed, timeout)
+                    taker = sink if sink is not None and sink.wants(result) else None
+                    if printed or taker is not None:
+                        results[-1] = await self._taken(result, taker, printed, timeout)
                 elif op == "done":
                     if running is not None or index < len(jobs):
                         raise ProtocolError("done before every job had a result")
@@ -262,9 +263,10 @@ class Context:
     async def _taken(
         self, result: JobResult, sink: ResultSink | None, printed: int, job_seconds: float
     ) -> JobResult:
-        """``result`` as ``sink`` keeps it, and what it printed spent from the
-        tenant's output budget: time the daemon takes, not the next job's."""
-        if sink is not None and sink.wants(result):
+        """``result`` as ``sink`` (one that wants it, if any) keeps it, and what it
+        printed spent from the tenant's output budget: time the daemon takes, not
+        the next job's."""
+        if sink is not None:
             self._clock.move(job_seconds)
             result = await sink.take(result)
         if printed:

@@ -50,14 +50,13 @@ async def write_releases(
     together = conn.transaction() if len(chunks) > 1 else contextlib.nullcontext()
     async with together:
         for chunk in chunks:
+            held = locks if isinstance(locks, str) else [locks[r.id] for r in chunk]
             if pulled is not None:
-                held = locks if isinstance(locks, str) else [locks[r.id] for r in chunk]
                 rows += await conn.fetch(q.ARCHIVE_PULLED, *release_params(chunk, held), *pulled)
-            elif isinstance(locks, str) and " " not in locks and all(map(_plain_ok, chunk)):
-                rows += await conn.fetch(archive_ok, _joined_ids(chunk), locks)
+            elif isinstance(held, str) and " " not in held and all(map(_plain_ok, chunk)):
+                rows += await conn.fetch(archive_ok, _joined_ids(chunk), held)
             else:
-                held = locks if isinstance(locks, str) else [locks[r.id] for r in chunk]
-                every = all(r.how == ReleaseHow.ARCHIVE for r in chunk)
+                every = all(r.how is _ARCHIVE for r in chunk)
                 rows += await conn.fetch(
                     archive if every else release, *release_params(chunk, held)
                 )
