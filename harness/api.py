@@ -35,6 +35,7 @@ STAT_FIELDS = {
     "done_ok",
     "done_failed",
     "done_error",
+    "paused",
 }
 
 

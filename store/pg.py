@@ -84,6 +84,10 @@ class PgStore:
         self.stats = jobs.stats
         self.cancel_job = jobs.cancel_job
         self.delete_done = jobs.delete_done
+        self.pause_type = jobs.pause_type
+        self.pause_tenant = jobs.pause_tenant
+        self.paused = jobs.paused
+        self.paused_counts = jobs.paused_counts
         # TenantStore
         self.add_tenant = tenants.add_tenant
         self.list_tenants = tenants.list_tenants

@@ -12,10 +12,10 @@ from typing import cast
 import asyncpg
 
 from queue_daemon.domain.jobs import ClaimedJob, Dispatch, Job, JobPage, JobState, NewJob, epoch_ms
-from queue_daemon.domain.views import TypeStats
+from queue_daemon.domain.views import Paused, TypeStats
 from queue_daemon.store import queries
 from queue_daemon.store.cursor import decode_cursor, encode_cursor
-from queue_daemon.store.errors import Conflict, NotFound
+from queue_daemon.store.errors import Conflict, LimitReached, NotFound
 from queue_daemon.store.notes import added_payload
 from queue_daemon.store.pg_base import Db, job_of, state_of, status_count
 from queue_daemon.store.pg_graph import GraphPart
@@ -306,6 +306,37 @@ class JobsPart:
                     break
                 # waiting now: ingested (or put back) between the two statements
             raise Conflict(f"job {job_id!r} is {state_of(lock).value}")
+
+    async def pause_type(self, client: str, type: str, *, paused: bool, most: int) -> None:
+        """Pause or resume the stored ``type`` of ``client``; LimitReached when
+        ``client`` has ``most`` paused types already."""
+        if not paused:
+            await self._db.execute(queries.jobs.RESUME, type)
+        elif not await self._db.fetchval(
+            queries.jobs.PAUSE_TYPE, type, f"{client}-", f"{client}.", most
+        ):
+            raise LimitReached(f"{most} types are paused already; resume one first")
+
+    async def pause_tenant(self, client: str, *, paused: bool) -> None:
+        """Pause or resume every type of ``client``; NotFound when it is not an
+        active tenant (a resume: whatever it is)."""
+        if not paused:
+            await self._db.execute(queries.jobs.RESUME, client)
+        elif not await self._db.fetchval(queries.jobs.PAUSE_TENANT, client):
+            raise NotFound(f"no active tenant {client!r}")
+
+    async def paused(self, client: str) -> Paused:
+        rows = await self._db.fetch(queries.jobs.PAUSED, client)
+        names = {row["name"] for row in rows}
+        prefix = len(client) + 1
+        return Paused(
+            tenant=client in names,
+            types=frozenset(name[prefix:] for name in names if name != client),
+        )
+
+    async def paused_counts(self) -> dict[str, tuple[bool, int]]:
+        rows = await self._db.fetch(queries.jobs.PAUSED_COUNTS)
+        return {row["client"]: (row["tenant"], row["types"]) for row in rows}
 
     async def delete_done(
         self, client: str, *, type: str | None, before: datetime, limit: int

@@ -42,6 +42,7 @@ from queue_daemon.domain.views import (
     DaemonLease,
     DaemonSeen,
     FailedJob,
+    Paused,
     QueueDepth,
     RunningJobs,
     TypeStats,
@@ -194,6 +195,17 @@ class JobQueries(Protocol):
         """Delete up to ``limit`` of ``client``'s done jobs done before ``before``
         (of stored ``type``, or any); how many per stored type."""
 
+    async def pause_type(self, client: str, type: str, *, paused: bool, most: int) -> None:
+        """Pause (or resume) the stored ``type`` of ``client``: its jobs wait, no
+        claim takes them. LimitReached when ``client`` has ``most`` paused types."""
+
+    async def pause_tenant(self, client: str, *, paused: bool) -> None:
+        """Pause (or resume) every type of ``client``. NotFound when pausing a
+        tenant that is not active."""
+
+    async def paused(self, client: str) -> Paused:
+        """What of ``client`` is paused."""
+
 
 class SysidLeases(Protocol):
     async def reserve_sysid(
@@ -245,6 +257,11 @@ class Dashboard(Protocol):
 
     async def live_workers(self) -> dict[str, int]:
         """client -> its pull workers seen within their lease."""
+        ...
+
+    async def paused_counts(self) -> dict[str, tuple[bool, int]]:
+        """client -> (whether it is paused, how many of its types are), for the
+        tenants with anything paused."""
         ...
 
     async def archived_counts(self) -> dict[str, int]:

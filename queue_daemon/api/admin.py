@@ -48,7 +48,7 @@ async def list_tenants(request: web.Request) -> web.Response:
     )
 
 
-def _client(request: web.Request) -> str:
+def client_of_path(request: web.Request) -> str:
     client = request.match_info["client"]
     if not valid_client(client):
         raise errors.bad_name("client must match [a-z0-9_]{1,40}")
@@ -58,7 +58,7 @@ def _client(request: web.Request) -> str:
 async def get_limits(request: web.Request) -> web.Response:
     services = request.app[SERVICES]
     await authorize_admin(request, services)
-    client = _client(request)
+    client = client_of_path(request)
     try:
         overrides = await services.tenants.get_tenant_limits(client)
     except NotFound:
@@ -71,7 +71,7 @@ async def set_limits(request: web.Request) -> web.Response:
     whose value is null goes back to the daemon's default."""
     services = request.app[SERVICES]
     await authorize_admin(request, services)
-    client = _client(request)
+    client = client_of_path(request)
     try:
         raw = orjson.loads(await read_body(request, "*admin", LIMITS_BODY_LIMIT))
     except orjson.JSONDecodeError as exc:

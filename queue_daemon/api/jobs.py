@@ -26,7 +26,7 @@ from queue_daemon.api.web import (
 from queue_daemon.domain.jobs import Job, JobState
 from queue_daemon.domain.names import JobType, iso, valid_type
 from queue_daemon.domain.options import ID_RE, MAX_AFTER, NO_OPTIONS, JobOptions
-from queue_daemon.domain.views import TypeStats
+from queue_daemon.domain.views import Paused, TypeStats
 from queue_daemon.engine.admit.ids import MAX_KEY
 from queue_daemon.engine.backoff import Backoff
 from queue_daemon.store.errors import BadCursor, Conflict, NotFound
@@ -34,6 +34,7 @@ from queue_daemon.store.errors import BadCursor, Conflict, NotFound
 logger = logging.getLogger(__name__)
 
 MAX_WAIT_S = 60.0  # the longest a GET of a job is held (wait=)
+NO_JOBS = TypeStats()  # the counts of a paused type without jobs
 
 
 async def add_jobs(request: web.Request) -> web.Response:
@@ -263,7 +264,7 @@ async def list_jobs(request: web.Request) -> web.Response:
     return json_response({"jobs": [job_body(job) for job in page.jobs], "next": page.next})
 
 
-def _stats_body(stats: TypeStats) -> dict[str, int]:
+def _stats_body(stats: TypeStats, paused: bool) -> dict[str, int | bool]:
     return {
         "waiting": stats.waiting,
         "scheduled": stats.scheduled,
@@ -272,14 +273,33 @@ def _stats_body(stats: TypeStats) -> dict[str, int]:
         "done_ok": stats.done_ok,
         "done_failed": stats.done_failed,
         "done_error": stats.done_error,
+        "paused": paused,
     }
 
 
+async def _stats_read(services: Services, client: str) -> tuple[dict[str, TypeStats], Paused]:
+    return await services.jobs.stats(client), await services.jobs.paused(client)
+
+
 async def stats(request: web.Request) -> web.Response:
+    """Counts per type, and what is paused: every type paused by the tenant is
+    listed (with zero counts when it has no jobs); ``paused`` at the top is the
+    operator's pause of the whole tenant, which every type's shows too."""
     services = request.app[SERVICES]
     client = await authorize(request, services)
-    by_type = await services.reads.get(("stats", client), lambda: services.jobs.stats(client))
-    return json_response({"types": {name: _stats_body(s) for name, s in sorted(by_type.items())}})
+    by_type, paused = await services.reads.get(
+        ("stats", client), lambda: _stats_read(services, client)
+    )
+    names = sorted(by_type.keys() | paused.types)
+    return json_response(
+        {
+            "types": {
+                name: _stats_body(by_type.get(name, NO_JOBS), paused.type_paused(name))
+                for name in names
+            },
+            "paused": paused.tenant,
+        }
+    )
 
 
 DELETE_CHUNK = 1000  # rows a statement

@@ -4,7 +4,17 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from queue_daemon.api import admin, handlers, health, jobs, openapi, overview, pull, schedules
+from queue_daemon.api import (
+    admin,
+    handlers,
+    health,
+    jobs,
+    openapi,
+    overview,
+    pauses,
+    pull,
+    schedules,
+)
 from queue_daemon.api.web import SERVICES, Services, error_middleware
 
 
@@ -24,6 +34,8 @@ def build_app(services: Services) -> web.Application:
     router.add_get("/{client}/jobs", jobs.list_jobs)
     router.add_post("/{client}/jobs/delete", jobs.delete_jobs)
     router.add_get("/{client}/stats", jobs.stats)
+    router.add_post("/{client}/type/{type}/pause", pauses.pause_type)
+    router.add_post("/{client}/type/{type}/resume", pauses.resume_type)
     router.add_post("/{client}/job/{type}/claim", pull.claim)
     router.add_post("/{client}/job/{id}/renew", pull.renew_one)
     router.add_post("/{client}/job/{id}/complete", pull.complete_one)
@@ -42,6 +54,8 @@ def build_app(services: Services) -> web.Application:
     router.add_get("/admin/tenants", admin.list_tenants)
     router.add_get("/admin/tenants/{client}/limits", admin.get_limits)
     router.add_post("/admin/tenants/{client}/limits", admin.set_limits)
+    router.add_post("/admin/tenants/{client}/pause", pauses.pause_tenant)
+    router.add_post("/admin/tenants/{client}/resume", pauses.resume_tenant)
     router.add_get("/healthz", health.healthz)
     router.add_get("/livez", health.livez)
     router.add_get("/readyz", health.readyz)

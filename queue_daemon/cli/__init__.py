@@ -83,7 +83,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return asyncio.run(admin_command(args))
         if args.command == "stats":
             return stats_command(args)
-        if args.command in ("job", "worker"):
+        if args.command in ("job", "type", "worker"):
             return tenant_client_command(args)
         return journal_check(args)
     except CliError as exc:

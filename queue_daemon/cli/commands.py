@@ -18,6 +18,7 @@ from queue_daemon.domain.names import valid_client
 from queue_daemon.engine.admit.limits import LIMIT_KEYS, LimitsError, validate_overrides
 from queue_daemon.settings import Settings
 from queue_daemon.store.errors import Conflict, NotFound
+from queue_daemon.store.ports import Store
 from queue_daemon.wiring.store import open_store
 
 RESERVED_CLIENTS = frozenset({"admin"})  # its paths would collide with /admin/... routes
@@ -132,6 +133,24 @@ async def admin_command(args: argparse.Namespace) -> int:
             await asyncio.to_thread(embedded.stop_if_last)
 
 
+async def _tenant_setting(store: Store, args: argparse.Namespace) -> None:
+    """``tenant pause|resume|limits CLIENT``."""
+    try:
+        if args.action == "limits":
+            overrides = await store.get_tenant_limits(args.client)
+            if args.changes:
+                overrides = await store.set_tenant_limits(
+                    args.client, _limit_changes(overrides, args.changes)
+                )
+            # the overrides; every other limit is the daemon's flag
+            print(orjson.dumps({"client": args.client, "overrides": overrides}).decode())
+        else:
+            await store.pause_tenant(args.client, paused=args.action == "pause")
+            print(f"tenant {args.client} {args.action}d")
+    except NotFound:
+        raise CliError(f"no active tenant {args.client}") from None
+
+
 async def tenant_command(args: argparse.Namespace) -> int:
     grace = number(args.grace, "--grace", float, 0) if args.action == "rotate" else 0.0
     if args.action == "add":
@@ -156,17 +175,8 @@ async def tenant_command(args: argparse.Namespace) -> int:
             except NotFound:
                 raise CliError(f"no active tenant {args.client}") from None
             print(f"tenant {args.client} revoked")
-        elif args.action == "limits":
-            try:
-                overrides = await store.get_tenant_limits(args.client)
-                if args.changes:
-                    overrides = await store.set_tenant_limits(
-                        args.client, _limit_changes(overrides, args.changes)
-                    )
-            except NotFound:
-                raise CliError(f"no active tenant {args.client}") from None
-            # the overrides; every other limit is the daemon's flag
-            print(orjson.dumps({"client": args.client, "overrides": overrides}).decode())
+        elif args.action in ("pause", "resume", "limits"):
+            await _tenant_setting(store, args)
         elif args.action == "rotate":
             token = new_token()
             try:

@@ -273,6 +273,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--grace", default="3600", help="seconds the previous token stays valid (default 3600)"
     )
     _common(tsub.add_parser("list", help="list tenants"))
+    for action, text in (
+        ("pause", "pause every type of a tenant: its jobs wait until resumed"),
+        ("resume", "resume a paused tenant"),
+    ):
+        p = tsub.add_parser(action, help=text)
+        _common(p)
+        p.add_argument("client")
     limits = tsub.add_parser(
         "limits",
         help="show or set a tenant's limits: KEY=VALUE (KEY=default drops an override)",

@@ -1,4 +1,4 @@
-"""``queue-daemon job …`` and ``queue-daemon worker run …``: a tenant drives the
+"""``queue-daemon job …``, ``type pause|resume`` and ``worker run …``: a tenant drives the
 queue from a shell, through the client library, against ``--url`` with
 ``--client`` and ``--token`` (or ``QUEUE_URL``, ``QUEUE_CLIENT``, ``QUEUE_TOKEN``).
 Replies are printed as JSON; an error is one line on stderr and exit 1."""
@@ -45,6 +45,12 @@ def add_parsers(sub: Any) -> None:
     listing.add_argument("--state", choices=("blocked", "waiting", "running", "done"))
     listing.add_argument("--limit", type=int, default=100)
     listing.add_argument("--after", help="the cursor of the previous page's next")
+    kind = sub.add_parser("type", help="pause or resume a type over HTTP")
+    ksub = kind.add_subparsers(dest="action", required=True)
+    pause = ksub.add_parser("pause", help="its jobs wait (adds are still taken) until resumed")
+    pause.add_argument("type")
+    resume = ksub.add_parser("resume", help="its jobs run again")
+    resume.add_argument("type")
     worker = sub.add_parser("worker", help="run a function on the jobs of a pulled type")
     wsub = worker.add_subparsers(dest="action", required=True)
     run = wsub.add_parser("run", help="claim and run jobs until SIGTERM")
@@ -55,7 +61,7 @@ def add_parsers(sub: Any) -> None:
     run.add_argument("--batch", type=int, default=100)
     run.add_argument("--wait", type=float, default=20.0, help="seconds a claim is held")
     run.add_argument("--grace", type=float, default=30.0, help="seconds to finish on SIGTERM")
-    for parser in (add, get, wait, cancel, listing, run):
+    for parser in (add, get, wait, cancel, listing, pause, resume, run):
         parser.add_argument("--url", default=os.environ.get("QUEUE_URL"), help="env QUEUE_URL")
         parser.add_argument(
             "--client", default=os.environ.get("QUEUE_CLIENT"), help="env QUEUE_CLIENT"
@@ -122,6 +128,10 @@ async def _run(args: argparse.Namespace) -> None:
     async with Client(args.url, args.client, args.token) as q:
         if args.command == "job":
             await _job(args, q)
+            return
+        if args.command == "type":
+            pause = args.action == "pause"
+            _print(await (q.pause(args.type) if pause else q.resume(args.type)))
             return
         worker = Worker(
             q,

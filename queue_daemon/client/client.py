@@ -259,6 +259,15 @@ class Client:
         stats: dict[str, Any] = await self.request("GET", "/stats")
         return stats
 
+    async def pause(self, type: str) -> dict[str, Any]:
+        """Pause a type: its jobs wait (adds are still taken) until ``resume``."""
+        reply: dict[str, Any] = await self.request("POST", f"/type/{type}/pause")
+        return reply
+
+    async def resume(self, type: str) -> dict[str, Any]:
+        reply: dict[str, Any] = await self.request("POST", f"/type/{type}/resume")
+        return reply
+
     # --- handlers ---------------------------------------------------------------
 
     async def add_handler(

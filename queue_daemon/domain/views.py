@@ -19,6 +19,18 @@ class TypeStats:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class Paused:
+    """What of one tenant is paused: the whole tenant (by the operator), and
+    its types (by the tenant, without the client prefix)."""
+
+    tenant: bool = False
+    types: frozenset[str] = frozenset()
+
+    def type_paused(self, type: str) -> bool:
+        return self.tenant or type in self.types
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class QueueDepth:
     """One stored jobtype's counts, for the dashboard."""
 

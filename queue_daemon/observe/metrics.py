@@ -81,6 +81,7 @@ class Metrics:
         self._pulled: dict[tuple[str, str], int] = {}
         self._graph: dict[tuple[str, str], int] = {}
         self._live_workers: dict[str, int] = {}
+        self._paused: dict[str, tuple[bool, int]] = {}
         self._ticks: dict[tuple[str, str], int] = {}
         self._ticks_deferred: dict[tuple[str, str], int] = {}
         self._add_seconds = Histogram(FAST_BUCKETS)
@@ -286,6 +287,7 @@ class Metrics:
             )
             self._depth = {depth.type: depth for depth in depths}
             self._live_workers = await asyncio.wait_for(store.live_workers(), DEPTH_TIMEOUT_S)
+            self._paused = await asyncio.wait_for(store.paused_counts(), DEPTH_TIMEOUT_S)
             self._depth_ok = True
         except (StoreError, TimeoutError) as exc:
             if self._depth_ok is not False:
@@ -298,6 +300,32 @@ class Metrics:
     def render(self) -> bytes:
         """The text exposition of every metric."""
         return generate_latest(self.registry)
+
+    def _paused_families(self) -> Iterable[Metric]:
+        types = GaugeMetricFamily(
+            "queue_paused_types",
+            "Types paused by their tenant (every daemon's store), by tenant",
+            labels=["tenant"],
+        )
+        tenants = GaugeMetricFamily(
+            "queue_paused_tenants",
+            "Tenants paused whole by the operator (1 each), by tenant",
+            labels=["tenant"],
+        )
+        paused_types: Tally[str] = Tally()
+        paused_tenants: Tally[str] = Tally()
+        for client, (whole, count) in self._paused.items():
+            label = self.labels.tenant(client)
+            paused_types[label] += count
+            paused_tenants[label] += whole
+        for label, count in sorted(paused_types.items()):
+            if count:
+                types.add_metric([label], count)
+        for label, count in sorted(paused_tenants.items()):
+            if count:
+                tenants.add_metric([label], count)
+        yield types
+        yield tenants
 
     def depth_families(self) -> Iterable[Metric]:
         depth = GaugeMetricFamily(
@@ -327,6 +355,7 @@ class Metrics:
         for label, count in sorted(workers.items()):
             live.add_metric([label], count)
         yield live
+        yield from self._paused_families()
         if self._depth_ok is not None:
             up = GaugeMetricFamily(
                 "queue_store_up", "1 if the store answered the last queue depth query, else 0"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from queue_daemon.store.queries.queue import NOT_PAUSED
+
 JOBS_TABLE = "jobs"
 
 # Ingestion that may insert a batch again (``fresh`` false: after a crash, a
@@ -48,7 +50,8 @@ FROM (SELECT count(*) AS n FROM added) c
 """
 # A fresh batch of a few jobs, those whose $6 is true stored claimed by the
 # daemon ingesting it (sysid $7, lease $8 seconds, its first attempt), unless
-# that sysid's lease ran out or was released (as queue.CLAIM); the others
+# that sysid's lease ran out or was released (as queue.CLAIM) or their type is
+# paused (a probe of paused's key a job: these batches are small); the others
 # waiting, notified with $9 at commit when any of them is (or "" when the
 # sysid could not claim: which of them wait is not known then). Returns each
 # row inserted, whether it was claimed, and its type's live handler version
@@ -61,7 +64,7 @@ FROM (SELECT count(*) AS n FROM added) c
 # sysid stores nothing, so that no other daemon can take a job of an add that
 # may yet be refused. If the batch is not fresh, REMOVE_DONE follows in its
 # transaction.
-INSERT_DISPATCHED = """
+INSERT_DISPATCHED = f"""
 WITH lapsed AS (
     SELECT EXISTS (
         SELECT 1 FROM sysids s
@@ -80,7 +83,9 @@ added AS (
     FROM unnest($1::text[], $2::text[], $3::timestamptz[], $4::text[], $5::timestamptz[],
                 $6::bool[]) AS n(id, type, dt, data, create_dt, claim)
     CROSS JOIN lapsed l
-    CROSS JOIN LATERAL (SELECT n.claim AND NOT l.yes AS claim) c
+    CROSS JOIN LATERAL (
+        SELECT n.claim AND NOT l.yes AND {NOT_PAUSED.format(type="n.type")} AS claim
+    ) c
     WHERE NOT ($10 AND l.yes)
     ON CONFLICT (id) DO NOTHING
     RETURNING id, type, lock <> '' AS claimed

@@ -152,3 +152,42 @@ DELETE_DONE = queue.DELETE_DONE_JOBS.format(
           AND done_dt < $3 AND NOT dependents""",
     limit="$4",
 )
+
+# Pausing (migration 0015). $1 a stored type, $2 and $3 the bounds of its
+# tenant's stored types ('client-', 'client.'), $4 the most paused types a
+# tenant may have: whether the type is paused now (false: the tenant has $4
+# paused already).
+PAUSE_TYPE = """
+WITH added AS (
+    INSERT INTO paused (name)
+    SELECT $1
+    WHERE (SELECT count(*) FROM (
+              SELECT 1 FROM paused WHERE name >= $2 AND name < $3 LIMIT $4) c) < $4
+    ON CONFLICT (name) DO NOTHING
+    RETURNING 1
+)
+SELECT EXISTS (SELECT 1 FROM added) OR EXISTS (SELECT 1 FROM paused WHERE name = $1)
+"""
+# $1 a tenant: paused, when it is an active one (whether it is).
+PAUSE_TENANT = """
+WITH active AS (SELECT client FROM tenants WHERE client = $1 AND revoked_at IS NULL),
+added AS (INSERT INTO paused (name) SELECT client FROM active ON CONFLICT (name) DO NOTHING)
+SELECT EXISTS (SELECT 1 FROM active)
+"""
+# $1 a stored type or a tenant: resumed, and the daemons told to look for work
+# again (a notification at commit, when it was paused).
+RESUME = """
+WITH gone AS (DELETE FROM paused WHERE name = $1 RETURNING 1)
+SELECT pg_notify('qd_jobs', '') FROM gone
+"""
+# Per tenant: whether it is paused itself, and how many of its types are.
+PAUSED_COUNTS = """
+SELECT split_part(name, '-', 1) AS client, bool_or(strpos(name, '-') = 0) AS tenant,
+       count(*) FILTER (WHERE strpos(name, '-') > 0) AS types
+FROM paused
+GROUP BY 1
+"""
+# $1 a tenant: the tenant's own name when it is paused, and its paused types.
+PAUSED = """
+SELECT name FROM paused WHERE name = $1 OR (name >= $1 || '-' AND name < $1 || '.')
+"""

@@ -24,6 +24,11 @@ FLUSHED = (
 )
 SERVER_EPOCH = "SELECT pg_postmaster_start_time()::text"
 
+# Neither the stored type {type} nor its tenant is paused (migration 0015): a
+# one-time filter where {type} is a parameter, one probe of paused's key.
+NOT_PAUSED = """NOT EXISTS (
+    SELECT 1 FROM paused p WHERE p.name IN ({type}, split_part({type}, '-', 1)))"""
+
 # The newest live handler version of every type, one descent of
 # handlers_live_idx per type (a loose index scan): ``live(type, lang)``.
 LIVE_TYPES = """
@@ -59,6 +64,7 @@ CROSS JOIN LATERAL (
           LIMIT $1) capped
 ) eligible
 WHERE live.lang IS DISTINCT FROM 'worker' AND eligible.n > 0
+  AND {NOT_PAUSED.format(type='live.type COLLATE "C"')}
 """
 
 # A round of the sweep of waiting types that no daemon runs: up to $3 waiting
@@ -69,7 +75,7 @@ WHERE live.lang IS DISTINCT FROM 'worker' AND eligible.n > 0
 # entry, which is its oldest dt; a candidate's live handler is one descent of
 # handlers_live_idx. Bounded per round, so a store of many idle types is swept
 # a slice at a time (the caller goes on from the last type it got).
-UNHANDLED_TYPES = """
+UNHANDLED_TYPES = f"""
 WITH RECURSIVE types(type, dt, n) AS (
     (SELECT type, dt, 1 FROM jobs WHERE lock = '' AND type > $2 ORDER BY type, dt LIMIT 1)
     UNION ALL
@@ -84,7 +90,7 @@ WITH RECURSIVE types(type, dt, n) AS (
 )
 SELECT t.type,
        t.dt < now() - make_interval(secs => $1) AND (h.lang IS NULL OR h.lang = 'worker')
-           AS expired,
+           AND {NOT_PAUSED.format(type="t.type")} AS expired,
        coalesce(h.lang = 'worker', false) AS pulled
 FROM types t
 LEFT JOIN LATERAL (
@@ -98,12 +104,13 @@ ORDER BY t.type
 UNHANDLED_LOCK = "SELECT pg_try_advisory_xact_lock(hashtext('qd_unhandled'))"
 
 # $1 type, $2 limit: the {columns} of the claimable jobs, locked, oldest dt
-# first, when {also} holds too. CLAIM_IDS is kept apart so a test can EXPLAIN
-# it: it must read jobs_waiting_idx.
-CLAIMABLE = """
-SELECT {columns} FROM jobs
+# first, unless the type is paused, when {also} holds too. CLAIM_IDS is kept
+# apart so a test can EXPLAIN it: it must read jobs_waiting_idx.
+CLAIMABLE = f"""
+SELECT {{columns}} FROM jobs
 WHERE type = $1 AND lock = '' AND dt <= now() AND (deadline IS NULL OR deadline > now())
-  AND {also}
+  AND {NOT_PAUSED.format(type="$1")}
+  AND {{also}}
 ORDER BY dt
 LIMIT $2
 FOR UPDATE SKIP LOCKED

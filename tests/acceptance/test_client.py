@@ -237,6 +237,26 @@ async def test_the_job_command_line(deployment: tuple[str, str, Path]) -> None:
     assert nowhere.returncode == 2 and "--url" in nowhere.stderr
 
 
+async def test_a_type_paused_and_resumed_by_the_library_and_the_command_line(
+    deployment: tuple[str, str, Path],
+) -> None:
+    url, token, tmp_path = deployment
+    async with Client(url, "t", token) as q:
+        await q.add_handler("napping", "python", "def handler(p, ctx):\n    return p\n")
+        assert await q.pause("napping") == {"type": "napping", "paused": True}
+        [job_id] = await q.add("napping", ["z"])
+        assert (await q.stats())["types"]["napping"]["paused"] is True
+        assert await q.resume("napping") == {"type": "napping", "paused": False}
+        assert (await q.wait(job_id, timeout=30))["result"] == "z"
+        paused = _cli(tmp_path, url, token, "type", "pause", "napping")
+        assert json.loads(paused.stdout) == {"type": "napping", "paused": True}, paused
+        assert (await q.stats())["types"]["napping"]["paused"] is True
+        resumed = _cli(tmp_path, url, token, "type", "resume", "napping")
+        assert json.loads(resumed.stdout) == {"type": "napping", "paused": False}, resumed
+    bad = _cli(tmp_path, url, token, "type", "pause", "no spaces")
+    assert bad.returncode == 1 and "400" in bad.stderr and "Traceback" not in bad.stderr
+
+
 def _cli_without_a_url() -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "queue_daemon", "job", "get", "x"],

@@ -200,6 +200,25 @@ async def test_an_add_to_an_idle_daemon_is_stored_while_the_journal_writes_it(
     assert store.rows[job_id].result == "X" and early.made == [True]
 
 
+async def test_an_early_add_to_a_paused_type_is_stored_waiting_once(
+    running: Running, early: EarlyRig
+) -> None:
+    """Stored, none claimed (the type is paused): the rows are the batch's, and
+    the ingester does not insert them again; resumed, each runs once."""
+    store, pool, _, loop = running
+    await store.pause_type("acme", ACME_T.stored, paused=True, most=10)
+    ids = await early.intake.add(ACME_T, ["x", "y"], create_ms=now_ms(), dt_ms=now_ms())
+    await until(lambda: early.journal.lag.unread_lines == 0, "the batch rsync'ed")
+    assert early.made == [True] and store.calls["add_dispatched"] == 1
+    assert store.calls.get("add_jobs", 0) == 0  # not inserted again
+    assert [(store.rows[i].lock, store.rows[i].attempts) for i in ids] == [("", 0)] * 2
+    assert loop.running == 0
+    await store.pause_type("acme", ACME_T.stored, paused=False, most=10)
+    loop.on_jobs({ACME_T.stored: 2})
+    await until(lambda: all(store.rows[i].lock == DONE for i in ids), "the jobs done")
+    assert all(pool.ran.count(i) == 1 for i in ids)
+
+
 async def test_an_add_the_journal_refuses_runs_none_of_its_early_stored_jobs(
     running: Running, early: EarlyRig, monkeypatch: pytest.MonkeyPatch
 ) -> None:

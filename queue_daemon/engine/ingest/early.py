@@ -113,8 +113,9 @@ class EarlyAdd:
                 claimed = []  # the add was refused: none of them runs
                 await self._remove()
                 return None
-            if not claimed:  # the sysid lapsed: nothing was stored
+            if not added:  # the sysid lapsed: nothing was stored
                 return None
+            # (stored, none claimed: their type is paused, and they wait)
             return Stored(self._jobs, epoch, added, frozenset(job.id for job in claimed))
         except BaseException:  # cancelled (shutting down): they run after their lease
             claimed = []

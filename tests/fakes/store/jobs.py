@@ -8,9 +8,9 @@ from datetime import datetime
 
 from queue_daemon.domain.jobs import Job, JobPage, JobState, NewJob, Resolution, epoch_ms
 from queue_daemon.domain.pulled import OptedJobs
-from queue_daemon.domain.views import TypeStats
+from queue_daemon.domain.views import Paused, TypeStats
 from queue_daemon.store.cursor import decode_cursor, encode_cursor
-from queue_daemon.store.errors import Conflict, NotFound
+from queue_daemon.store.errors import Conflict, LimitReached, NotFound
 from tests.fakes.store.tables import (
     BLOCKED_DT,
     DONE,
@@ -253,6 +253,35 @@ class Jobs(Tables):
         if row.dependents:
             self.resolve([row.id])
         return job_of(row)
+
+    async def pause_type(self, client: str, type: str, *, paused: bool, most: int) -> None:
+        self._call("pause_type")
+        if not paused:
+            self.pauses.discard(type)
+        elif type not in self.pauses:
+            if (
+                sum(1 for name in self.pauses if client_of(name) == client and name != client)
+                >= most
+            ):
+                raise LimitReached(f"{most} types are paused already; resume one first")
+            self.pauses.add(type)
+
+    async def paused(self, client: str) -> Paused:
+        self._call("paused")
+        prefix = f"{client}-"
+        return Paused(
+            tenant=client in self.pauses,
+            types=frozenset(n.removeprefix(prefix) for n in self.pauses if n.startswith(prefix)),
+        )
+
+    async def paused_counts(self) -> dict[str, tuple[bool, int]]:
+        self._call("paused_counts")
+        counts: dict[str, tuple[bool, int]] = {}
+        for name in self.pauses:
+            tenant, types = counts.get(client_of(name), (False, 0))
+            whole = "-" not in name
+            counts[client_of(name)] = (tenant or whole, types + (not whole))
+        return counts
 
     async def delete_done(
         self, client: str, *, type: str | None, before: datetime, limit: int

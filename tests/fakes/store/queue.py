@@ -104,7 +104,7 @@ class Queue(Tables):
         now, cap = self.now(), max(1, limit_per_type)
         counts: dict[str, int] = {}
         for row in self.rows.values():
-            if self._due(row, now) and self._run_here(row.type):
+            if self._due(row, now) and self._run_here(row.type) and not self._paused(row.type):
                 counts[row.type] = min(counts.get(row.type, 0) + 1, cap)
         return counts
 
@@ -157,7 +157,7 @@ class Queue(Tables):
             row = self.rows[job.id] = Row(job.id, job.type, job.dt, job.data, job.create_dt)
             self._unflushed.append(job.id)
             added += 1
-            if job.id in dispatch.ids and not lapsed:
+            if job.id in dispatch.ids and not lapsed and not self._paused(job.type):
                 handler = self._live_handler(job.type)
                 row.lock, row.dt, row.run_dt = dispatch.sysid, now + _secs(dispatch.lease), now
                 row.attempts = 1
@@ -188,7 +188,7 @@ class Queue(Tables):
         for type in types:
             handler = self._live_handler(type)
             lang = None if handler is None else handler.data.get("lang")
-            if oldest[type] < cutoff and lang in (None, "worker"):
+            if oldest[type] < cutoff and lang in (None, "worker") and not self._paused(type):
                 expired.append((type, lang == "worker"))
         return UnhandledRound(
             expired=expired, next_after=types[-1] if len(types) >= steps else None

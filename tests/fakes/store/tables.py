@@ -103,6 +103,7 @@ class Tables:
         self._unflushed: list[str] = []  # ids added, not yet flushed
         self.edges: set[tuple[str, str]] = set()  # job_deps: (dep, job)
         self.handlers: dict[str, HandlerRecord] = {}  # type -> its live version
+        self.pauses: set[str] = set()  # stored types and tenants (0015)
         self.archived: dict[str, int] = {}  # type -> jobs ever archived (0006)
         self.fail: dict[str, int] = {}  # method -> failures still to raise
         self.calls: dict[str, int] = {}
@@ -120,7 +121,10 @@ class Tables:
         return row.lock == "" and row.dt <= now
 
     def _claimable(self, type: str, now: datetime) -> list[Row]:
-        """``queries.queue.CLAIM_IDS``: eligible, deadline not passed, oldest dt first."""
+        """``queries.queue.CLAIM_IDS``: eligible, deadline not passed, oldest dt
+        first; none while the type is paused."""
+        if self._paused(type):
+            return []
         return sorted(
             (
                 r
@@ -132,6 +136,10 @@ class Tables:
 
     def _live_handler(self, type: str) -> HandlerRecord | None:
         return self.handlers.get(type)
+
+    def _paused(self, type: str) -> bool:
+        """``queries.queue.NOT_PAUSED`` does not hold."""
+        return type in self.pauses or client_of(type) in self.pauses
 
     def _run_here(self, type: str) -> bool:
         handler = self.handlers.get(type)
