@@ -63,6 +63,13 @@ class Api:
         if status != 200:
             raise BenchError(f"handler del {type_} answered {status}: {data}")
 
+    async def pause(self, type_: str, paused: bool = True) -> None:
+        """Pause (or resume) a type: its jobs wait, its contexts stay warm."""
+        action = "pause" if paused else "resume"
+        status, data = await self._json("POST", f"/type/{type_}/{action}")
+        if status != 200:
+            raise BenchError(f"{action} {type_} answered {status}: {data}")
+
     async def post(self, type_: str, body: bytes) -> list[str]:
         """The ids of the lines of ``body``, acknowledged (journaled) by the daemon."""
         status, data = await self._json(
