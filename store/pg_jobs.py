@@ -100,7 +100,15 @@ class JobsPart:
         waiting = added_payload(
             job for job, claimed in zip(jobs, claim, strict=True) if not claimed
         )
-        args = (*columns, claim, dispatch.sysid, float(dispatch.lease), waiting, early)
+        args = (
+            *columns,
+            claim,
+            dispatch.sysid,
+            float(dispatch.lease),
+            waiting,
+            early,
+            dispatch.running,
+        )
         async with self._db.conn() as conn:
             if fresh:  # one statement, one round trip
                 rows = await conn.fetch(queries.intake.INSERT_DISPATCHED, *args)
@@ -311,17 +319,20 @@ class JobsPart:
         """Pause or resume the stored ``type`` of ``client``; LimitReached when
         ``client`` has ``most`` paused types already."""
         if not paused:
-            await self._db.execute(queries.jobs.RESUME, type)
-        elif not await self._db.fetchval(
-            queries.jobs.PAUSE_TYPE, type, f"{client}-", f"{client}.", most
-        ):
-            raise LimitReached(f"{most} types are paused already; resume one first")
+            await self._db.execute(queries.jobs.RESUME_TYPE, type)
+            return
+        async with self._db.conn() as conn, conn.transaction():
+            await conn.execute(queries.jobs.PAUSE_LOCK, client)
+            if not await conn.fetchval(
+                queries.jobs.PAUSE_TYPE, type, f"{client}-", f"{client}.", most
+            ):
+                raise LimitReached(f"{most} types are paused already; resume one first")
 
     async def pause_tenant(self, client: str, *, paused: bool) -> None:
         """Pause or resume every type of ``client``; NotFound when it is not an
         active tenant (a resume: whatever it is)."""
         if not paused:
-            await self._db.execute(queries.jobs.RESUME, client)
+            await self._db.execute(queries.jobs.RESUME_TENANT, client)
         elif not await self._db.fetchval(queries.jobs.PAUSE_TENANT, client):
             raise NotFound(f"no active tenant {client!r}")
 

@@ -125,6 +125,9 @@ class Dispatch:
     ids: frozenset[str]
     sysid: str
     lease: float
+    # jobs the daemon runs already, stored again after a store crash took their
+    # rows: claimed by it even when their type was paused since
+    running: bool = False
 
 
 class ExpiredLock(NamedTuple):

@@ -51,9 +51,11 @@ FROM (SELECT count(*) AS n FROM added) c
 # A fresh batch of a few jobs, those whose $6 is true stored claimed by the
 # daemon ingesting it (sysid $7, lease $8 seconds, its first attempt), unless
 # that sysid's lease ran out or was released (as queue.CLAIM) or their type is
-# paused (a probe of paused's key a job: these batches are small); the others
+# paused (a probe of paused's key a job: these batches are small) and $11 is
+# false ($11: jobs the daemon runs already, stored again); the others
 # waiting, notified with $9 at commit when any of them is (or "" when the
-# sysid could not claim: which of them wait is not known then). Returns each
+# sysid could not claim: which of them wait is not known then; none for the
+# jobs of a paused type: nothing can claim them, and a resume notifies). Returns each
 # row inserted, whether it was claimed, and its type's live handler version
 # in the snapshot that inserted it (as queue.CLAIM). $1..$5 the columns as
 # arrays, as INSERT_FEW. It commits without waiting for the WAL flush, as
@@ -84,7 +86,7 @@ added AS (
                 $6::bool[]) AS n(id, type, dt, data, create_dt, claim)
     CROSS JOIN lapsed l
     CROSS JOIN LATERAL (
-        SELECT n.claim AND NOT l.yes AND {NOT_PAUSED.format(type="n.type")} AS claim
+        SELECT n.claim AND NOT l.yes AND ($11 OR {NOT_PAUSED.format(type="n.type")}) AS claim
     ) c
     WHERE NOT ($10 AND l.yes)
     ON CONFLICT (id) DO NOTHING
@@ -93,7 +95,8 @@ added AS (
 note AS (
     SELECT pg_notify('qd_jobs', CASE WHEN l.yes THEN '' ELSE $9 END)
     FROM lapsed l
-    WHERE EXISTS (SELECT 1 FROM added WHERE NOT claimed)
+    WHERE EXISTS (
+        SELECT 1 FROM added a WHERE NOT a.claimed AND {NOT_PAUSED.format(type="a.type")})
 )
 SELECT a.id, a.claimed,
        CASE WHEN a.claimed THEN (

@@ -156,7 +156,9 @@ DELETE_DONE = queue.DELETE_DONE_JOBS.format(
 # Pausing (migration 0015). $1 a stored type, $2 and $3 the bounds of its
 # tenant's stored types ('client-', 'client.'), $4 the most paused types a
 # tenant may have: whether the type is paused now (false: the tenant has $4
-# paused already).
+# paused already). After PAUSE_LOCK in its transaction, so that two pauses
+# at once cannot both pass the count.
+PAUSE_LOCK = "SELECT pg_advisory_xact_lock(hashtext('qd_paused:' || $1))"
 PAUSE_TYPE = """
 WITH added AS (
     INSERT INTO paused (name)
@@ -174,9 +176,20 @@ WITH active AS (SELECT client FROM tenants WHERE client = $1 AND revoked_at IS N
 added AS (INSERT INTO paused (name) SELECT client FROM active ON CONFLICT (name) DO NOTHING)
 SELECT EXISTS (SELECT 1 FROM active)
 """
-# $1 a stored type or a tenant: resumed, and the daemons told to look for work
-# again (a notification at commit, when it was paused).
-RESUME = """
+# $1 a stored type: resumed, and the daemons told at commit of its due jobs
+# (counted up to 1,000, as WAITING_JOBTYPES counts them) when it was paused
+# and has any: they claim them, and the workers waiting on the type wake.
+RESUME_TYPE = """
+WITH gone AS (DELETE FROM paused WHERE name = $1 RETURNING 1)
+SELECT pg_notify('qd_jobs', $1 || '=' || due.n)
+FROM (SELECT count(*) AS n FROM (
+          SELECT 1 FROM jobs WHERE type = $1 AND lock = '' AND dt <= now() LIMIT 1000) c
+     ) due
+WHERE due.n > 0 AND EXISTS (SELECT 1 FROM gone)
+"""
+# $1 a tenant: resumed, and the daemons told to read the waiting types again
+# (a notification at commit, when it was paused).
+RESUME_TENANT = """
 WITH gone AS (DELETE FROM paused WHERE name = $1 RETURNING 1)
 SELECT pg_notify('qd_jobs', '') FROM gone
 """

@@ -47,7 +47,8 @@ live(type, lang) AS (
 """
 
 # Stored jobtypes a daemon runs (a live handler that is not a pull worker's)
-# with eligible jobs, each counted up to $1 index entries of jobs_waiting_idx.
+# with eligible jobs, each counted up to $1 index entries of jobs_waiting_idx
+# (none read for a paused type: the check is a one-time filter of the count).
 # Driven by the handlers, not by the waiting jobs: types that wait without a
 # handler (a tenant's idle or pulled types, however many) cost nothing here;
 # the cost grows with the number of daemon-run types. A type with only future
@@ -60,11 +61,11 @@ CROSS JOIN LATERAL (
     SELECT count(*) AS n
     FROM (SELECT 1 FROM jobs j
           WHERE j.type = live.type COLLATE "C" AND j.lock = '' AND j.dt <= now()
+            AND {NOT_PAUSED.format(type='live.type COLLATE "C"')}
           ORDER BY j.dt
           LIMIT $1) capped
 ) eligible
 WHERE live.lang IS DISTINCT FROM 'worker' AND eligible.n > 0
-  AND {NOT_PAUSED.format(type='live.type COLLATE "C"')}
 """
 
 # A round of the sweep of waiting types that no daemon runs: up to $3 waiting
@@ -169,9 +170,10 @@ SELECT NULL, ({LIVE_HANDLER_ID}), NULL, NULL, NULL, NULL
 
 # Waiting jobs of type $1 created and due more than $2 seconds ago are done
 # with error 503 and result $3 (a type without a handler whose jobs' time ran
-# out), at most $4 a statement; through the waiting index, reading only the
+# out), at most $4 a statement, none while the type is paused (the sweep saw
+# it unpaused, a moment before); through the waiting index, reading only the
 # entries due that long ago (never the type's younger jobs, nor done ones).
-EXPIRE_WAITING = """
+EXPIRE_WAITING = f"""
 UPDATE jobs
 SET lock = '__done', done_dt = now(), dt = now() + interval '1000 years',
     code = 'error', exitcode = 503, result = $3
@@ -179,6 +181,7 @@ WHERE id = ANY(ARRAY(
     SELECT id FROM jobs
     WHERE type = $1 AND lock = '' AND dt < now() - make_interval(secs => $2)
       AND create_dt < now() - make_interval(secs => $2)
+      AND {NOT_PAUSED.format(type="$1")}
     ORDER BY dt
     LIMIT $4
     FOR UPDATE SKIP LOCKED

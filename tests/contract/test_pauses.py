@@ -74,12 +74,24 @@ async def test_an_add_dispatched_to_a_paused_type_waits(rig: Rig) -> None:
     assert row is not None and row.lock == "" and row.attempts == 0
 
 
+async def test_jobs_a_daemon_runs_are_stored_claimed_again_though_paused(rig: Rig) -> None:
+    s = rig.store
+    sysid = await s.reserve_sysid(None, holder="h", host="x", data_dir="/d", lease=60)
+    await s.pause_type("a", "a-t", paused=True, most=10)
+    again = Dispatch(ids=frozenset({"r1"}), sysid=sysid, lease=60.0, running=True)
+    added, claimed = await s.add_dispatched([new("r1"), new("w1")], again, fresh=False)
+    assert added == 2 and [job.id for job in claimed] == ["r1"]
+    row = await rig.row("w1")
+    assert row is not None and row.lock == ""
+
+
 async def test_a_paused_type_without_a_handler_is_not_expired(rig: Rig) -> None:
     s = rig.store
     await s.add_jobs([new("n", "a-none", ago=600), new("p", "a-held", ago=600)])
     await s.pause_type("a", "a-held", paused=True, most=10)
     sweep = await s.unhandled_types(60)
     assert sweep is not None and sweep.expired == [("a-none", False)]
+    assert await s.expire_waiting("a-held", 60, "no handler") == []  # paused since the sweep
 
 
 async def test_a_tenant_pauses_at_most_so_many_types(rig: Rig) -> None:

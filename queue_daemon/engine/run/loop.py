@@ -302,7 +302,7 @@ class RunLoop:
         mine = frozenset(job_id for job_id in ids if job_id in self._running)
         if not mine:
             return None
-        return Dispatch(ids=mine, sysid=self._sysid, lease=self._settings.lease)
+        return Dispatch(ids=mine, sysid=self._sysid, lease=self._settings.lease, running=True)
 
     def _hold(self, jobtype: str, limit: int) -> None:
         """Slots for a batch of up to ``limit`` jobs of ``jobtype``, held from the

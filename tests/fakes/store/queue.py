@@ -157,7 +157,11 @@ class Queue(Tables):
             row = self.rows[job.id] = Row(job.id, job.type, job.dt, job.data, job.create_dt)
             self._unflushed.append(job.id)
             added += 1
-            if job.id in dispatch.ids and not lapsed and not self._paused(job.type):
+            if (
+                job.id in dispatch.ids
+                and not lapsed
+                and (dispatch.running or not self._paused(job.type))
+            ):
                 handler = self._live_handler(job.type)
                 row.lock, row.dt, row.run_dt = dispatch.sysid, now + _secs(dispatch.lease), now
                 row.attempts = 1
@@ -196,6 +200,8 @@ class Queue(Tables):
 
     async def expire_waiting(self, type: str, older_than: float, result: str) -> list[str]:
         self._call("expire_waiting")
+        if self._paused(type):
+            return []
         now = self.now()
         cutoff = now - _secs(older_than)
         rows = sorted(
