@@ -84,6 +84,8 @@ class PgStore:
         self.stats = jobs.stats
         self.cancel_job = jobs.cancel_job
         self.delete_done = jobs.delete_done
+        self.rerun_job = jobs.rerun_job
+        self.rerun_done = jobs.rerun_done
         self.pause_type = jobs.pause_type
         self.pause_tenant = jobs.pause_tenant
         self.paused = jobs.paused

@@ -315,6 +315,23 @@ class JobsPart:
                 # waiting now: ingested (or put back) between the two statements
             raise Conflict(f"job {job_id!r} is {state_of(lock).value}")
 
+    async def rerun_job(self, client: str, job_id: str) -> Job:
+        rows = await self._db.fetch(queries.jobs.RERUN_JOB, job_id, client)
+        if not any(row["id"] is not None for row in rows):
+            row = await self._db.fetchrow(queries.jobs.GET_JOB, job_id, client)
+            if row is None:
+                raise NotFound(f"no job {job_id!r}")
+            raise Conflict(f"job {job_id!r} is {state_of(row['lock']).value}")
+        return await self.get_job(client, job_id)
+
+    async def rerun_done(
+        self, client: str, *, type: str | None, codes: Sequence[str], before: datetime, limit: int
+    ) -> dict[str, int]:
+        rows = await self._db.fetch(
+            queries.jobs.RERUN_DONE, client, type, list(codes), before, limit
+        )
+        return dict(Counter(row["type"] for row in rows if row["id"] is not None))
+
     async def pause_type(self, client: str, type: str, *, paused: bool, most: int) -> None:
         """Pause or resume the stored ``type`` of ``client``; LimitReached when
         ``client`` has ``most`` paused types already."""

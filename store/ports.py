@@ -195,6 +195,18 @@ class JobQueries(Protocol):
         """Delete up to ``limit`` of ``client``'s done jobs done before ``before``
         (of stored ``type``, or any); how many per stored type."""
 
+    async def rerun_job(self, client: str, job_id: str) -> Job:
+        """A done job (any outcome) waits again: due now, attempts 0, its
+        outcome and deadline cleared, its runs kept. NotFound, or Conflict when
+        it is not done."""
+
+    async def rerun_done(
+        self, client: str, *, type: str | None, codes: Sequence[str], before: datetime, limit: int
+    ) -> dict[str, int]:
+        """Rerun up to ``limit`` of ``client``'s jobs done with one of ``codes``
+        (failed, error) before ``before`` (of stored ``type``, or any): how
+        many per stored type."""
+
     async def pause_type(self, client: str, type: str, *, paused: bool, most: int) -> None:
         """Pause (or resume) the stored ``type`` of ``client``: its jobs wait, no
         claim takes them. LimitReached when ``client`` has ``most`` paused types."""

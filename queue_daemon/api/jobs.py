@@ -234,6 +234,64 @@ async def cancel_job(request: web.Request) -> web.Response:
     return json_response(job_body(job))
 
 
+async def rerun_job(request: web.Request) -> web.Response:
+    """A done job (any outcome) waits again, with fresh attempts; its runs are kept."""
+    services = request.app[SERVICES]
+    client = await authorize(request, services)
+    try:
+        job = await services.jobs.rerun_job(client, job_id_of(request))
+    except NotFound:
+        raise errors.not_found("no such job (or not yet in the store)") from None
+    except Conflict:
+        raise ApiError(409, "conflict", "only a done job can be rerun") from None
+    services.metrics.rerun(JobType(client, job.type).stored, 1)
+    return json_response(job_body(job))
+
+
+RERUN_CODES = ("failed", "error")
+
+
+async def rerun_jobs(request: web.Request) -> web.Response:
+    """Rerun a tenant's failed or errored jobs: ``code`` (failed or error, default
+    both), ``type``, ``before`` (ISO-8601 or epoch ms, default now). Bounded per
+    call as a delete is: ``more`` says to call again."""
+    services = request.app[SERVICES]
+    client = await authorize(request, services)
+    query = request.query
+    code = query.get("code") or None
+    if code is not None and code not in RERUN_CODES:
+        raise errors.bad_request("code must be failed or error (a bulk rerun takes no ok jobs)")
+    stored, before = _done_filters(client, query)
+    rerun = 0
+    more = True
+    ends = time.monotonic() + DELETE_TIME_S
+    while more and rerun < DELETE_MAX and time.monotonic() < ends:
+        counts = await services.jobs.rerun_done(
+            client,
+            type=stored,
+            codes=RERUN_CODES if code is None else (code,),
+            before=before,
+            limit=DELETE_CHUNK,
+        )
+        for jobtype, n in counts.items():
+            services.metrics.rerun(jobtype, n)
+        chunk = sum(counts.values())
+        rerun += chunk
+        more = chunk == DELETE_CHUNK
+    return json_response({"rerun": rerun, "more": more})
+
+
+def _done_filters(client: str, query: Any) -> tuple[str | None, datetime]:
+    """The stored ``type`` (or None: any) and ``before`` of a bulk call on done jobs."""
+    jobtype = query.get("type") or None
+    if jobtype is not None and not valid_type(jobtype):
+        raise errors.bad_name("type must match [A-Za-z0-9_.:-]{1,100}")
+    now_ms = time.time_ns() // 1_000_000
+    before_ms = now_ms if "before" not in query else parse_when({"dt": query["before"]}, now_ms)
+    before = datetime.fromtimestamp(min(before_ms, now_ms) / 1000, UTC)
+    return (None if jobtype is None else JobType(client, jobtype).stored), before
+
+
 async def list_jobs(request: web.Request) -> web.Response:
     services = request.app[SERVICES]
     client = await authorize(request, services)
@@ -318,13 +376,7 @@ async def delete_jobs(request: web.Request) -> web.Response:
         raise errors.bad_request(
             "state=done is required: only done jobs can be deleted (cancel a waiting one first)"
         )
-    jobtype = query.get("type") or None
-    if jobtype is not None and not valid_type(jobtype):
-        raise errors.bad_name("type must match [A-Za-z0-9_.:-]{1,100}")
-    now_ms = time.time_ns() // 1_000_000
-    before_ms = now_ms if "before" not in query else parse_when({"dt": query["before"]}, now_ms)
-    before = datetime.fromtimestamp(min(before_ms, now_ms) / 1000, UTC)
-    stored = None if jobtype is None else JobType(client, jobtype).stored
+    stored, before = _done_filters(client, query)
     deleted = 0
     more = True
     ends = time.monotonic() + DELETE_TIME_S

@@ -40,6 +40,12 @@ def add_parsers(sub: Any) -> None:
     wait.add_argument("--timeout", type=float)
     cancel = jsub.add_parser("cancel", help="cancel a waiting job")
     cancel.add_argument("id")
+    rerun = jsub.add_parser("rerun", help="a done job waits again, with fresh attempts")
+    rerun.add_argument("id")
+    failed = jsub.add_parser("rerun-failed", help="rerun the failed and errored jobs")
+    failed.add_argument("--type")
+    failed.add_argument("--code", choices=("failed", "error"), help="only these (default both)")
+    failed.add_argument("--before", help="done before (ISO-8601 or epoch ms; default now)")
     listing = jsub.add_parser("list", help="a page of jobs, newest first")
     listing.add_argument("--type")
     listing.add_argument("--state", choices=("blocked", "waiting", "running", "done"))
@@ -61,7 +67,7 @@ def add_parsers(sub: Any) -> None:
     run.add_argument("--batch", type=int, default=100)
     run.add_argument("--wait", type=float, default=20.0, help="seconds a claim is held")
     run.add_argument("--grace", type=float, default=30.0, help="seconds to finish on SIGTERM")
-    for parser in (add, get, wait, cancel, listing, pause, resume, run):
+    for parser in (add, get, wait, cancel, rerun, failed, listing, pause, resume, run):
         parser.add_argument("--url", default=os.environ.get("QUEUE_URL"), help="env QUEUE_URL")
         parser.add_argument(
             "--client", default=os.environ.get("QUEUE_CLIENT"), help="env QUEUE_CLIENT"
@@ -120,6 +126,10 @@ async def _job(args: argparse.Namespace, q: Client) -> None:
         _print(await q.wait(args.id, timeout=args.timeout))
     elif args.action == "cancel":
         _print(await q.cancel(args.id))
+    elif args.action == "rerun":
+        _print(await q.rerun(args.id))
+    elif args.action == "rerun-failed":
+        _print({"rerun": await q.rerun_failed(args.type, code=args.code, before=args.before)})
     else:
         _print(await q.list(type=args.type, state=args.state, limit=args.limit, after=args.after))
 

@@ -259,6 +259,29 @@ class Client:
         stats: dict[str, Any] = await self.request("GET", "/stats")
         return stats
 
+    async def rerun(self, job_id: str) -> dict[str, Any]:
+        """A done job waits again, with fresh attempts; its runs are kept."""
+        job: dict[str, Any] = await self.request("POST", f"/job/{job_id}/rerun", retry=False)
+        return job
+
+    async def rerun_failed(
+        self, type: str | None = None, *, code: str | None = None, before: Any = None
+    ) -> int:
+        """Rerun the tenant's failed and errored jobs (``code``: only failed or
+        only error; ``type``; done ``before``, default now), call after call
+        until none is left: how many."""
+        params = {
+            key: str(value)
+            for key, value in (("type", type), ("code", code), ("before", before))
+            if value is not None
+        }
+        total = 0
+        while True:
+            reply = await self.request("POST", "/jobs/rerun", params=params)
+            total += int(reply["rerun"])
+            if not reply["more"]:
+                return total
+
     async def pause(self, type: str) -> dict[str, Any]:
         """Pause a type: its jobs wait (adds are still taken) until ``resume``."""
         reply: dict[str, Any] = await self.request("POST", f"/type/{type}/pause")

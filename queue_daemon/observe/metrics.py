@@ -77,6 +77,7 @@ class Metrics:
         self._started: dict[tuple[str, str], int] = {}
         self._finished: dict[tuple[str, str, str], int] = {}
         self._lost_lease: dict[tuple[str, str], int] = {}
+        self._rerun: dict[tuple[str, str], int] = {}
         self._follow_ons_dropped: dict[tuple[str, str], int] = {}
         self._pulled: dict[tuple[str, str], int] = {}
         self._graph: dict[tuple[str, str], int] = {}
@@ -136,6 +137,11 @@ class Metrics:
         labels = self.labels.stored(stored_type)
         self._lost_lease[labels] = self._lost_lease.get(labels, 0) + count
 
+    def rerun(self, stored_type: str, count: int) -> None:
+        """Done jobs put back to wait by a rerun through this daemon."""
+        labels = self.labels.stored(stored_type)
+        self._rerun[labels] = self._rerun.get(labels, 0) + count
+
     def follow_ons_dropped(self, client: str, reason: str, count: int) -> None:
         """Follow-on jobs not added: invalid, over a per-run limit (count, bytes),
         over the add rate or the waiting limit (rate, waiting)."""
@@ -194,6 +200,12 @@ class Metrics:
                 " past it): their outcome was refused and is not counted as finished",
                 ["tenant", "type"],
                 self._lost_lease,
+            ),
+            (
+                "queue_jobs_rerun",
+                "Done jobs put back to wait by a rerun through this daemon, by tenant and type",
+                ["tenant", "type"],
+                self._rerun,
             ),
             (
                 "queue_follow_ons_dropped",

@@ -204,3 +204,68 @@ GROUP BY 1
 PAUSED = """
 SELECT name FROM paused WHERE name = $1 OR (name >= $1 || '-' AND name < $1 || '.')
 """
+
+# Reruns: a done job waits again, due now, with fresh attempts (0), its outcome
+# and deadline cleared and its runs kept. A job in jobs_done goes back to jobs,
+# its final run (kept in columns there) appended to `runs` as all_jobs shows
+# it; one marked done in jobs is updated in place. Both parts in one
+# statement; the count triggers move it from done to waiting. {pick_done}
+# and {pick_live} select the ids of each table (locked, SKIP LOCKED); the
+# jobs come back with their stored type, and the daemons are told of them at
+# commit (the due jobs per type, or "" past a notification's size).
+_FINAL_RUN = """
+CASE WHEN m.ran_by IS NULL THEN m.runs
+     ELSE coalesce(m.runs, '[]'::jsonb) || jsonb_build_array(jsonb_build_object(
+         'started', floor(extract(epoch FROM m.run_dt) * 1000)::bigint,
+         'ended', floor(extract(epoch FROM m.done_dt) * 1000)::bigint,
+         'by', CASE WHEN m.ran_by LIKE 'w:%' THEN 'worker:' || substr(m.ran_by, 36)
+                    ELSE 'sysid:' || m.ran_by END,
+         'exitcode', m.exitcode,
+         'code', m.code,
+         'reason', CASE m.code WHEN 'ok' THEN 'completed' WHEN 'failed' THEN 'failed'
+                               ELSE 'exception' END))
+END
+"""
+_RERUN = f"""
+WITH moved AS (
+    DELETE FROM jobs_done
+    WHERE id = ANY(ARRAY({{pick_done}}))
+    RETURNING *
+), back AS (
+    INSERT INTO jobs (id, type, dt, data, create_dt, attempts, runs, dependents)
+    SELECT m.id, m.type, now(), m.data, m.create_dt, 0, {_FINAL_RUN}, m.dependents
+    FROM moved m
+    RETURNING id, type
+), here AS (
+    UPDATE jobs
+    SET lock = '', dt = now(), done_dt = NULL, attempts = 0, code = NULL, exitcode = NULL,
+        result = NULL, run_dt = NULL, deadline = NULL
+    WHERE id = ANY(ARRAY({{pick_live}}))
+    RETURNING id, type
+), rerun AS (
+    SELECT id, type FROM back UNION ALL SELECT id, type FROM here
+), note AS (
+    SELECT pg_notify('qd_jobs', CASE WHEN length(t) < 7000 THEN t ELSE '' END)
+    FROM (SELECT string_agg(type || '=' || n, ' ') AS t
+          FROM (SELECT type, count(*) AS n FROM rerun GROUP BY type) c) p
+    WHERE t IS NOT NULL
+)
+SELECT id, type FROM rerun
+UNION ALL SELECT NULL, NULL FROM note
+"""
+# $1 id, $2 client
+RERUN_JOB = _RERUN.format(
+    pick_done="SELECT id FROM jobs_done WHERE id = $1 AND split_part(type, '-', 1) = $2 FOR UPDATE",
+    pick_live="SELECT id FROM jobs WHERE id = $1 AND split_part(type, '-', 1) = $2"
+    " AND lock = '__done' FOR UPDATE",
+)
+# $1 client, $2 stored type or NULL, $3 codes, $4 done before, $5 at most this
+# many in all: through the failed jobs' indexes (jobs_done_failed_idx,
+# jobs_failed_idx: codes failed and error), the client's range of types.
+_RERUN_WHERE = """type >= $1 || '-' AND type < $1 || '.' AND ($2::text IS NULL OR type = $2::text)
+      AND code IN ('failed', 'error') AND code = ANY($3::text[]) AND done_dt < $4"""
+RERUN_DONE = _RERUN.format(
+    pick_done=f"SELECT id FROM jobs_done WHERE {_RERUN_WHERE} LIMIT $5 FOR UPDATE SKIP LOCKED",
+    pick_live=f"""SELECT id FROM jobs WHERE lock = '__done' AND {_RERUN_WHERE}
+          LIMIT greatest(0, $5 - (SELECT count(*) FROM moved)) FOR UPDATE SKIP LOCKED""",
+)

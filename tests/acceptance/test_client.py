@@ -257,6 +257,27 @@ async def test_a_type_paused_and_resumed_by_the_library_and_the_command_line(
     assert bad.returncode == 1 and "400" in bad.stderr and "Traceback" not in bad.stderr
 
 
+async def test_failed_jobs_rerun_by_the_library_and_the_command_line(
+    deployment: tuple[str, str, Path],
+) -> None:
+    url, token, tmp_path = deployment
+    async with Client(url, "t", token) as q:
+        await q.add_handler("mend", "python", "def handler(p, ctx):\n    return 404\n")
+        one, two, three = await q.add("mend", ["1", "2", "3"])
+        for job_id in (one, two, three):
+            assert (await q.wait(job_id, timeout=30))["code"] == "failed"
+        await q.add_handler("mend", "python", "def handler(p, ctx):\n    return p\n")
+        assert (await q.rerun(one))["id"] == one
+        assert (await q.wait(one, timeout=30))["code"] == "ok"
+        rerun = _cli(tmp_path, url, token, "job", "rerun", two)
+        assert json.loads(rerun.stdout)["id"] == two, rerun
+        assert (await q.wait(two, timeout=30))["code"] == "ok"
+        bulk = _cli(tmp_path, url, token, "job", "rerun-failed", "--type", "mend")
+        assert json.loads(bulk.stdout) == {"rerun": 1}, bulk
+        assert (await q.wait(three, timeout=30))["code"] == "ok"
+        assert await q.rerun_failed("mend") == 0
+
+
 def _cli_without_a_url() -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "queue_daemon", "job", "get", "x"],

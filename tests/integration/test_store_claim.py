@@ -408,7 +408,7 @@ async def test_ingest_statements_commit_without_waiting_for_the_flush(
     own transaction: the ingester's flush makes them durable (docs/guarantees.md)."""
     now = datetime.now(UTC)
     columns = (["s1"], ["a-t"], [now], ["p"], [now])
-    dispatched = (*columns, [True], "nobody", LEASE, "", False)
+    dispatched = (*columns, [True], "nobody", LEASE, "", False, False)
     for sql, args in (
         (queries.intake.INSERT_FEW, (*columns, "")),
         (queries.intake.INSERT_DISPATCHED, dispatched),

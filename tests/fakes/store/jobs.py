@@ -254,6 +254,41 @@ class Jobs(Tables):
             self.resolve([row.id])
         return job_of(row)
 
+    def _rerun(self, row: Row) -> None:
+        """``queries.jobs.RERUN_JOB``: due now, fresh attempts, runs kept."""
+        row.lock, row.dt, row.done_dt, row.attempts = "", self.now(), None, 0
+        row.code = row.result = None
+        row.exitcode = row.run_dt = row.deadline = None
+
+    async def rerun_job(self, client: str, job_id: str) -> Job:
+        self._call("rerun_job")
+        row = self._owned(client, job_id)
+        if row.lock != DONE:
+            raise Conflict(f"job {job_id!r} is {state_of(row).value}")
+        self._rerun(row)
+        return job_of(row, runs=True)
+
+    async def rerun_done(
+        self, client: str, *, type: str | None, codes: Sequence[str], before: datetime, limit: int
+    ) -> dict[str, int]:
+        self._call("rerun_done")
+        picked = [
+            r
+            for r in self.rows.values()
+            if client_of(r.type) == client
+            and (type is None or r.type == type)
+            and r.lock == DONE
+            and r.code in ("failed", "error")
+            and r.code in codes
+            and r.done_dt is not None
+            and r.done_dt < before
+        ][: max(0, limit)]
+        counts: dict[str, int] = {}
+        for row in picked:
+            self._rerun(row)
+            counts[row.type] = counts.get(row.type, 0) + 1
+        return counts
+
     async def pause_type(self, client: str, type: str, *, paused: bool, most: int) -> None:
         self._call("pause_type")
         if not paused:
