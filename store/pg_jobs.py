@@ -23,6 +23,7 @@ from queue_daemon.store.pg_graph import GraphPart
 logger = logging.getLogger(__name__)
 
 MAX_PAGE = 1000
+RERUN_TRIES = 3
 # bytes of payloads and results a page holds (at least one job, however big)
 PAGE_BYTES = 4 << 20
 
@@ -315,22 +316,36 @@ class JobsPart:
                 # waiting now: ingested (or put back) between the two statements
             raise Conflict(f"job {job_id!r} is {state_of(lock).value}")
 
+    async def _rerun(self, query: str, *args: object) -> list[asyncpg.Record]:
+        """A rerun statement, again after a deadlock: it moves rows between jobs
+        and jobs_done in the other order than a purge does (their count
+        triggers lock the same counters)."""
+        async with self._db.conn() as conn:
+            for attempt in range(RERUN_TRIES):
+                try:
+                    rows = await conn.fetch(query, *args)
+                except asyncpg.DeadlockDetectedError:
+                    if attempt == RERUN_TRIES - 1:
+                        raise
+                else:
+                    return [row for row in rows if row["id"] is not None]
+        raise AssertionError("unreachable")
+
     async def rerun_job(self, client: str, job_id: str) -> Job:
-        rows = await self._db.fetch(queries.jobs.RERUN_JOB, job_id, client)
-        if not any(row["id"] is not None for row in rows):
-            row = await self._db.fetchrow(queries.jobs.GET_JOB, job_id, client)
-            if row is None:
-                raise NotFound(f"no job {job_id!r}")
-            raise Conflict(f"job {job_id!r} is {state_of(row['lock']).value}")
+        if not await self._rerun(queries.jobs.RERUN_JOB, job_id, client):
+            job = await self.get_job(client, job_id)  # NotFound
+            if job.state is not JobState.DONE:
+                raise Conflict(f"job {job_id!r} is {job.state.value}")
+            if len(job.runs or ()) >= queries.jobs.MAX_RUNS:
+                raise Conflict(f"job {job_id!r} has run {queries.jobs.MAX_RUNS} times")
+            raise Conflict(f"job {job_id!r} is done, and its dependents are not resolved yet")
         return await self.get_job(client, job_id)
 
     async def rerun_done(
         self, client: str, *, type: str | None, codes: Sequence[str], before: datetime, limit: int
     ) -> dict[str, int]:
-        rows = await self._db.fetch(
-            queries.jobs.RERUN_DONE, client, type, list(codes), before, limit
-        )
-        return dict(Counter(row["type"] for row in rows if row["id"] is not None))
+        rows = await self._rerun(queries.jobs.RERUN_DONE, client, type, list(codes), before, limit)
+        return dict(Counter(row["type"] for row in rows))
 
     async def pause_type(self, client: str, type: str, *, paused: bool, most: int) -> None:
         """Pause or resume the stored ``type`` of ``client``; LimitReached when

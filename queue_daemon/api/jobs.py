@@ -238,12 +238,18 @@ async def rerun_job(request: web.Request) -> web.Response:
     """A done job (any outcome) waits again, with fresh attempts; its runs are kept."""
     services = request.app[SERVICES]
     client = await authorize(request, services)
+    job_id = job_id_of(request)
+    adds = services.adds
+    if not adds.take_reruns(client, 1):
+        raise errors.rate_limited("over this tenant's add rate", adds.rerun_wait(client))
     try:
-        job = await services.jobs.rerun_job(client, job_id_of(request))
+        job = await services.jobs.rerun_job(client, job_id)
     except NotFound:
+        adds.refund_reruns(client, 1)
         raise errors.not_found("no such job (or not yet in the store)") from None
-    except Conflict:
-        raise ApiError(409, "conflict", "only a done job can be rerun") from None
+    except Conflict as exc:
+        adds.refund_reruns(client, 1)
+        raise ApiError(409, "conflict", f"only a done job can be rerun: {exc}") from None
     services.metrics.rerun(JobType(client, job.type).stored, 1)
     return json_response(job_body(job))
 
@@ -262,22 +268,33 @@ async def rerun_jobs(request: web.Request) -> web.Response:
     if code is not None and code not in RERUN_CODES:
         raise errors.bad_request("code must be failed or error (a bulk rerun takes no ok jobs)")
     stored, before = _done_filters(client, query)
+    adds = services.adds
     rerun = 0
     more = True
     ends = time.monotonic() + DELETE_TIME_S
     while more and rerun < DELETE_MAX and time.monotonic() < ends:
-        counts = await services.jobs.rerun_done(
-            client,
-            type=stored,
-            codes=RERUN_CODES if code is None else (code,),
-            before=before,
-            limit=DELETE_CHUNK,
-        )
+        allowed = adds.take_reruns(client, DELETE_CHUNK)  # each one counts as an add
+        if not allowed:
+            if not rerun:
+                raise errors.rate_limited("over this tenant's add rate", adds.rerun_wait(client))
+            break
+        try:
+            counts = await services.jobs.rerun_done(
+                client,
+                type=stored,
+                codes=RERUN_CODES if code is None else (code,),
+                before=before,
+                limit=allowed,
+            )
+        except BaseException:
+            adds.refund_reruns(client, allowed)
+            raise
         for jobtype, n in counts.items():
             services.metrics.rerun(jobtype, n)
         chunk = sum(counts.values())
+        adds.refund_reruns(client, allowed - chunk)
         rerun += chunk
-        more = chunk == DELETE_CHUNK
+        more = chunk == allowed
     return json_response({"rerun": rerun, "more": more})
 
 

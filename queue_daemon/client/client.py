@@ -270,6 +270,8 @@ class Client:
         """Rerun the tenant's failed and errored jobs (``code``: only failed or
         only error; ``type``; done ``before``, default now), call after call
         until none is left: how many."""
+        if before is None:  # pinned: jobs that fail again meanwhile are not taken
+            before = time.time_ns() // 1_000_000
         params = {
             key: str(value)
             for key, value in (("type", type), ("code", code), ("before", before))

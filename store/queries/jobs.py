@@ -206,13 +206,20 @@ SELECT name FROM paused WHERE name = $1 OR (name >= $1 || '-' AND name < $1 || '
 """
 
 # Reruns: a done job waits again, due now, with fresh attempts (0), its outcome
-# and deadline cleared and its runs kept. A job in jobs_done goes back to jobs,
-# its final run (kept in columns there) appended to `runs` as all_jobs shows
-# it; one marked done in jobs is updated in place. Both parts in one
+# and deadline cleared, its runs kept, and waiting for nothing: `deps` NULL,
+# so that RESOLVE (graph.py: deps > 0) passes over the edges a job cancelled
+# while blocked still has (they go when their dependency is resolved). Not a
+# job with MAX_RUNS runs (a cancel and rerun loop would grow its runs without
+# end), nor one whose dependents are not resolved yet (``dependents``: the
+# RESOLVE of its release, or the sweep after a crash, would no longer find it
+# done). A job in jobs_done goes back to jobs, its final run (kept in columns
+# there) appended to `runs` as all_jobs shows it; one marked done in jobs is
+# updated in place. Both parts in one
 # statement; the count triggers move it from done to waiting. {pick_done}
 # and {pick_live} select the ids of each table (locked, SKIP LOCKED); the
 # jobs come back with their stored type, and the daemons are told of them at
 # commit (the due jobs per type, or "" past a notification's size).
+MAX_RUNS = 100
 _FINAL_RUN = """
 CASE WHEN m.ran_by IS NULL THEN m.runs
      ELSE coalesce(m.runs, '[]'::jsonb) || jsonb_build_array(jsonb_build_object(
@@ -232,14 +239,15 @@ WITH moved AS (
     WHERE id = ANY(ARRAY({{pick_done}}))
     RETURNING *
 ), back AS (
-    INSERT INTO jobs (id, type, dt, data, create_dt, attempts, runs, dependents)
-    SELECT m.id, m.type, now(), m.data, m.create_dt, 0, {_FINAL_RUN}, m.dependents
+    INSERT INTO jobs (id, type, dt, data, create_dt, attempts, runs)
+    SELECT m.id, m.type, now(), m.data, m.create_dt, 0, {_FINAL_RUN}
     FROM moved m
     RETURNING id, type
 ), here AS (
     UPDATE jobs
     SET lock = '', dt = now(), done_dt = NULL, attempts = 0, code = NULL, exitcode = NULL,
-        result = NULL, run_dt = NULL, deadline = NULL
+        result = NULL, run_dt = NULL, deadline = NULL, deps = NULL, deps_dt = NULL,
+        resolve_any = NULL
     WHERE id = ANY(ARRAY({{pick_live}}))
     RETURNING id, type
 ), rerun AS (
@@ -253,19 +261,31 @@ WITH moved AS (
 SELECT id, type FROM rerun
 UNION ALL SELECT NULL, NULL FROM note
 """
+# what a rerun takes of either table: not past MAX_RUNS (jobs_done keeps its
+# final run apart), dependents resolved
+_RERUNNABLE_DONE = f"""
+      coalesce(jsonb_array_length(runs), 0) + (ran_by IS NOT NULL)::int < {MAX_RUNS}
+      AND NOT dependents"""
+_RERUNNABLE_LIVE = f"""coalesce(jsonb_array_length(runs), 0) < {MAX_RUNS} AND NOT dependents"""
 # $1 id, $2 client
 RERUN_JOB = _RERUN.format(
-    pick_done="SELECT id FROM jobs_done WHERE id = $1 AND split_part(type, '-', 1) = $2 FOR UPDATE",
+    pick_done="SELECT id FROM jobs_done WHERE id = $1 AND split_part(type, '-', 1) = $2"
+    f" AND {_RERUNNABLE_DONE} FOR UPDATE",
     pick_live="SELECT id FROM jobs WHERE id = $1 AND split_part(type, '-', 1) = $2"
-    " AND lock = '__done' FOR UPDATE",
+    f" AND lock = '__done' AND {_RERUNNABLE_LIVE} FOR UPDATE",
 )
 # $1 client, $2 stored type or NULL, $3 codes, $4 done before, $5 at most this
 # many in all: through the failed jobs' indexes (jobs_done_failed_idx,
-# jobs_failed_idx: codes failed and error), the client's range of types.
+# jobs_failed_idx: codes failed and error), the client's range of types. Not
+# the jobs the tenant cancelled (499), nor those that failed because a
+# dependency did (424): they never ran, and a rerun would run them at once.
 _RERUN_WHERE = """type >= $1 || '-' AND type < $1 || '.' AND ($2::text IS NULL OR type = $2::text)
-      AND code IN ('failed', 'error') AND code = ANY($3::text[]) AND done_dt < $4"""
+      AND code IN ('failed', 'error') AND code = ANY($3::text[]) AND done_dt < $4
+      AND exitcode IS DISTINCT FROM 499 AND exitcode IS DISTINCT FROM 424"""
 RERUN_DONE = _RERUN.format(
-    pick_done=f"SELECT id FROM jobs_done WHERE {_RERUN_WHERE} LIMIT $5 FOR UPDATE SKIP LOCKED",
+    pick_done=f"""SELECT id FROM jobs_done WHERE {_RERUN_WHERE} AND {_RERUNNABLE_DONE}
+          LIMIT $5 FOR UPDATE SKIP LOCKED""",
     pick_live=f"""SELECT id FROM jobs WHERE lock = '__done' AND {_RERUN_WHERE}
+          AND {_RERUNNABLE_LIVE}
           LIMIT greatest(0, $5 - (SELECT count(*) FROM moved)) FOR UPDATE SKIP LOCKED""",
 )

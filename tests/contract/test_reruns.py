@@ -7,7 +7,9 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from queue_daemon.domain.jobs import JobState, Release, ReleaseHow
+from queue_daemon.domain.pulled import OptedJobs
 from queue_daemon.store.errors import Conflict, NotFound
+from queue_daemon.store.queries.jobs import MAX_RUNS
 from tests.contract.conftest import Rig, new
 
 ARCHIVE = ReleaseHow.ARCHIVE
@@ -92,3 +94,43 @@ async def test_bulk_reruns_take_failed_and_errored_jobs_bounded(rig: Rig) -> Non
     assert (await s.get_job("a", "ok")).state is JobState.DONE  # never a bulk rerun of ok
     waiting = {j.id for j in await s.claim("a-t", 10, sysid="1", lease=30)}
     assert waiting == {"f0", "f1", "f2", "e"}
+
+
+async def test_bulk_reruns_leave_cancelled_jobs_and_failed_dependents(rig: Rig) -> None:
+    s = rig.store
+    await s.add_jobs([new("d"), new("c", ago=-600)])
+    await s.add_opted([OptedJobs(jobs=[new("w")], after=["d"])])
+    await s.cancel_job("a", "c")  # 499
+    await _ended(rig, "d", "failed", 400)  # w fails with 424
+    assert (await s.get_job("a", "w")).exitcode == 424
+    later = datetime.now(UTC) + timedelta(seconds=1)
+    assert await s.rerun_done("a", type=None, codes=["failed"], before=later, limit=10) == {
+        "a-t": 1
+    }
+    assert (await s.get_job("a", "d")).state is JobState.WAITING
+    assert (await s.get_job("a", "c")).state is JobState.DONE
+    assert (await s.get_job("a", "w")).state is JobState.DONE
+
+
+async def test_a_job_cancelled_while_blocked_reruns_waiting_for_nothing(rig: Rig) -> None:
+    s = rig.store
+    await s.add_jobs([new("d")])
+    await s.add_opted([OptedJobs(jobs=[new("b")], after=["d"])])
+    await s.cancel_job("a", "b")
+    await s.rerun_job("a", "b")
+    await _ended(rig, "d", "failed", 400)  # b's old dependency fails: b runs all the same
+    job = await s.get_job("a", "b")
+    assert (job.state, job.exitcode) == (JobState.WAITING, None)
+    assert [j.id for j in await s.claim("a-t", 5, sysid="1", lease=30)] == ["b"]
+
+
+async def test_a_job_reruns_at_most_so_many_times(rig: Rig) -> None:
+    s = rig.store
+    await s.add_jobs([new("j", ago=-600)])
+    for _ in range(MAX_RUNS):
+        await s.cancel_job("a", "j")
+        if len((await s.get_job("a", "j")).runs or ()) < MAX_RUNS:
+            await s.rerun_job("a", "j")
+    assert len((await s.get_job("a", "j")).runs or ()) == MAX_RUNS
+    with pytest.raises(Conflict):
+        await s.rerun_job("a", "j")

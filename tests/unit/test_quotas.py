@@ -45,3 +45,15 @@ def test_a_refused_request_takes_nothing() -> None:
     assert limiter.take("a", 8) == 0.0
     assert limiter.take("a", 5) > 0
     assert limiter.take("a", 2) == 0.0  # the refused 5 were not taken
+
+
+def test_take_up_to_takes_what_the_bucket_holds() -> None:
+    clock = Clock()
+    rl = RateLimiter(rate=10, burst=25, clock=clock)
+    assert rl.take_up_to("t", 1000) == 25  # the burst, at most
+    assert rl.take_up_to("t", 1000) == 0
+    clock.now += 0.35  # 3.5 tokens: whole ones only
+    assert rl.take_up_to("t", 1000) == 3
+    rl.refund("t", 2)
+    assert rl.take_up_to("t", 1) == 1
+    assert RateLimiter(rate=0, burst=1, clock=clock).take_up_to("t", 1000) == 1000  # no limit

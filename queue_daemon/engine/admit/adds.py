@@ -180,6 +180,23 @@ class Adds:
             self._metrics.graph(client, "blocked", len(ids))
         return AddResult(ids)
 
+    def take_reruns(self, client: str, n: int) -> int:
+        """Of ``n`` done jobs to wait again, as many as ``client``'s add rate
+        allows now (taken from it, as adds are): a rerun is an add of the job
+        again. Its waiting limit is not checked: the store counts them."""
+        limits = self._limits.of(client)
+        return self._rates.take_up_to(client, n, limits.rate, limits.burst)
+
+    def refund_reruns(self, client: str, n: int) -> None:
+        """Reruns taken from the rate that found no job."""
+        if n > 0:
+            self._rates.refund(client, n, self._limits.of(client).burst)
+
+    def rerun_wait(self, client: str) -> float:
+        """Seconds until one rerun fits ``client``'s add rate."""
+        limits = self._limits.of(client)
+        return self._rates.peek(client, 1, limits.rate, limits.burst)
+
     async def admit(self, client: str, n: int, size: int) -> None:
         """Take ``n`` jobs of ``size`` payload bytes in all from ``client``'s add
         rate, then its waiting limit (until they are stored, or given back by

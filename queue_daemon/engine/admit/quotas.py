@@ -68,6 +68,19 @@ class RateLimiter:
         ``rate`` and ``burst`` override the limiter's own for this client."""
         return self._wait(client, n, rate, burst, take=True)
 
+    def take_up_to(
+        self, client: str, n: int, rate: float | None = None, burst: float | None = None
+    ) -> int:
+        """Take as many of ``n`` tokens as ``client``'s bucket holds now (whole
+        ones): how many."""
+        if (self.rate if rate is None else rate) <= 0:
+            return n
+        self._wait(client, 0, rate, burst, take=False)  # the bucket, filled up to now
+        bucket = self._buckets[client]
+        got = min(n, int(bucket.tokens))
+        bucket.tokens -= got
+        return got
+
     def refund(self, client: str, n: int, burst: float | None = None) -> None:
         """Give back ``n`` tokens taken for an add refused after its rate check."""
         bucket = self._buckets.get(client)

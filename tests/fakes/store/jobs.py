@@ -11,6 +11,7 @@ from queue_daemon.domain.pulled import OptedJobs
 from queue_daemon.domain.views import Paused, TypeStats
 from queue_daemon.store.cursor import decode_cursor, encode_cursor
 from queue_daemon.store.errors import Conflict, LimitReached, NotFound
+from queue_daemon.store.queries.jobs import MAX_RUNS
 from tests.fakes.store.tables import (
     BLOCKED_DT,
     DONE,
@@ -255,16 +256,22 @@ class Jobs(Tables):
         return job_of(row)
 
     def _rerun(self, row: Row) -> None:
-        """``queries.jobs.RERUN_JOB``: due now, fresh attempts, runs kept."""
+        """``queries.jobs.RERUN_JOB``: due now, fresh attempts, runs kept,
+        waiting for nothing."""
         row.lock, row.dt, row.done_dt, row.attempts = "", self.now(), None, 0
         row.code = row.result = None
         row.exitcode = row.run_dt = row.deadline = None
+        row.deps = row.deps_dt = row.resolve_any = None
+
+    @staticmethod
+    def _rerunnable(row: Row) -> bool:
+        return row.lock == DONE and len(row.runs or ()) < MAX_RUNS and not row.dependents
 
     async def rerun_job(self, client: str, job_id: str) -> Job:
         self._call("rerun_job")
         row = self._owned(client, job_id)
-        if row.lock != DONE:
-            raise Conflict(f"job {job_id!r} is {state_of(row).value}")
+        if not self._rerunnable(row):
+            raise Conflict(f"job {job_id!r} is {state_of(row).value}, or may not run again")
         self._rerun(row)
         return job_of(row, runs=True)
 
@@ -277,9 +284,10 @@ class Jobs(Tables):
             for r in self.rows.values()
             if client_of(r.type) == client
             and (type is None or r.type == type)
-            and r.lock == DONE
+            and self._rerunnable(r)
             and r.code in ("failed", "error")
             and r.code in codes
+            and r.exitcode not in (499, 424)
             and r.done_dt is not None
             and r.done_dt < before
         ][: max(0, limit)]
