@@ -292,6 +292,13 @@ def deploy(
     return Deployment(daemon=daemon, dsn=dsn, data_dir=data_dir, cwd=root, tokens=tokens)
 
 
+def give_admin_token(deployed: Deployment) -> None:
+    """Issue an operator token with the CLI, as ``deployed.tokens["*admin"]``."""
+    done = run_cli("admin", "token", *store_args(deployed.dsn, deployed.data_dir), cwd=deployed.cwd)
+    assert done.returncode == 0, done.stderr
+    deployed.tokens["*admin"] = done.stdout.strip().splitlines()[-1]
+
+
 @contextlib.contextmanager
 def deployed_where_handlers_reach(
     factory: DaemonFactory, dsn: str, prefix: str, clients: list[str], *args: str

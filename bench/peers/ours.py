@@ -19,6 +19,7 @@ latency   one 1-line POST every 1/rate seconds, each job's handler returning
 from __future__ import annotations
 
 import asyncio
+import itertools
 import statistics
 import time
 from dataclasses import dataclass
@@ -104,6 +105,7 @@ async def _wait_counts(
         await asyncio.sleep(poll)
 
 
+_E2E_RUNS = itertools.count()
 HELD_S = 30.0  # a GET of the last job of an end to end is held this long at most
 WARM_POSTS, WARM_LINES = 4, 100  # jobs run before an end to end, in small posts (contexts start)
 
@@ -150,7 +152,7 @@ async def _fill_backlog(dsn: str, backlog: int) -> None:
 
 
 def e2e(run: Run, jobs: int, *, backlog: int = 0, limit_s: float = 600.0) -> Figure:
-    name = f"peers_e2e_{backlog}"
+    name = f"peers_e2e_{backlog}_{next(_E2E_RUNS)}"  # a run may measure it again
     dsn = run.fresh_database(name)
     data_dir = run.work / name
     data_dir.mkdir()

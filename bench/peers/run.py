@@ -7,9 +7,9 @@ Workloads (``--quick``: smaller, for a smoke run):
 
   enqueue 1      one job per call for --duration seconds after a warm-up
   enqueue 1000   batches of 1,000 a call
-  e2e            100,000 no-op jobs enqueued first (no worker / no handler yet),
-                 then the workers start (this project: the handler is added);
-                 time until all are done
+  e2e            100,000 no-op jobs enqueued first (no worker yet; this project:
+                 its type paused, its contexts warm), then the workers start
+                 (this project: the type is resumed); time until all are done
   latency        add → start p50 / p99 at a steady 100 jobs/s, 20 s
   e2e deep       the e2e workload while 1,000,000 jobs wait in another queue
 
@@ -394,18 +394,49 @@ def measure(run: Run, peers: Sequence[PeerRunner], sizes: Sizes) -> list[Row]:
 
 
 def _e2e_row(run: Run, peers: Sequence[PeerRunner], sizes: Sizes, backlog: int) -> Row:
+    """The best of ``--repeat`` end to ends (of one, with a backlog), this project
+    and the peers in turn; a peer below half this project's first rate runs once."""
     what = "e2e" if not backlog else f"e2e, {backlog:,} waiting in another queue"
     row = Row(f"{what} ({sizes.jobs:,} no-op jobs)", "jobs/s", True)
-    figure = _measure(run, f"this project, {what}", ours.e2e, run, sizes.jobs, backlog=backlog)
-    if figure is not None:
-        row.ours = figure.value
-        row.notes.append(f"this project: {figure.notes}")
-    for peer in peers:
-        found = _measure(run, f"{peer.name}, {what}", peer.e2e, sizes.jobs, backlog)
-        row.peers[peer.name] = None if found is None else found[0]
-        if found is not None:
-            row.notes.append(f"{peer.name}: {found[1]}")
+    repeat = 1 if backlog else max(1, run.opts.repeat)
+    names = ["this project", *(peer.name for peer in peers)]
+    rates: dict[str, list[float]] = {name: [] for name in names}
+    best: dict[str, tuple[float, str]] = {}
+    for turn in range(repeat):
+        for name, peer in zip(names, [None, *peers], strict=True):
+            if turn and name != "this project" and not _contender(rates, name):
+                continue  # failed, or far behind: its one figure stands
+            if peer is None:
+                figure = _measure(
+                    run, f"{name}, {what}", ours.e2e, run, sizes.jobs, backlog=backlog
+                )
+                found = None if figure is None else (figure.value, figure.notes)
+            else:
+                found = _measure(run, f"{name}, {what}", peer.e2e, sizes.jobs, backlog)
+            if found is None:
+                continue
+            rates[name].append(found[0])
+            if name not in best or found[0] > best[name][0]:
+                best[name] = found
+    for name in names:
+        rate, note = best.get(name, (None, ""))
+        if name == "this project":
+            row.ours = rate
+        else:
+            row.peers[name] = rate
+        if rate is not None:
+            tries = rates[name]
+            seen = f"best of {len(tries)} ({', '.join(f'{r:,.0f}' for r in tries)}): " * (
+                len(tries) > 1
+            )
+            row.notes.append(f"{name}: {seen}{note}")
     return row
+
+
+def _contender(rates: dict[str, list[float]], name: str) -> bool:
+    """A peer whose first end to end reached half this project's first."""
+    own, first = rates["this project"], rates[name]
+    return bool(first) and (not own or 2 * first[0] >= own[0])
 
 
 def _latency_rows(run: Run, peers: Sequence[PeerRunner], sizes: Sizes) -> list[Row]:

@@ -22,6 +22,7 @@ from harness.daemons import (
     Deployment,
     add_tenant,
     deploy,
+    give_admin_token,
     reachable_dir,
     run_cli,
     store_args,
@@ -38,9 +39,7 @@ ECHO = "def handler(payload, ctx):\n    return 200, payload\n"
 def deployment(daemons: DaemonFactory, pg_dsn: str) -> Iterator[Deployment]:
     root = reachable_dir("qd-metrics-")  # handlers must reach the data dir
     deployed = deploy(daemons, pg_dsn, root, [CLIENT, OTHER])
-    done = run_cli("admin", "token", *store_args(deployed.dsn, deployed.data_dir), cwd=deployed.cwd)
-    assert done.returncode == 0, done.stderr
-    deployed.tokens["*admin"] = done.stdout.strip().splitlines()[-1]
+    give_admin_token(deployed)
     try:
         yield deployed
     finally:

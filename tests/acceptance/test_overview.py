@@ -21,10 +21,9 @@ from harness.daemons import (
     DaemonFactory,
     Deployment,
     deploy,
+    give_admin_token,
     reachable_dir,
-    run_cli,
     shared_dir,
-    store_args,
 )
 
 # a python handler that runs until the file named by its payload exists
@@ -43,9 +42,7 @@ FAIL_WITH_PAYLOAD = "def handler(payload, ctx):\n    return 400, payload\n"
 def deployment(module_daemons: DaemonFactory, module_dsn: str) -> Iterator[Deployment]:
     root = reachable_dir("qd-overview-")  # handlers must reach the data dir
     deployed = deploy(module_daemons, module_dsn, root, ["acme", "globex"])
-    done = run_cli("admin", "token", *store_args(deployed.dsn, deployed.data_dir), cwd=deployed.cwd)
-    assert done.returncode == 0, done.stderr
-    deployed.tokens["*admin"] = done.stdout.strip().splitlines()[-1]
+    give_admin_token(deployed)
     try:
         yield deployed
     finally:

@@ -17,7 +17,7 @@ from harness.api import (
     until,
     wait_all_done,
 )
-from harness.daemons import DaemonFactory, Deployment, deploy, run_cli, store_args
+from harness.daemons import DaemonFactory, Deployment, deploy, give_admin_token, run_cli, store_args
 from tests.acceptance.scrape import scrape, value
 
 NOOP = "def handler(p, ctx):\n    return p\n"
@@ -28,9 +28,7 @@ def deployment(
     module_daemons: DaemonFactory, module_dsn: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Deployment]:
     deployed = deploy(module_daemons, module_dsn, tmp_path_factory.mktemp("pauses"), ["p", "q"])
-    done = run_cli("admin", "token", *store_args(deployed.dsn, deployed.data_dir), cwd=deployed.cwd)
-    assert done.returncode == 0, done.stderr
-    deployed.tokens["*admin"] = done.stdout.strip().splitlines()[-1]
+    give_admin_token(deployed)
     try:
         yield deployed
     finally:

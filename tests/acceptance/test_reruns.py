@@ -9,7 +9,7 @@ import aiohttp
 import pytest
 
 from harness.api import Api, Handlers, assert_error, wait_all_done, wait_done
-from harness.daemons import DaemonFactory, Deployment, deploy, run_cli, store_args
+from harness.daemons import DaemonFactory, Deployment, deploy, give_admin_token
 from tests.acceptance.scrape import scrape, value
 
 FAILS = "def handler(p, ctx):\n    return 404, 'not yet'\n"
@@ -21,9 +21,7 @@ def deployment(
     module_daemons: DaemonFactory, module_dsn: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Deployment]:
     deployed = deploy(module_daemons, module_dsn, tmp_path_factory.mktemp("reruns"), ["r", "s"])
-    done = run_cli("admin", "token", *store_args(deployed.dsn, deployed.data_dir), cwd=deployed.cwd)
-    assert done.returncode == 0, done.stderr
-    deployed.tokens["*admin"] = done.stdout.strip().splitlines()[-1]
+    give_admin_token(deployed)
     try:
         yield deployed
     finally:
