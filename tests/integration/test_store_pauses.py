@@ -27,8 +27,8 @@ class Notes:
         self.payloads: list[str] = []
         self.heard = asyncio.Event()
 
-    def __call__(self, conn: object, pid: int, channel: str, payload: str) -> None:
-        self.payloads.append(payload)
+    def __call__(self, conn: object, pid: int, channel: str, payload: object) -> None:
+        self.payloads.append(str(payload))
         self.heard.set()
 
     async def next(self) -> str:
