@@ -6,6 +6,7 @@ from aiohttp import web
 
 from queue_daemon.api import (
     admin,
+    done,
     handlers,
     health,
     jobs,
@@ -31,10 +32,10 @@ def build_app(services: Services) -> web.Application:
     router.add_post("/{client}/job/{type}/add", jobs.add_jobs)
     router.add_get("/{client}/job/{id}", jobs.get_job)
     router.add_post("/{client}/job/{id}/cancel", jobs.cancel_job)
-    router.add_post("/{client}/job/{id}/rerun", jobs.rerun_job)
+    router.add_post("/{client}/job/{id}/rerun", done.rerun_job)
     router.add_get("/{client}/jobs", jobs.list_jobs)
-    router.add_post("/{client}/jobs/delete", jobs.delete_jobs)
-    router.add_post("/{client}/jobs/rerun", jobs.rerun_jobs)
+    router.add_post("/{client}/jobs/delete", done.delete_jobs)
+    router.add_post("/{client}/jobs/rerun", done.rerun_jobs)
     router.add_get("/{client}/stats", jobs.stats)
     router.add_post("/{client}/type/{type}/pause", pauses.pause_type)
     router.add_post("/{client}/type/{type}/resume", pauses.resume_type)
