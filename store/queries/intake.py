@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from queue_daemon.store.queries.queue import NOT_PAUSED
-
 JOBS_TABLE = "jobs"
 
 # Ingestion that may insert a batch again (``fresh`` false: after a crash, a
@@ -66,47 +64,12 @@ FROM (SELECT count(*) AS n FROM added) c
 # sysid stores nothing, so that no other daemon can take a job of an add that
 # may yet be refused. If the batch is not fresh, REMOVE_DONE follows in its
 # transaction.
-INSERT_DISPATCHED = f"""
-WITH lapsed AS (
-    SELECT EXISTS (
-        SELECT 1 FROM sysids s
-        WHERE s.sysid = $7 AND (s.expires < now() OR s.released_at IS NOT NULL)
-    ) AS yes,
-    set_config('synchronous_commit', 'off', true) AS async_commit
-),
-added AS (
-    INSERT INTO jobs (id, type, dt, data, create_dt, lock, attempts, run_dt)
-    SELECT n.id, n.type,
-           CASE WHEN c.claim THEN now() + make_interval(secs => $8) ELSE n.dt END,
-           n.data, n.create_dt,
-           CASE WHEN c.claim THEN $7 ELSE '' END,
-           CASE WHEN c.claim THEN 1 ELSE 0 END,
-           CASE WHEN c.claim THEN now() END
-    FROM unnest($1::text[], $2::text[], $3::timestamptz[], $4::text[], $5::timestamptz[],
-                $6::bool[]) AS n(id, type, dt, data, create_dt, claim)
-    CROSS JOIN lapsed l
-    CROSS JOIN LATERAL (
-        SELECT n.claim AND NOT l.yes AND ($11 OR {NOT_PAUSED.format(type="n.type")}) AS claim
-    ) c
-    WHERE NOT ($10 AND l.yes)
-    ON CONFLICT (id) DO NOTHING
-    RETURNING id, type, lock <> '' AS claimed
-),
-note AS (
-    SELECT pg_notify('qd_jobs', CASE WHEN l.yes THEN '' ELSE $9 END)
-    FROM lapsed l
-    WHERE EXISTS (
-        SELECT 1 FROM added a WHERE NOT a.claimed AND {NOT_PAUSED.format(type="a.type")})
-)
-SELECT a.id, a.claimed,
-       CASE WHEN a.claimed THEN (
-           SELECT h.id FROM handlers h
-           WHERE h.type = a.type AND h.deleted_at IS NULL
-           ORDER BY h.dt DESC, h.id DESC
-           LIMIT 1
-       ) END AS handler
-FROM added a
-UNION ALL SELECT NULL, NULL, NULL FROM note
+# The statement is the function insert_dispatched (migration 0016), planned
+# once per connection.
+INSERT_DISPATCHED = """
+SELECT id, claimed, handler
+FROM insert_dispatched($1::text[], $2::text[], $3::timestamptz[], $4::text[],
+                       $5::timestamptz[], $6::bool[], $7, $8, $9, $10, $11)
 """
 
 # The jobs of an add refused after they were stored early (engine.ingest.early),

@@ -60,7 +60,7 @@ FROM claimed c JOIN picked p ON p.id = c.id
 # The lease of a pulled type: its live handler's timeout ($fallback without one).
 _TYPE_LEASE = """
 coalesce((SELECT (h.data->>'timeout')::float8 FROM handlers h
-          WHERE h.type = j.type AND h.deleted_at IS NULL
+          WHERE h.type = j.type COLLATE "default" AND h.deleted_at IS NULL
           ORDER BY h.dt DESC, h.id DESC LIMIT 1), {fallback})
 """
 

@@ -239,7 +239,7 @@ WITH lapsed AS MATERIALIZED (
     SELECT e.id,
            e.attempts >= coalesce(
                (SELECT (h.data->>'maxAttempts')::int FROM handlers h
-                WHERE h.type = e.type AND h.deleted_at IS NULL
+                WHERE h.type = e.type COLLATE "default" AND h.deleted_at IS NULL
                 ORDER BY h.dt DESC, h.id DESC LIMIT 1), 5) AS last
     FROM jobs e
     LEFT JOIN sysids s ON s.sysid = e.lock

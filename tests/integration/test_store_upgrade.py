@@ -17,6 +17,7 @@ from queue_daemon.store.pg import PgStore
 ARCHIVE = 13
 LISTING = 14  # the listing index without running jobs
 PAUSED = 15  # the paused types and tenants
+DISPATCHED = 16  # the early insert as a function
 LEASE = 600.0
 
 # The jobs of a store before 0013, written as its statements left them: w1
@@ -68,7 +69,7 @@ async def test_a_store_of_the_layout_before_0013_upgrades_in_place(pg_empty_dsn:
             "INSERT INTO sysids (sysid, holder, expires)"
             " VALUES ('s1', 'h', now() + interval '1 hour')"
         )
-        assert await migrate(conn) == [ARCHIVE, LISTING, PAUSED]
+        assert await migrate(conn) == [ARCHIVE, LISTING, PAUSED, DISPATCHED]
     finally:
         await conn.close()
 
