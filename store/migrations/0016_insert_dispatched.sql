@@ -55,7 +55,7 @@ note AS (
     WHERE EXISTS (
         SELECT 1 FROM added a WHERE NOT a.claimed AND NOT EXISTS (
             SELECT 1 FROM paused p WHERE p.name IN (a.type, split_part(a.type, '-', 1))
-            OFFSET 0
+            OFFSET 0  -- a probe of paused's key a row, not an anti-join reading it all
         )
     )
 )

@@ -96,7 +96,8 @@ SELECT t.type,
 FROM types t
 LEFT JOIN LATERAL (
     SELECT data->>'lang' AS lang FROM handlers
-    WHERE type = t.type AND deleted_at IS NULL AND t.dt < now() - make_interval(secs => $1)
+    WHERE type = t.type COLLATE "default" AND deleted_at IS NULL
+      AND t.dt < now() - make_interval(secs => $1)
     ORDER BY dt DESC, id DESC LIMIT 1
 ) h ON true
 ORDER BY t.type
