@@ -360,12 +360,12 @@ class JobsPart:
             ):
                 raise LimitReached(f"{most} types are paused already; resume one first")
 
-    async def pause_tenant(self, client: str, *, paused: bool) -> None:
+    async def pause_tenant(self, client: str, *, paused: bool, known: bool = True) -> None:
         """Pause or resume every type of ``client``; NotFound when it is not an
-        active tenant (a resume: whatever it is)."""
+        active tenant and ``known`` (a resume: whatever it is)."""
         if not paused:
             await self._db.execute(queries.jobs.RESUME_TENANT, client)
-        elif not await self._db.fetchval(queries.jobs.PAUSE_TENANT, client):
+        elif not await self._db.fetchval(queries.jobs.PAUSE_TENANT, client, known):
             raise NotFound(f"no active tenant {client!r}")
 
     async def paused(self, client: str) -> Paused:

@@ -211,9 +211,10 @@ class JobQueries(Protocol):
         """Pause (or resume) the stored ``type`` of ``client``: its jobs wait, no
         claim takes them. LimitReached when ``client`` has ``most`` paused types."""
 
-    async def pause_tenant(self, client: str, *, paused: bool) -> None:
+    async def pause_tenant(self, client: str, *, paused: bool, known: bool = True) -> None:
         """Pause (or resume) every type of ``client``. NotFound when pausing a
-        tenant that is not active."""
+        tenant that is not active, unless not ``known`` (``--no-auth``: every
+        name is a tenant)."""
 
     async def paused(self, client: str) -> Paused:
         """What of ``client`` is paused."""

@@ -170,9 +170,13 @@ WITH added AS (
 )
 SELECT EXISTS (SELECT 1 FROM added) OR EXISTS (SELECT 1 FROM paused WHERE name = $1)
 """
-# $1 a tenant: paused, when it is an active one (whether it is).
+# $1 a tenant: paused, when it is an active one or $2 is false (--no-auth: any
+# name is a tenant); whether it was.
 PAUSE_TENANT = """
-WITH active AS (SELECT client FROM tenants WHERE client = $1 AND revoked_at IS NULL),
+WITH active AS (
+    SELECT client FROM tenants WHERE client = $1 AND revoked_at IS NULL
+    UNION SELECT $1 WHERE NOT $2::bool
+),
 added AS (INSERT INTO paused (name) SELECT client FROM active ON CONFLICT (name) DO NOTHING)
 SELECT EXISTS (SELECT 1 FROM active)
 """

@@ -4,6 +4,7 @@ One real daemon on a real PostgreSQL for the module."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import aiohttp
 import pytest
@@ -175,3 +176,22 @@ async def test_the_metrics_count_paused_types_and_tenants(q: Api, admin: Api) ->
         await post(admin, "/admin/tenants/q/resume")
         await post(q, "/q/type/m1/resume")
         await post(q, "/q/type/m2/resume")
+
+
+async def test_under_no_auth_any_tenant_name_is_paused_and_resumed(
+    daemons: DaemonFactory, pg_dsn: str, tmp_path: Path, session: aiohttp.ClientSession
+) -> None:
+    """--no-auth has no stored tenants: every name is one (its pause is not a 404)."""
+    daemon = daemons.start(tmp_path / "data", pg_dsn, "--no-auth")
+    api = Api(session, daemon.url, "n", None)
+    await Handlers(api).add("t", "python", NOOP)
+    assert await post(api, "/admin/tenants/n/pause") == {"client": "n", "paused": True}
+    [job_id] = await api.add("t", ["x"])
+    assert (await api.request("GET", "/n/stats")).json["paused"] is True
+
+    async def stored() -> bool | None:
+        return await states(api, [job_id]) == ["waiting"] or None
+
+    await until(stored, 30, "the job stored, waiting")
+    assert await post(api, "/admin/tenants/n/resume") == {"client": "n", "paused": False}
+    await wait_all_done(api, [job_id])

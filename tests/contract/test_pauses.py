@@ -48,6 +48,9 @@ async def test_a_paused_tenant_stops_every_type_of_its_own_only(rig: Rig) -> Non
     with pytest.raises(NotFound):
         await s.pause_tenant("nobody", paused=True)
     await s.pause_tenant("nobody", paused=False)  # nothing to resume: no error
+    # under --no-auth every name is a tenant
+    await s.pause_tenant("nobody", paused=True, known=False)
+    assert await s.paused("nobody") == Paused(tenant=True)
 
 
 async def test_a_paused_pulled_type_gives_its_workers_nothing(rig: Rig) -> None:

@@ -63,12 +63,13 @@ class Tenants(Tables):
             row.created_at, row.revoked_at = self.now(), None
         self.uid_slots.setdefault(client, next(self._slots))
 
-    async def pause_tenant(self, client: str, *, paused: bool) -> None:
+    async def pause_tenant(self, client: str, *, paused: bool, known: bool = True) -> None:
         self._call("pause_tenant")
         if not paused:
             self.pauses.discard(client)
             return
-        self._active(client)
+        if known:
+            self._active(client)
         self.pauses.add(client)
 
     async def rotate_tenant(self, client: str, new_hash: bytes, grace: float) -> None:
