@@ -106,6 +106,7 @@ async def _wait_counts(
 
 
 _E2E_RUNS = itertools.count()
+_LATENCY_RUNS = itertools.count()
 HELD_S = 30.0  # a GET of the last job of an end to end is held this long at most
 WARM_POSTS, WARM_LINES = 4, 100  # jobs run before an end to end, in small posts (contexts start)
 
@@ -215,13 +216,12 @@ def percentiles(values: list[float]) -> tuple[float, float]:
 
 def latency(run: Run, rate: float, seconds: float, warm_s: float) -> tuple[float, float]:
     """(p50, p99) milliseconds add → start at a steady ``rate`` jobs/s."""
-    dsn = run.fresh_database("peers_latency")
-    data_dir = run.work / "peers_latency"
+    name = f"peers_latency_{next(_LATENCY_RUNS)}"  # a run measures it more than once
+    dsn = run.fresh_database(name)
+    data_dir = run.work / name
     data_dir.mkdir()
     token = daemon.add_tenant(dsn, data_dir)
-    child, url = daemon.start_daemon(
-        "peers_latency", dsn, data_dir, run.work, extra=run.opts.daemon_args
-    )
+    child, url = daemon.start_daemon(name, dsn, data_dir, run.work, extra=run.opts.daemon_args)
     try:
         return asyncio.run(_latency(url, token, rate, seconds, warm_s))
     finally:

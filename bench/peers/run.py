@@ -10,7 +10,8 @@ Workloads (``--quick``: smaller, for a smoke run):
   e2e            100,000 no-op jobs enqueued first (no worker yet; this project:
                  its type paused, its contexts warm), then the workers start
                  (this project: the type is resumed); time until all are done
-  latency        add → start p50 / p99 at a steady 100 jobs/s, 20 s
+  latency        add → start p50 / p99 at a steady 100 jobs/s, 20 s; the median of
+                 --repeat runs (3), this project and each close peer in turn
   e2e deep       the e2e workload while 1,000,000 jobs wait in another queue
 
 The Python peers run from their own virtual environment (``bench/peers/venv.py``,
@@ -30,14 +31,13 @@ above 1 this project is ahead: for the latency rows, best peer / this project.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
 import signal
 import subprocess
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -46,6 +46,8 @@ import asyncpg
 
 from bench.peers import node_env, ours
 from bench.peers import venv as peer_venv
+from bench.peers.report import machine, render, write
+from bench.peers.rows import Sizes, measure
 from bench.pg import vacuum_analyze
 from bench.procs import ROOT, BenchError, Child
 
@@ -139,32 +141,6 @@ REMAINING_SQL = {
         "JOIN graphile_worker._private_tasks t ON t.id = j.task_id WHERE t.identifier = 'noop'"
     ),
 }
-
-
-@dataclass(slots=True)
-class Row:
-    workload: str
-    unit: str
-    higher_is_better: bool
-    ours: float | None = None
-    peers: dict[str, float | None] = field(default_factory=dict)
-    notes: list[str] = field(default_factory=list)
-
-    @property
-    def best_peer(self) -> tuple[str, float] | None:
-        known = [(name, v) for name, v in self.peers.items() if v is not None and v > 0]
-        if not known:
-            return None
-        pick = max if self.higher_is_better else min
-        return pick(known, key=lambda item: item[1])
-
-    @property
-    def ratio(self) -> float | None:
-        """This project / the best peer, turned so that above 1 is better."""
-        best = self.best_peer
-        if self.ours is None or best is None or self.ours <= 0:
-            return None
-        return self.ours / best[1] if self.higher_is_better else best[1] / self.ours
 
 
 class PeerRunner:
@@ -320,215 +296,6 @@ async def _count(dsn: str, sql: str) -> int:
         await conn.close()
 
 
-@dataclass(frozen=True, slots=True)
-class Sizes:
-    jobs: int
-    backlog: int
-    latency_rate: float
-    latency_s: float
-    latency_warm_s: float
-
-    @staticmethod
-    def of(quick: bool) -> Sizes:
-        if quick:
-            return Sizes(10_000, 100_000, 100.0, 5.0, 1.0)
-        return Sizes(100_000, 1_000_000, 100.0, 20.0, 2.0)
-
-
-def _measure(run: Run, label: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
-    """``fn(*args, **kwargs)`` on a settled server (``Run.settle``: the databases
-    of earlier phases dropped, their autovacuum with them, a checkpoint), or
-    None (printed) when it failed."""
-    run.settle()
-    t0 = time.monotonic()
-    try:
-        value = fn(*args, **kwargs)
-    except BenchError as exc:
-        print(f"  {label}: FAILED: {str(exc)[:2000]}", flush=True)
-        return None
-    print(f"  {label}: {_shown(value)} ({time.monotonic() - t0:.0f} s)", flush=True)
-    return value
-
-
-def _shown(value: Any) -> str:
-    if isinstance(value, ours.Figure):
-        return f"{_number(value.value)}; {value.notes}" if value.notes else _number(value.value)
-    if isinstance(value, tuple):
-        return "; ".join(_number(v) if isinstance(v, float) else str(v) for v in value)
-    return _number(value) if isinstance(value, float) else str(value)
-
-
-def measure(run: Run, peers: Sequence[PeerRunner], sizes: Sizes) -> list[Row]:
-    conns, bulk = run.opts.conns, run.opts.bulk_conns
-    rows: list[Row] = []
-
-    for batch in (1, 1000):
-        row = Row(f"enqueue, {batch:,} a call", "jobs/s", True)
-        lines_conns = conns if batch == 1 else bulk
-        http = _measure(
-            run, f"this project, HTTP, {batch}", ours.enqueue_http, run, batch, lines_conns
-        )
-        writers = 64 if batch == 1 else 8
-        journal = _measure(
-            run, f"this project, journal, {batch}", ours.enqueue_journal, run, batch, writers
-        )
-        row.ours = None if http is None else http.value
-        row.notes.append(f"this project: HTTP POSTs of {batch:,} line(s), {lines_conns} conns")
-        if journal is not None:
-            row.notes.append(
-                f"journal path without HTTP: {journal.value:,.0f} jobs/s ({journal.notes})"
-            )
-        for peer in peers:
-            found = _measure(run, f"{peer.name}, {batch}", peer.enqueue, batch)
-            row.peers[peer.name] = None if found is None else found[0]
-            if found is not None:
-                row.notes.append(f"{peer.name}: {found[1]}")
-        rows.append(row)
-
-    for peer in peers:
-        peer.tuned = _measure(run, f"{peer.name}, worker shapes", peer.tune, run.opts.quick) or ""
-    rows.append(_e2e_row(run, peers, sizes, 0))
-    rows.extend(_latency_rows(run, peers, sizes))
-    rows.append(_e2e_row(run, peers, sizes, sizes.backlog))
-    return rows
-
-
-def _e2e_row(run: Run, peers: Sequence[PeerRunner], sizes: Sizes, backlog: int) -> Row:
-    """The best of ``--repeat`` end to ends (of one, with a backlog), this project
-    and the peers in turn; a peer below half this project's first rate runs once."""
-    what = "e2e" if not backlog else f"e2e, {backlog:,} waiting in another queue"
-    row = Row(f"{what} ({sizes.jobs:,} no-op jobs)", "jobs/s", True)
-    repeat = 1 if backlog else max(1, run.opts.repeat)
-    names = ["this project", *(peer.name for peer in peers)]
-    rates: dict[str, list[float]] = {name: [] for name in names}
-    best: dict[str, tuple[float, str]] = {}
-    for turn in range(repeat):
-        for name, peer in zip(names, [None, *peers], strict=True):
-            if turn and name != "this project" and not _contender(rates, name):
-                continue  # failed, or far behind: its one figure stands
-            if peer is None:
-                figure = _measure(
-                    run, f"{name}, {what}", ours.e2e, run, sizes.jobs, backlog=backlog
-                )
-                found = None if figure is None else (figure.value, figure.notes)
-            else:
-                found = _measure(run, f"{name}, {what}", peer.e2e, sizes.jobs, backlog)
-            if found is None:
-                continue
-            rates[name].append(found[0])
-            if name not in best or found[0] > best[name][0]:
-                best[name] = found
-    for name in names:
-        rate, note = best.get(name, (None, ""))
-        if name == "this project":
-            row.ours = rate
-        else:
-            row.peers[name] = rate
-        if rate is not None:
-            tries = rates[name]
-            seen = f"best of {len(tries)} ({', '.join(f'{r:,.0f}' for r in tries)}): " * (
-                len(tries) > 1
-            )
-            row.notes.append(f"{name}: {seen}{note}")
-    return row
-
-
-def _contender(rates: dict[str, list[float]], name: str) -> bool:
-    """A peer whose first end to end reached half this project's first."""
-    own, first = rates["this project"], rates[name]
-    return bool(first) and (not own or 2 * first[0] >= own[0])
-
-
-def _latency_rows(run: Run, peers: Sequence[PeerRunner], sizes: Sizes) -> list[Row]:
-    what = f"add → start at {sizes.latency_rate:g} jobs/s"
-    p50 = Row(f"{what}, p50", "ms", False)
-    p99 = Row(f"{what}, p99", "ms", False)
-    args = (sizes.latency_rate, sizes.latency_s, sizes.latency_warm_s)
-    found = _measure(run, f"this project, {what}", ours.latency, run, *args)
-    if found is not None:
-        p50.ours, p99.ours = found
-    for peer in peers:
-        found = _measure(run, f"{peer.name}, {what}", peer.latency, *args)
-        p50.peers[peer.name], p99.peers[peer.name] = found if found is not None else (None, None)
-    return [p50, p99]
-
-
-def _number(value: float | None) -> str:
-    if value is None:
-        return "FAILED"
-    return f"{value:,.0f}" if value >= 100 else f"{value:,.2f}"
-
-
-def render(rows: Sequence[Row]) -> str:
-    """The table: a column for each peer that has a figure (or a failure) in a row."""
-    names = list(dict.fromkeys(name for row in rows for name in row.peers))
-    head = ["workload", "unit", "this project", *names, "ratio", "of"]
-    cells = []
-    for row in rows:
-        best = row.best_peer
-        cells.append(
-            [
-                row.workload,
-                row.unit,
-                _number(row.ours),
-                *(_number(row.peers.get(n)) for n in names),
-                "" if row.ratio is None else f"{row.ratio:.2f}",
-                "" if best is None else best[0],
-            ]
-        )
-    widths = [max(len(head[i]), *(len(c[i]) for c in cells)) for i in range(len(head))]
-
-    def line(c: Sequence[str]) -> str:
-        parts = [c[0].ljust(widths[0]), c[1].ljust(widths[1])]
-        parts += [c[i].rjust(widths[i]) for i in range(2, len(head) - 1)]
-        parts.append(c[-1].ljust(widths[-1]))
-        return "  ".join(parts).rstrip()
-
-    return "\n".join([line(head), "-" * (sum(widths) + 2 * (len(head) - 1)), *map(line, cells)])
-
-
-def _machine() -> dict[str, Any]:
-    model = ""
-    try:
-        for text in Path("/proc/cpuinfo").read_text().splitlines():
-            if text.startswith("model name"):
-                model = text.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    mem_kib = 0
-    with contextlib.suppress(OSError, ValueError, IndexError):
-        mem_kib = int(Path("/proc/meminfo").read_text().split()[1])
-    return {
-        "cores": os.cpu_count(),
-        "cpu": model,
-        "memory_gib": round(mem_kib / 2**20, 1),
-        "load_average": [round(x, 2) for x in os.getloadavg()],
-    }
-
-
-def write(rows: Sequence[Row], document: dict[str, Any], python: Path, out: Path) -> Path:
-    """The JSON of the run and its PNG chart, in ``out``; the JSON's path."""
-    out.mkdir(parents=True, exist_ok=True)
-    stamp = datetime.now(UTC).strftime("%Y-%m-%d-%H%M")
-    path = out / f"peers-{stamp}.json"
-    document["rows"] = [
-        {**asdict(row), "ratio": row.ratio, "best_peer": (row.best_peer or (None,))[0]}
-        for row in rows
-    ]
-    path.write_text(json.dumps(document, indent=2) + "\n")
-    png = path.with_suffix(".png")
-    done = subprocess.run(
-        [str(python), str(peer_venv.CHART), str(path), str(png)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    if done.returncode != 0:
-        raise BenchError(f"the chart failed: {done.stderr.strip()[-1000:]}")
-    return path
-
-
 def drivers(names: Sequence[str]) -> tuple[Path, dict[str, list[str]], dict[str, str]]:
     """The peers' python (it also draws the chart), the driver argv of each peer
     named, and the versions installed; the environments are made first if needed."""
@@ -563,7 +330,7 @@ def main(run: Run, out: Path | None = None) -> int:
             print(f"  {row.workload}: {note}")
     document = {
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
-        "machine": _machine(),
+        "machine": machine(),
         "versions": versions,
         "settings": {p.name: f"{p.settings.describe()} {p.tuned}" for p in peers},
         "this_project": (

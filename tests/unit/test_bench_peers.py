@@ -1,4 +1,4 @@
-"""The peers table's arithmetic (bench/peers/run.py): which peer is best, and the
+"""The peers table's arithmetic (bench/peers/report.py): which peer is best, and the
 ratio turned so that above 1 this project is ahead, for rates and for latencies;
 the peers' settings and how their drivers are started, without running them."""
 
@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 
 from bench.cli import parse_args
-from bench.peers import node_env
+from bench.peers import node_env, ours, rows
 from bench.peers.ours import percentiles
-from bench.peers.run import NODE_PEER, PEERS, REMAINING_SQL, Row, render
+from bench.peers.report import Row, render
+from bench.peers.run import NODE_PEER, PEERS, REMAINING_SQL
 from bench.procs import BenchError
 
 
@@ -116,3 +117,37 @@ def test_npm_is_the_one_beside_node(tmp_path: Path) -> None:
     node.parent.mkdir()
     node.write_text("")
     assert node_env.npm_command(str(node)) == [str(node), str(cli)]
+
+
+def test_the_latency_rows_are_medians_of_runs_in_turns(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    order: list[str] = []
+    ours_runs = iter([(1.0, 3.0), (1.4, 2.0), (1.2, 9.0)])
+
+    def our_latency(run: object, *args: float) -> tuple[float, float]:
+        order.append("ours")
+        return next(ours_runs)
+
+    class Peer:
+        def __init__(self, name: str, figures: list[tuple[float, float]]) -> None:
+            self.name, self._figures = name, iter(figures)
+
+        def latency(self, *args: float) -> tuple[float, float]:
+            order.append(self.name)
+            return next(self._figures)
+
+    class FakeRun:
+        opts = parse_args(["--peers", "--repeat", "3"])
+
+        def settle(self) -> None:
+            pass
+
+    monkeypatch.setattr(ours, "latency", our_latency)
+    close = Peer("close", [(1.5, 4.0), (1.1, 3.0), (1.3, 5.0)])
+    far = Peer("far", [(2.5, 6.0)])  # above twice this project's first p50: once
+    p50, p99 = rows._latency_rows(FakeRun(), [close, far], rows.Sizes.of(False))  # type: ignore[arg-type,list-item]
+    assert order == ["ours", "close", "far", "ours", "close", "ours", "close"]
+    assert (p50.ours, p99.ours) == (1.2, 3.0)
+    assert (p50.peers, p99.peers) == ({"close": 1.3, "far": 2.5}, {"close": 4.0, "far": 6.0})
+    assert "close: median of 3 (1.50, 1.10, 1.30)" in p50.notes
