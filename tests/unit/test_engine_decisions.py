@@ -452,3 +452,24 @@ def test_a_batch_is_timed_by_its_runs_not_by_its_contexts_start() -> None:
     sizes = BatchSizes(max_batch=1000)
     sizes.timed("a-t", ran_seconds([0.02], 0.07), 1)
     assert sizes.size("a-t") == 1000
+
+
+async def test_a_run_of_a_job_claimed_again_meanwhile_stores_no_outcome(running: Running) -> None:
+    """A claim that lapsed while its run went on (the lease ran out, or the store
+    ended the job by its deadline and it was rerun) may be followed by another
+    claim of the job by the same daemon: only the newer run's outcome is stored
+    (the sysid alone would let the older run's release match the newer claim)."""
+    store, pool, _, loop = running
+    store.set_handler("acme-t", "...")
+    pool.gate.clear()
+    [job_id] = store.add("acme-t", "first")
+    loop.on_jobs({"acme-t": 1})
+    await until(lambda: store.rows[job_id].running, "the first claim")
+    row = store.rows[job_id]
+    row.lock, row.dt, row.data = "", store.now(), "second"  # waiting again
+    loop.on_jobs({"acme-t": 1})
+    await until(lambda: pool.most_at_once == 2, "the second run beside the first")
+    pool.gate.set()  # the older run ends first
+    await until(lambda: store.rows[job_id].lock == DONE, "the job archived")
+    await until(lambda: loop.running == 0, "both runs ended")
+    assert store.rows[job_id].result == "SECOND"

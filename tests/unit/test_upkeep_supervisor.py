@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 import pytest
 
-from queue_daemon.engine.run.loop import DEADLINE_GRACE_S
+from queue_daemon.engine.run.batch import DEADLINE_GRACE_S
 from queue_daemon.engine.upkeep.deadlines import DeadlineSettings
 from queue_daemon.engine.upkeep.supervisor import ServiceFailed, Supervisor
 from queue_daemon.store.errors import StoreUnavailable

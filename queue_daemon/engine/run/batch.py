@@ -21,6 +21,11 @@ from queue_daemon.runners.models import HandlerSpec, JobInput, JobResult, Result
 
 logger = logging.getLogger(__name__)
 
+# a batch is stopped this long after its soonest deadline: after the upkeep's
+# check (every engine.upkeep.deadlines.CHECK_S, 1 s) has ended that job (with its
+# run), so its outcome is refused, not put back
+DEADLINE_GRACE_S = 1.5
+
 # gives a client its uid slot before its first run (``api.auth.TokenCache``)
 EnsureUid = Callable[[str], Awaitable[None]]
 
@@ -143,3 +148,12 @@ class BatchRunner:
             # follow-on jobs could not be made durable: run the jobs again later
             releases = [put_back(job) for job in jobs]
         return releases
+
+
+def seconds_left(jobs: list[ClaimedJob]) -> float | None:
+    """Seconds a batch of ``jobs`` may run: until the soonest deadline (a moment
+    after, so the store's check ends that job first), None when none has one."""
+    deadlines = [job.deadline for job in jobs if job.deadline is not None]
+    if not deadlines:
+        return None
+    return max(0.0, (min(deadlines) - datetime.now(UTC)).total_seconds()) + DEADLINE_GRACE_S

@@ -29,7 +29,7 @@ from queue_daemon.domain.names import JobType
 from queue_daemon.domain.outcomes import put_back
 from queue_daemon.engine.backoff import Backoff
 from queue_daemon.engine.handlers import PULLED_LANG, HandlerCache
-from queue_daemon.engine.run.batch import BatchRunner, Runners
+from queue_daemon.engine.run.batch import BatchRunner, Runners, seconds_left
 from queue_daemon.engine.run.fairness import TenantBatches
 from queue_daemon.engine.run.pick import POLL_S, WaitingTypes, claimable
 from queue_daemon.engine.run.sizes import BatchSizes
@@ -50,10 +50,6 @@ DRAIN_POLL_S = 0.005  # how often a drain looks whether claims and dispatches en
 # step over each other's rows). The second loop lets another tenant's job be
 # claimed while a claim of a flooding tenant's type is in flight.
 CLAIM_LOOPS = 2
-# a batch is stopped this long after its soonest deadline: after the upkeep's
-# check (every engine.upkeep.deadlines.CHECK_S, 1 s) has ended that job (with its
-# run), so its outcome is refused, not put back
-DEADLINE_GRACE_S = 1.5
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -334,7 +330,7 @@ class RunLoop:
         try:
             # stopped when a job's deadline passes: the store ends that job (408)
             # and the batch's other jobs run again, their attempt not counted
-            async with asyncio.timeout(_seconds_left(jobs)):
+            async with asyncio.timeout(seconds_left(jobs)):
                 releases = await self._runner.releases(jobtype, jobs, run_ms, start_by=start_by)
         except TimeoutError:
             releases = [put_back(job) for job in jobs]
@@ -352,14 +348,20 @@ class RunLoop:
         run_ms: dict[str, float],
     ) -> None:
         backoff = Backoff(RETRY_FIRST_S, RETRY_MAX_S)
-        lost: list[Release] = []
+        # a job this daemon claimed again while this run of it went on (this
+        # run's claim lapsed: its lease ran out, or the store ended it by its
+        # deadline and it was rerun): the store holds the newer claim, under
+        # the same sysid, and this run's outcome must not be stored against it
+        mine = {job.id for job in jobs if self._running.get(job.id) is job}
+        lost = [r for r in releases if r.id not in mine]
+        releases = [r for r in releases if r.id in mine]
         while releases:
             try:
                 applied = await self._store.release(releases, sysid=self._sysid)
                 if len(applied) < len(releases):
                     # the lease ran out first (this daemon stalled, or the store was
                     # down past it): another run decides these jobs, not this one
-                    lost = [r for r in releases if r.id not in applied]
+                    lost += [r for r in releases if r.id not in applied]
                     releases = [r for r in releases if r.id in applied]
                 break
             except StoreError as exc:
@@ -368,7 +370,8 @@ class RunLoop:
                 logger.warning("release failed: %s", exc, extra={"action": "release_failed"})
                 await backoff.sleep()
         for job in jobs:
-            self._running.pop(job.id, None)
+            if job.id in mine:
+                del self._running[job.id]
         put_back = sum(r.how == ReleaseHow.UNGET for r in releases)
         if put_back:  # due again at once: claimable without a read of the store
             self._waiting.noted({jobtype: put_back})
@@ -389,12 +392,3 @@ class RunLoop:
             self._queuelog.lost_lease(jobtype, lost, attempts=attempts, run_ms=run_ms)
             self._metrics.lost_lease(jobtype, len(lost))
         self._wake.set()
-
-
-def _seconds_left(jobs: list[ClaimedJob]) -> float | None:
-    """Seconds until the soonest deadline of ``jobs`` (a moment after, so the
-    store's check ends the job first), None when none has one."""
-    deadlines = [job.deadline for job in jobs if job.deadline is not None]
-    if not deadlines:
-        return None
-    return max(0.0, (min(deadlines) - datetime.now(UTC)).total_seconds()) + DEADLINE_GRACE_S

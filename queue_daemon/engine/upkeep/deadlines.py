@@ -12,7 +12,7 @@ from queue_daemon.observe.queuelog import QueueLog
 from queue_daemon.store.ports import JobQueue
 
 # how often; the run loop stops a batch a moment after its soonest deadline
-# (engine.run.loop.DEADLINE_GRACE_S), after this check has ended that job
+# (engine.run.batch.DEADLINE_GRACE_S), after this check has ended that job
 CHECK_S = 1.0
 
 
