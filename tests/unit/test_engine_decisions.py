@@ -454,22 +454,51 @@ def test_a_batch_is_timed_by_its_runs_not_by_its_contexts_start() -> None:
     assert sizes.size("a-t") == 1000
 
 
-async def test_a_run_of_a_job_claimed_again_meanwhile_stores_no_outcome(running: Running) -> None:
+def _lost_leases(metrics: Metrics) -> float:
+    scraped = generate_latest(metrics.registry).decode()
+    for line in scraped.splitlines():
+        if line.startswith("queue_jobs_lost_lease_total{"):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+async def test_a_run_of_a_job_claimed_again_meanwhile_stores_no_outcome(tmp_path: Path) -> None:
     """A claim that lapsed while its run went on (the lease ran out, or the store
     ended the job by its deadline and it was rerun) may be followed by another
     claim of the job by the same daemon: only the newer run's outcome is stored
-    (the sysid alone would let the older run's release match the newer claim)."""
-    store, pool, _, loop = running
+    (the sysid alone would let the older run's release match the newer claim),
+    also when the older run's release is being retried as the newer claim comes."""
+    store, pool, metrics = FakeStore(), InstantPool(), Metrics()
+    engine = engine_of(
+        store,
+        pool,
+        intake=RecordingIntake(),
+        queuelog=QueueLog(tmp_path / "queue.log"),
+        settings=SETTINGS,
+        metrics=metrics,
+    )
+    loop = engine.run_loop
     store.set_handler("acme-t", "...")
     pool.gate.clear()
     [job_id] = store.add("acme-t", "first")
-    loop.on_jobs({"acme-t": 1})
-    await until(lambda: store.rows[job_id].running, "the first claim")
-    row = store.rows[job_id]
-    row.lock, row.dt, row.data = "", store.now(), "second"  # waiting again
-    loop.on_jobs({"acme-t": 1})
-    await until(lambda: pool.most_at_once == 2, "the second run beside the first")
-    pool.gate.set()  # the older run ends first
-    await until(lambda: store.rows[job_id].lock == DONE, "the job archived")
-    await until(lambda: loop.running == 0, "both runs ended")
-    assert store.rows[job_id].result == "SECOND"
+    [retried] = store.add("acme-t", "first", prefix="r")
+    async with run_engine(engine, store):
+        loop.on_jobs({"acme-t": 2})
+        await until(lambda: loop.running == 2, "the first claims")
+        # one claim lapses while its run goes on, and the job is claimed again
+        row = store.rows[job_id]
+        row.lock, row.dt, row.data = "", store.now(), "second"
+        loop.on_jobs({"acme-t": 1})
+        await until(lambda: pool.most_at_once == 3, "the second run beside the first")
+        store.fail["release"] = 1  # the first batch's release is retried
+        pool.gate.set()  # the older runs end first
+        await until(lambda: store.fail["release"] == 0, "the failed release")
+        pool.gate.clear()
+        row = store.rows[retried]  # its claim lapses while the release waits
+        row.lock, row.dt, row.data = "", store.now(), "second"
+        loop.on_jobs({"acme-t": 1})
+        await until(lambda: _lost_leases(metrics) == 2, "both older outcomes refused")
+        assert store.rows[retried].running and loop.running == 1
+        pool.gate.set()
+        await until(lambda: loop.running == 0, "every run ended")
+    assert {r.id: r.result for r in store.done()} == {job_id: "SECOND", retried: "SECOND"}

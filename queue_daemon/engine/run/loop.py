@@ -348,14 +348,18 @@ class RunLoop:
         run_ms: dict[str, float],
     ) -> None:
         backoff = Backoff(RETRY_FIRST_S, RETRY_MAX_S)
-        # a job this daemon claimed again while this run of it went on (this
-        # run's claim lapsed: its lease ran out, or the store ended it by its
-        # deadline and it was rerun): the store holds the newer claim, under
-        # the same sysid, and this run's outcome must not be stored against it
-        mine = {job.id for job in jobs if self._running.get(job.id) is job}
-        lost = [r for r in releases if r.id not in mine]
-        releases = [r for r in releases if r.id in mine]
+        by_id = {job.id: job for job in jobs}
+        lost: list[Release] = []
         while releases:
+            # a job this daemon claimed again while this run of it went on (this
+            # run's claim lapsed: its lease ran out, also while a release was
+            # retried, or the store ended it by its deadline and it was rerun):
+            # the store holds the newer claim, under the same sysid, and this
+            # run's outcome must not be stored against it
+            lost += [r for r in releases if self._running.get(r.id) is not by_id[r.id]]
+            releases = [r for r in releases if self._running.get(r.id) is by_id[r.id]]
+            if not releases:
+                break
             try:
                 applied = await self._store.release(releases, sysid=self._sysid)
                 if len(applied) < len(releases):
@@ -370,7 +374,7 @@ class RunLoop:
                 logger.warning("release failed: %s", exc, extra={"action": "release_failed"})
                 await backoff.sleep()
         for job in jobs:
-            if job.id in mine:
+            if self._running.get(job.id) is job:
                 del self._running[job.id]
         put_back = sum(r.how == ReleaseHow.UNGET for r in releases)
         if put_back:  # due again at once: claimable without a read of the store
