@@ -356,10 +356,12 @@ class RunLoop:
             # retried, or the store ended it by its deadline and it was rerun):
             # the store holds the newer claim, under the same sysid, and this
             # run's outcome must not be stored against it
-            lost += [r for r in releases if self._running.get(r.id) is not by_id[r.id]]
-            releases = [r for r in releases if self._running.get(r.id) is by_id[r.id]]
-            if not releases:
-                break
+            stale = [r for r in releases if self._running.get(r.id) is not by_id[r.id]]
+            if stale:
+                lost += stale
+                releases = [r for r in releases if self._running.get(r.id) is by_id[r.id]]
+                if not releases:
+                    break
             try:
                 applied = await self._store.release(releases, sysid=self._sysid)
                 if len(applied) < len(releases):
