@@ -105,8 +105,7 @@ async def _wait_counts(
         await asyncio.sleep(poll)
 
 
-_E2E_RUNS = itertools.count()
-_LATENCY_RUNS = itertools.count()
+_RUNS = itertools.count()  # a bench run measures a workload more than once: names of its own
 HELD_S = 30.0  # a GET of the last job of an end to end is held this long at most
 WARM_POSTS, WARM_LINES = 4, 100  # jobs run before an end to end, in small posts (contexts start)
 
@@ -153,7 +152,7 @@ async def _fill_backlog(dsn: str, backlog: int) -> None:
 
 
 def e2e(run: Run, jobs: int, *, backlog: int = 0, limit_s: float = 600.0) -> Figure:
-    name = f"peers_e2e_{backlog}_{next(_E2E_RUNS)}"  # a run may measure it again
+    name = f"peers_e2e_{backlog}_{next(_RUNS)}"
     dsn = run.fresh_database(name)
     data_dir = run.work / name
     data_dir.mkdir()
@@ -216,7 +215,7 @@ def percentiles(values: list[float]) -> tuple[float, float]:
 
 def latency(run: Run, rate: float, seconds: float, warm_s: float) -> tuple[float, float]:
     """(p50, p99) milliseconds add → start at a steady ``rate`` jobs/s."""
-    name = f"peers_latency_{next(_LATENCY_RUNS)}"  # a run measures it more than once
+    name = f"peers_latency_{next(_RUNS)}"
     dsn = run.fresh_database(name)
     data_dir = run.work / name
     data_dir.mkdir()

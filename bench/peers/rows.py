@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -91,85 +91,94 @@ def measure(run: Run, peers: Sequence[PeerRunner], sizes: Sizes) -> list[Row]:
     return rows
 
 
+OURS = "this project"
+
+
+def _in_turns(
+    run: Run,
+    peers: Sequence[PeerRunner],
+    turns: int,
+    what: str,
+    measure_ours: Callable[[], Any],
+    measure_peer: Callable[[PeerRunner], Any],
+    close: Callable[[Any, Any], bool],
+) -> dict[str, list[Any]]:
+    """Each system's figures of ``turns`` turns, this project then each peer (a
+    machine that slows for a while slows each of them once). After the first
+    turn a peer runs again only while ``close(its first, this project's first)``:
+    a failed or far-behind peer's one figure stands."""
+    systems: list[tuple[str, PeerRunner | None]] = [(OURS, None), *((p.name, p) for p in peers)]
+    tries: dict[str, list[Any]] = {name: [] for name, _ in systems}
+    for turn in range(turns):
+        for name, peer in systems:
+            own, first = tries[OURS], tries[name]
+            if turn and peer is not None and (not first or (own and not close(first[0], own[0]))):
+                continue
+            label = f"{name}, {what}"
+            if peer is None:
+                found = _measure(run, label, measure_ours)
+            else:
+                found = _measure(run, label, measure_peer, peer)
+            if found is not None:
+                tries[name].append(found)
+    return tries
+
+
 def _e2e_row(run: Run, peers: Sequence[PeerRunner], sizes: Sizes, backlog: int) -> Row:
     """The best of ``--repeat`` end to ends (of one, with a backlog), this project
     and the peers in turn; a peer below half this project's first rate runs once."""
     what = "e2e" if not backlog else f"e2e, {backlog:,} waiting in another queue"
     row = Row(f"{what} ({sizes.jobs:,} no-op jobs)", "jobs/s", True)
-    repeat = 1 if backlog else max(1, run.opts.repeat)
-    names = ["this project", *(peer.name for peer in peers)]
-    rates: dict[str, list[float]] = {name: [] for name in names}
-    best: dict[str, tuple[float, str]] = {}
-    for turn in range(repeat):
-        for name, peer in zip(names, [None, *peers], strict=True):
-            if turn and name != "this project" and not _contender(rates, name):
-                continue  # failed, or far behind: its one figure stands
-            if peer is None:
-                figure = _measure(
-                    run, f"{name}, {what}", ours.e2e, run, sizes.jobs, backlog=backlog
-                )
-                found = None if figure is None else (figure.value, figure.notes)
-            else:
-                found = _measure(run, f"{name}, {what}", peer.e2e, sizes.jobs, backlog)
-            if found is None:
-                continue
-            rates[name].append(found[0])
-            if name not in best or found[0] > best[name][0]:
-                best[name] = found
-    for name in names:
-        rate, note = best.get(name, (None, ""))
-        if name == "this project":
+    tries = _in_turns(
+        run,
+        peers,
+        1 if backlog else max(1, run.opts.repeat),
+        what,
+        lambda: _figure(ours.e2e(run, sizes.jobs, backlog=backlog)),
+        lambda peer: peer.e2e(sizes.jobs, backlog),
+        lambda first, own: 2 * first[0] >= own[0],
+    )
+    for name, found in tries.items():
+        if not found:
+            rate = None
+        else:
+            rate, note = max(found, key=lambda f: f[0])
+            seen = f"best of {len(found)} ({', '.join(f'{f[0]:,.0f}' for f in found)}): "
+            row.notes.append(f"{name}: {seen * (len(found) > 1)}{note}")
+        if name == OURS:
             row.ours = rate
         else:
             row.peers[name] = rate
-        if rate is not None:
-            tries = rates[name]
-            seen = f"best of {len(tries)} ({', '.join(f'{r:,.0f}' for r in tries)}): " * (
-                len(tries) > 1
-            )
-            row.notes.append(f"{name}: {seen}{note}")
     return row
 
 
-def _contender(rates: dict[str, list[float]], name: str) -> bool:
-    """A peer whose first end to end reached half this project's first."""
-    own, first = rates["this project"], rates[name]
-    return bool(first) and (not own or 2 * first[0] >= own[0])
+def _figure(figure: ours.Figure) -> tuple[float, str]:
+    return figure.value, figure.notes
 
 
 def _latency_rows(run: Run, peers: Sequence[PeerRunner], sizes: Sizes) -> list[Row]:
     """The median p50 and p99 of ``--repeat`` runs, this project and the peers in
-    turn (a machine that slows for a while slows each of them once); a peer whose
-    first p50 is above twice this project's runs once."""
+    turn; a peer whose first p50 is above twice this project's runs once."""
     what = f"add → start at {sizes.latency_rate:g} jobs/s"
     p50 = Row(f"{what}, p50", "ms", False)
     p99 = Row(f"{what}, p99", "ms", False)
     args = (sizes.latency_rate, sizes.latency_s, sizes.latency_warm_s)
-    names = ["this project", *(peer.name for peer in peers)]
-    tries: dict[str, list[tuple[float, float]]] = {name: [] for name in names}
-    for turn in range(max(1, run.opts.repeat)):
-        for name, peer in zip(names, [None, *peers], strict=True):
-            own, first = tries["this project"], tries[name]
-            if (
-                turn
-                and name != "this project"
-                and (not first or (own and first[0][0] > 2 * own[0][0]))
-            ):
-                continue  # failed, or far behind: its one figure stands
-            if peer is None:
-                found = _measure(run, f"{name}, {what}", ours.latency, run, *args)
-            else:
-                found = _measure(run, f"{name}, {what}", peer.latency, *args)
-            if found is not None:
-                tries[name].append(found)
-    for name in names:
-        runs = tries[name]
+    tries = _in_turns(
+        run,
+        peers,
+        max(1, run.opts.repeat),
+        what,
+        lambda: ours.latency(run, *args),
+        lambda peer: peer.latency(*args),
+        lambda first, own: first[0] <= 2 * own[0],
+    )
+    for name, runs in tries.items():
         middle = (
             (statistics.median(t[0] for t in runs), statistics.median(t[1] for t in runs))
             if runs
             else (None, None)
         )
-        if name == "this project":
+        if name == OURS:
             p50.ours, p99.ours = middle
         else:
             p50.peers[name], p99.peers[name] = middle
