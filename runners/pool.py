@@ -49,6 +49,7 @@ class RunnerPool:
             prlimit=settings.prlimit,
             python=settings.python,
             network=settings.network,
+            share=settings.share,
             realtime=settings.realtime,
             tenant_uids=tenant_uids,
         )

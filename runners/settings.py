@@ -39,6 +39,8 @@ class RunnerSettings:
     http_concurrency: int = 32  # requests of one batch in flight at once
     # networks http handlers may reach although they are not public (loopback, private, …)
     http_allow: tuple[Network, ...] = ()
+    # directories bound read-write into every handler's view (the same for every tenant)
+    share: tuple[Path, ...] = ()
     python: str | None = None  # interpreter of python contexts (default: the daemon's own)
     # False: handlers run in a network namespace of their own (only its own loopback)
     # when the daemon is root and unshare works; True: they share the daemon's network

@@ -8,6 +8,9 @@
 # and this runs as root with apt-get, they are installed first. Elsewhere that
 # test skips, except under CI=true, where it fails.
 #
+# tests/integration/test_runner_walls.py attacks the handlers' walls, which
+# Debian's bubblewrap builds (with libseccomp's filter); installed the same way.
+#
 # tests/hosts/test_many_hosts.py runs daemons in network namespaces against
 # Debian's postgresql (TLS, scram-sha-256); it is installed the same way, and
 # that test skips (fails under CI=true) where it cannot run.
@@ -30,6 +33,15 @@ if ! ls /usr/lib/postgresql/*/bin/pg_ctl >/dev/null 2>&1; then
     else
         echo "postgresql is missing and cannot be installed here (not root, or no" \
             "apt-get): the many-hosts test will skip (fail under CI=true)" >&2
+    fi
+fi
+if ! command -v bwrap >/dev/null 2>&1; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+        apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap libseccomp2
+    else
+        echo "bubblewrap is missing and cannot be installed here (not root, or no" \
+            "apt-get): the walls' tests will skip (fail under CI=true)" >&2
     fi
 fi
 [ -x .venv/bin/python ] || "$PY" -m venv .venv

@@ -33,9 +33,10 @@ class Stored:
 
 @dataclass(frozen=True, slots=True)
 class Run:
-    """One run of a job, from the run log: ``owner`` is ``d<daemon pid>`` for a
-    daemon-run handler and ``w-<name>`` for a pulled worker; ``end`` None for a
-    run whose process was killed before it ended."""
+    """One run of a job, from the run log: ``owner`` is its daemon's part of the
+    work root (``…/run/d-<id>``, one per daemon process) for a daemon-run handler
+    and ``w-<name>`` for a pulled worker; ``end`` None for a run whose process was
+    killed before it ended."""
 
     job_id: str
     owner: str

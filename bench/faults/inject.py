@@ -45,6 +45,17 @@ def _pid(world: World, fault: Fault) -> int:
     return process.pid
 
 
+def _owner(pid: int) -> str:
+    """The run log's owner of daemon ``pid``'s runs: its part of the work root,
+    whose lock file it holds open (``runners.sandbox.workdirs``); "" before it has one."""
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        with contextlib.suppress(OSError):
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            if target.endswith(".lock") and os.path.basename(target).startswith("d-"):
+                return target.removesuffix(".lock")
+    return ""
+
+
 async def _kill_daemon(world: World, fault: Fault) -> float:
     slot = world.slots[fault.victim]
     assert slot.process is not None
@@ -69,7 +80,7 @@ async def kill_daemon_adds(world: World, fault: Fault) -> float:
 
 async def kill_daemon_runs(world: World, fault: Fault) -> float:
     """kill -9 while one of its handlers runs a job."""
-    owner = f"d{_pid(world, fault)}"
+    owner = _owner(_pid(world, fault))
     slot = world.slots[fault.victim]
     rng = random.Random(fault.where)
     # slow jobs, so that one is surely in flight

@@ -36,7 +36,6 @@ from harness.daemons import (
     DaemonProcess,
     add_tenant,
     reachable_dir,
-    shared_dir,
 )
 from harness.databases import with_database
 from harness.pgserver import PgServer
@@ -53,7 +52,9 @@ SMALL_DISK = "16m"
 
 
 def handler_source(log: Path) -> str:
-    """A python handler that records its run and returns ``ok <payload> d<daemon pid>``."""
+    """A python handler that records its run and returns ``ok <payload> <owner>``, the
+    owner being its daemon's part of the work root (``<work root>/d-<id>``, one per
+    daemon process: its pid inside a PID namespace of its own says nothing)."""
     return (
         "import os, time\n"
         f"LOG = {str(log)!r}\n"
@@ -66,7 +67,7 @@ def handler_source(log: Path) -> str:
         "        os.close(fd)\n"
         "\n"
         "def handler(payload, ctx):\n"
-        "    owner = 'd%d' % os.getppid()\n"
+        "    owner = os.path.dirname(os.getcwd())\n"
         "    start = repr(time.time())\n"
         "    _note(f'start {ctx.id} {owner} {start}\\n')\n"
         "    time.sleep(float(payload.split('/')[0]))\n"
@@ -132,14 +133,14 @@ class World:
 
     async def start(self) -> None:
         self.root = reachable_dir(f"qd-faults-r{self.plan.number}-")
-        self.run_log = shared_dir(self.root) / "runs.log"
+        self._factory = DaemonFactory(self.log_dir)
+        self.run_log = self._factory.shared_dir() / "runs.log"
         self.run_log.touch()
         self.run_log.chmod(0o666)  # handlers run as another user
         self.database = f"qd_faults_{os.getpid()}_r{self.plan.number}"
         await self._admin(f'DROP DATABASE IF EXISTS "{self.database}" WITH (FORCE)')
         await self._admin(f'CREATE DATABASE "{self.database}"')
         self.dsn = with_database(self.admin_dsn, self.database)
-        self._factory = DaemonFactory(self.log_dir)
         self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=ADD_TIMEOUT))
         full = self.plan.full_disk_victim
         if full is not None:

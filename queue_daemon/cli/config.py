@@ -96,6 +96,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
         tenant_uid_count=number(args.tenant_uid_count, "--tenant-uid-count", int, 1),
         tmp_size=number(args.tmp_size, "--tmp-size", int, 1 << 20),
         http_allow=_networks(args.http_allow, "--http-allow"),
+        handler_share=_directories(args.handler_share, "--handler-share"),
         ready_lag=number(args.ready_lag, "--ready-lag", float, 0),
         metrics_tenants=number(args.metrics_tenants, "--metrics-tenants", int, 0),
         metrics_types=number(args.metrics_types, "--metrics-types", int, 0),
@@ -110,6 +111,17 @@ def _networks(text: str, flag: str) -> tuple[Network, ...]:
         return parse_networks(text)
     except ValueError as exc:
         raise CliError(f"{flag}: {exc}") from None
+
+
+def _directories(text: str, flag: str) -> tuple[Path, ...]:
+    """Absolute paths of existing directories, comma-separated."""
+    found = []
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        path = Path(part)
+        if not path.is_absolute() or not path.is_dir():
+            raise CliError(f"{flag}: {part!r} is not the absolute path of a directory")
+        found.append(path)
+    return tuple(found)
 
 
 def event_loop(name: str) -> Callable[[], asyncio.AbstractEventLoop]:

@@ -179,6 +179,12 @@ def build_parser() -> argparse.ArgumentParser:
         "(loopback, private, link-local...; default: none)",
     )
     serve.add_argument(
+        "--handler-share",
+        default=_env("handler_share", ""),
+        help="DIR[,DIR...] bound read-write into every handler's view, the same for every"
+        " tenant (tests, single-tenant setups; docs/security.md); default: none",
+    )
+    serve.add_argument(
         "--context-idle",
         default=_env("context_idle", DEFAULTS.context_idle),
         help="seconds an idle handler context stays warm",

@@ -3,6 +3,9 @@
 | module       | holds                                                                 |
 |--------------|-----------------------------------------------------------------------|
 | jail         | ``Sandbox``: starts handler processes under all of the below          |
+| walls        | bubblewrap's view and the seccomp filter, probed, and their argv      |
+| view         | the minimal view: what a handler sees of the machine (bubblewrap)     |
+| syscalls     | the system calls handlers may not make (libseccomp's filter)          |
 | wrappers     | the exec wrappers for uids, namespaces, cgroups and the protocol fds  |
 | rlimits      | ``ProcessLimits``: each handler process's resource limits             |
 | bootstraps   | the language bootstraps, copied where handlers can read them          |

@@ -1,9 +1,11 @@
 """How a handler process is started: scrubbed environment, private directory,
 resource limits (``rlimits``), its own process group, an unprivileged user, a
-cgroup and namespaces, through the exec wrappers ``wrappers`` describes.
+cgroup, behind bubblewrap's minimal view and the seccomp filter (``walls``), or
+where those cannot stand, in util-linux ``unshare``'s namespaces, through the
+exec wrappers ``wrappers`` describes.
 
-A namespace does not cover unix sockets, which are files: the daemon's own
-files are kept from handlers by permissions (``queue_daemon.app``).
+Without the view a namespace does not cover unix sockets, which are files: the
+daemon's own files are kept from handlers by permissions (``queue_daemon.app``).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from queue_daemon.runners.sandbox.probes import (
 from queue_daemon.runners.sandbox.process import Child, _Protocol
 from queue_daemon.runners.sandbox.rlimits import ProcessLimits, limits_argv
 from queue_daemon.runners.sandbox.users import RunAs, TenantUids, resolve_run_as, tenant_ids
+from queue_daemon.runners.sandbox.walls import Walls
 from queue_daemon.runners.sandbox.workdirs import OwnPart
 from queue_daemon.runners.sandbox.wrappers import fd_argv, first_argv, switch_argv
 
@@ -53,12 +56,14 @@ class Sandbox:
         prlimit: str | None = "auto",
         python: str | None = None,
         network: bool = False,
+        share: tuple[Path, ...] = (),
         realtime: bool = False,
         tenant_uids: TenantUids | None = None,
     ) -> None:
         self.work_root = work_root
         self._tenant_uids = tenant_uids  # None: uids derived from the names (tenant_ids)
         self.network = network
+        self.share = share  # bound read-write into every view (``walls``)
         self.realtime = realtime
         self.limits = limits
         self._run_as_setting = run_as
@@ -82,6 +87,7 @@ class Sandbox:
         self._cpu: CpuGroup | None = None  # the handlers' CPU group, below the daemon's
         self._busy: frozenset[str] = frozenset()  # tenants marked busy (mark_busy)
         self._part: OwnPart | None = None  # this sandbox's d-<id> below the work root
+        self._walls: Walls | None = None  # bubblewrap's view and the filter, where they work
 
     async def prepare(self) -> None:
         """Resolve the user, make the work root and copy the bootstraps; once."""
@@ -114,14 +120,24 @@ class Sandbox:
                         "is not searchable by other users"
                     )
         copy_bootstraps(self.bootstrap_dir)
-        self._part = OwnPart.claim(root)
+        part = self._part = OwnPart.claim(root)
         prlimit = self._prlimit_setting
         if prlimit == "auto":
             prlimit = shutil.which("prlimit", path=SAFE_PATH)
         self._prlimit = prlimit
         self.python = find_python(self._python_setting, self.run_as, self.work_root)
-        self._unshare = None if self.network else find_unshare(self.run_as, self.work_root)
-        self._ip = find_ip(self._unshare, self.work_root) if self._unshare else None
+        self._walls = Walls.find(
+            part=part.path,
+            bootstrap_dir=self.bootstrap_dir,
+            run_as=self.run_as,
+            python=self.python,
+            network=self.network,
+            tmp_size=self.limits.tmp_size,
+            share=self.share,
+        )
+        if self._walls is None:  # the fewer walls util-linux unshare builds (as root)
+            self._unshare = None if self.network else find_unshare(self.run_as, self.work_root)
+            self._ip = find_ip(self._unshare, self.work_root) if self._unshare else None
         if self._unshare is not None:
             self._private_mounts = find_private_mounts(self._unshare, self.work_root)
             self._private_tmp = self._private_mounts and not any(
@@ -132,14 +148,24 @@ class Sandbox:
 
     @property
     def private_tmp(self) -> bool:
-        """Whether handlers get a private tmpfs on /tmp (not when the daemon's own
-        files, its work root or its interpreter, lie below /tmp: it would hide them)."""
-        return self._private_tmp
+        """Whether handlers get a private tmpfs on /tmp (without the view, not when
+        the daemon's own files, its work root or its interpreter, lie below /tmp)."""
+        return self._walls is not None or self._private_tmp
 
     @property
     def has_loopback(self) -> bool:
         """Whether handlers in a network namespace get its loopback up (127.0.0.1 works)."""
-        return self._unshare is not None and self._ip is not None
+        return self._walls is not None or (self._unshare is not None and self._ip is not None)
+
+    @property
+    def walled(self) -> bool:
+        """Whether handlers see the minimal view (bubblewrap: namespaces, no_new_privs)."""
+        return self._walls is not None
+
+    @property
+    def filtered(self) -> bool:
+        """Whether handlers run under the seccomp filter (``syscalls``)."""
+        return self._walls is not None and self._walls.filtered
 
     def _find_cgroups(self) -> CgroupTree | None:
         """This daemon's cgroup for handler trees, or None (warned: ``setsid`` escapes kills)."""
@@ -210,6 +236,8 @@ class Sandbox:
     @property
     def isolates_network(self) -> bool:
         """Whether handler processes run in a network namespace of their own."""
+        if self._walls is not None:
+            return not self.network
         return self._unshare is not None
 
     def limits_argv(self, *, memory: str = "as") -> list[str]:
@@ -280,7 +308,12 @@ class Sandbox:
         procs = [] if cgroup is None else [cgroup / "cgroup.procs"]
         if run_as is not None and self._cpu is not None and self._switch_user is not None:
             procs.append(self._cpu.procs(run_as.uid))
-        if run_as is not None and self._switch_user is not None:
+        walls, seccomp_fd = self._walls, None
+        if walls is not None:
+            seccomp_fd = walls.open_filter()
+            argv = [*walls.argv(run_as, home, seccomp_fd), *argv]
+            run_as = None  # switched by the walls' own argv
+        elif run_as is not None and self._switch_user is not None:
             switch = switch_argv(
                 run_as,
                 switch_user=self._switch_user,
@@ -309,6 +342,7 @@ class Sandbox:
                 cwd=home,
                 env=scrubbed_env(home) if env is None else {**scrubbed_env(home), **env},
                 start_new_session=True,
+                pass_fds=() if seccomp_fd is None else (seccomp_fd,),
                 **switch_by_subprocess,
             )
         except BaseException as exc:
@@ -321,8 +355,12 @@ class Sandbox:
                     " event loop (or --event-loop asyncio)"
                 ) from None
             raise
+        finally:
+            if seccomp_fd is not None:
+                os.close(seccomp_fd)
         child = Child(transport, protocol, loop)
         child.cgroup = cgroup
+        child.through_walls = walls is not None
         return child
 
 

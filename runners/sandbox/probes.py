@@ -5,10 +5,12 @@ scrubbed environment every handler process gets."""
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 from queue_daemon.runners.errors import SandboxError
 from queue_daemon.runners.sandbox.users import RunAs
@@ -156,3 +158,28 @@ def runs_as(run_as: RunAs, argv: list[str], work_root: Path) -> bool:
     except (OSError, subprocess.SubprocessError):
         return False
     return done.returncode == 0
+
+
+def python_prefixes(python: str, run_as: RunAs | None, work_root: Path) -> list[str]:
+    """Where ``python`` (as ``run_as``) finds its standard library and packages:
+    its prefixes and the directory of its real executable; [] if it cannot tell."""
+    script = "import os, sys; print(sys.prefix, sys.base_prefix, sys.exec_prefix, sep='\\n')"
+    user: dict[str, Any] = (
+        {} if run_as is None else {"user": run_as.uid, "group": run_as.gid, "extra_groups": []}
+    )
+    try:
+        done = subprocess.run(
+            [python, "-I", "-c", script],
+            env=scrubbed_env(work_root),
+            cwd="/",
+            capture_output=True,
+            timeout=30,
+            check=False,
+            **user,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return []
+    if done.returncode != 0:
+        return []
+    real = Path(os.path.realpath(python)).parent.parent
+    return [*done.stdout.decode().split("\n")[:3], str(real)]

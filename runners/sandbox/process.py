@@ -30,6 +30,18 @@ class Child(asyncio.subprocess.Process):
     _protocol: _Protocol
     _transport: asyncio.SubprocessTransport
     cgroup: Path | None = None  # the cgroup holding its whole tree (runners.sandbox.cgroups)
+    # started through bubblewrap (runners.sandbox.walls), which exits 128 + N when
+    # the process it runs dies of signal N, as shells report it
+    through_walls: bool = False
+
+    @property
+    def returncode(self) -> int | None:
+        """The exit status, or minus the signal that killed it (behind the walls
+        too, where an exit status of 129 to 192 is taken for a death by signal)."""
+        code = self._transport.get_returncode()
+        if code is not None and self.through_walls and 128 < code <= 128 + 64:
+            return 128 - code
+        return code
 
     def kill_tree(self) -> None:
         """SIGKILL its process group and, with a cgroup, every process it ever started."""

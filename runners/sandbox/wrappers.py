@@ -32,6 +32,11 @@ namespaces:
     unshare --net -- /bin/sh -c '"$1" link set lo up; …; exec "$@"' sh IP
         unshare --setgid=G --setuid=U --
 
+Where bubblewrap's walls stand (``walls``: the usual case), they take the
+place of all of the above but the first wrapper: the switch is a plain
+``unshare --setgid=G --setuid=U --`` (root only), then ``bwrap …`` as that user
+makes the namespaces, the view and the filter, then the wrappers below.
+
 A process group does not hold a tree whose members call ``setsid()``: when the
 daemon is root and cgroup v2 is there (``queue_daemon.runners.sandbox.cgroups``), every context and
 shell job also gets a cgroup of its own, which the very first wrapper (root)

@@ -4,7 +4,6 @@ result discarded)."""
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 
@@ -19,24 +18,16 @@ from harness.api import (
     until,
     wait_done,
 )
-from harness.daemons import DaemonFactory, add_tenant, shared_dir
+from harness.daemons import DaemonFactory, add_tenant, living_in
 
 SLEEPER = """
 import os, time
 def handler(payload, ctx):
-    with open(os.path.join(payload, "pid"), "w") as f:
-        f.write(str(os.getpid()))
+    with open(os.path.join(payload, "home"), "w") as f:
+        f.write(os.getcwd())
     time.sleep(120)
     return "too late"
 """
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 async def test_waiting_blocked_and_running_jobs_end_408_on_time(
@@ -44,7 +35,7 @@ async def test_waiting_blocked_and_running_jobs_end_408_on_time(
 ) -> None:
     token = add_tenant("t", store=pg_dsn, data_dir=open_tmp, cwd=open_tmp)
     api = Api(session, daemons.start(open_tmp, pg_dsn).url, "t", token)
-    marks = shared_dir(open_tmp, "marks")
+    marks = daemons.shared_dir("marks")
     await Handlers(api).add("sleep", "python", SLEEPER, timeout=300)
     began = time.monotonic()
     [waiting] = await api.add("nohandler", ["x"], params={"deadline": "2"})
@@ -55,8 +46,8 @@ async def test_waiting_blocked_and_running_jobs_end_408_on_time(
         job = await wait_done(api, job_id, within=30)
         assert job["code"] == "failed" and job["exitcode"] == 408, job
     assert time.monotonic() - began < 15  # on time: checked every second
-    pid = int((marks / "pid").read_text())
-    await until(lambda: _none_if(_alive(pid)), 30, "the run past its deadline to be stopped")
+    home = (marks / "home").read_text()
+    await until(lambda: _none_if(bool(living_in(home))), 30, "the run past its deadline to stop")
     job = (await api.get_job(running)).json
     assert [r["reason"] for r in job["runs"]] == ["deadline"], job["runs"]
     assert job["result"] != "too late"

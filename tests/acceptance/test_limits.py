@@ -23,7 +23,6 @@ from harness.daemons import (
     deploy,
     reachable_dir,
     run_cli,
-    shared_dir,
     store_args,
 )
 
@@ -274,12 +273,12 @@ async def test_result_override_cuts_results(admin: Api, capped: Api, free: Api) 
 
 
 async def test_running_override_caps_concurrency(
-    admin: Api, capped: Api, deployment: Deployment
+    admin: Api, capped: Api, deployment: Deployment, module_daemons: DaemonFactory
 ) -> None:
     """Each job marks itself running in a shared directory and reports how many
     marks it saw: under a cap of 1 that is always 1 (the daemon runs 8 at once)."""
     await set_limits(admin, "capped", running=1)
-    marks = shared_dir(deployment.cwd, "running-marks")
+    marks = module_daemons.shared_dir("running-marks")
     body = (
         "import os, time\n"
         f"MARKS = {str(marks)!r}\n"

@@ -23,7 +23,6 @@ from harness.daemons import (
     deploy,
     give_admin_token,
     reachable_dir,
-    shared_dir,
 )
 
 # a python handler that runs until the file named by its payload exists
@@ -131,9 +130,9 @@ async def test_each_tenant_sees_only_its_own_queues(acme: Api, globex: Api, admi
 
 
 async def test_running_jobs_failures_and_throughput(
-    deployment: Deployment, acme: Api, admin: Api
+    deployment: Deployment, acme: Api, admin: Api, module_daemons: DaemonFactory
 ) -> None:
-    marks = shared_dir(deployment.cwd, "overview-marks")
+    marks = module_daemons.shared_dir("overview-marks")
     flag = marks / "go"
     handlers = Handlers(acme)
     await handlers.add("slow", "python", WAIT_FOR_FILE, timeout=120)

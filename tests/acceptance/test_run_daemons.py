@@ -26,8 +26,7 @@ import asyncpg
 import pytest
 
 from harness.api import Api, Handlers, until, wait_all_done, wait_done
-from harness.daemons import DaemonFactory, DaemonProcess, add_tenant, shared_dir
-from queue_daemon.runners.sandbox.cgroups import pid_alive
+from harness.daemons import DaemonFactory, DaemonProcess, add_tenant, living_in
 from tests.acceptance.scrape import scrape, value
 from tests.acceptance.storecheck import duplicates, fetch_counts
 
@@ -45,7 +44,7 @@ def recording_handler(log: Path, sleep: float | None) -> str:
         "def handler(payload, ctx):\n"
         "    start = time.time()\n"
         f"    with open({str(log)!r}, 'a') as f:\n"
-        "        f.write(f'start {ctx.id} {start} {os.getpid()} {os.getppid()}\\n')\n"
+        "        f.write(f'start {ctx.id} {start} {os.getcwd()}\\n')\n"
         "    if payload.startswith('hold:'):\n"
         "        while os.path.exists(payload[5:]) and time.time() < start + 60:\n"
         "            time.sleep(0.02)\n"
@@ -53,7 +52,7 @@ def recording_handler(log: Path, sleep: float | None) -> str:
         f"        time.sleep({'float(payload)' if sleep is None else sleep})\n"
         "    end = time.time()\n"
         f"    with open({str(log)!r}, 'a') as f:\n"
-        "        f.write(f'run {ctx.id} {start} {end} {os.getpid()} {os.getppid()}\\n')\n"
+        "        f.write(f'run {ctx.id} {start} {end} {os.getcwd()}\\n')\n"
         "    return 'ok ' + payload\n"
     )
 
@@ -63,27 +62,30 @@ class Run:
     job_id: str
     start: float
     end: float | None  # None: started, never finished (its process was killed)
-    pid: int
-    ppid: int  # the daemon that started the handler's context
+    # the context's directory: below the data directory of the daemon that ran it
+    # (its pid is the same small number in every context, a PID namespace of its own)
+    home: str
+
+    def by(self, daemon: DaemonProcess) -> bool:
+        """Whether ``daemon`` ran it."""
+        return self.home.startswith(f"{daemon.data_dir}/")
 
 
 def read_runs(log: Path) -> list[Run]:
     """Every run in the file; a run whose end line is missing has ``end`` None."""
     if not log.exists():
         return []
-    started: dict[tuple[str, int, str], Run] = {}
+    started: dict[tuple[str, str, str], Run] = {}
     runs: list[Run] = []
     for line in log.read_text().splitlines():
         parts = line.split()
-        if len(parts) == 5 and parts[0] == "start":
-            _, job_id, start, pid, ppid = parts
-            started[(job_id, int(pid), start)] = Run(
-                job_id, float(start), None, int(pid), int(ppid)
-            )
-        elif len(parts) == 6 and parts[0] == "run":
-            _, job_id, start, end, pid, ppid = parts
-            started.pop((job_id, int(pid), start), None)
-            runs.append(Run(job_id, float(start), float(end), int(pid), int(ppid)))
+        if len(parts) == 4 and parts[0] == "start":
+            _, job_id, start, home = parts
+            started[(job_id, home, start)] = Run(job_id, float(start), None, home)
+        elif len(parts) == 5 and parts[0] == "run":
+            _, job_id, start, end, home = parts
+            started.pop((job_id, home, start), None)
+            runs.append(Run(job_id, float(start), float(end), home))
         else:
             # a line torn by a killed process would show up here
             raise AssertionError(f"unexpected line in the handlers' record: {line!r}")
@@ -144,7 +146,7 @@ async def test_daemons_share_the_jobs_and_run_each_once(
     fleet, token = await start_fleet(
         daemons, pg_dsn, open_tmp, count, "--lease", "3", "--max-batch", "10", "--concurrency", "20"
     )
-    log = shared_dir(open_tmp) / "runs.txt"
+    log = daemons.shared_dir() / "runs.txt"
     api = Api(session, fleet[0].url, CLIENT, token)
     await Handlers(api).add(JOBTYPE, "python", recording_handler(log, 0.01), timeout=10)
     ids = await api.add(JOBTYPE, [str(n) for n in range(300)])
@@ -162,8 +164,8 @@ async def test_daemons_share_the_jobs_and_run_each_once(
         ran[run.job_id] += 1
     assert set(ran) == set(ids), "a done job has no record of its run"
     assert [i for i, n in ran.items() if n > 1] == [], "a job ran more than once without a crash"
-    workers = {run.ppid for run in runs} & {d.pid for d in fleet}
-    assert len(workers) >= 2, f"only daemons {workers} of {[d.pid for d in fleet]} ran jobs"
+    workers = {d.name for d in fleet if any(run.by(d) for run in runs)}
+    assert len(workers) >= 2, f"only daemons {workers} of {[d.name for d in fleet]} ran jobs"
 
 
 async def test_jobs_of_a_killed_daemon_are_rerun_by_the_others(
@@ -173,13 +175,13 @@ async def test_jobs_of_a_killed_daemon_are_rerun_by_the_others(
         daemons, pg_dsn, open_tmp, 2, "--lease", "3", "--max-batch", "2", "--concurrency", "4"
     )
     victim, survivor = fleet
-    log = shared_dir(open_tmp) / "runs.txt"
+    log = daemons.shared_dir() / "runs.txt"
     api = Api(session, survivor.url, CLIENT, token)
     await Handlers(api).add(JOBTYPE, "python", recording_handler(log, 0.5), timeout=10)
     ids = await api.add(JOBTYPE, [str(n) for n in range(24)])
 
     async def victim_started() -> bool | None:
-        return True if any(r.ppid == victim.pid for r in read_runs(log)) else None
+        return True if any(r.by(victim) for r in read_runs(log)) else None
 
     await until(victim_started, 20, "the victim daemon to start jobs", interval=0.05)
     victim.kill()
@@ -205,7 +207,7 @@ async def test_sigterm_hands_unfinished_jobs_back_at_once(
     # a lease long enough that only an explicit hand-back explains a quick rerun
     args = ("--lease", "30", "--drain-timeout", "1", "--max-batch", "1", "--concurrency", "4")
     [victim], token = await start_fleet(daemons, pg_dsn, open_tmp, 1, *args)
-    log = shared_dir(open_tmp) / "runs.txt"
+    log = daemons.shared_dir() / "runs.txt"
     api = Api(session, victim.url, CLIENT, token)
     await Handlers(api).add(JOBTYPE, "python", recording_handler(log, None), timeout=20)
     # a quick job first: the daemon learns the type, then runs long jobs side by side
@@ -219,7 +221,7 @@ async def test_sigterm_hands_unfinished_jobs_back_at_once(
     ids = await api.add(JOBTYPE, payloads)
 
     async def all_started() -> bool | None:
-        started = {r.job_id for r in read_runs(log) if r.ppid == victim.pid}
+        started = {r.job_id for r in read_runs(log) if r.by(victim)}
         return True if started >= set(ids) else None
 
     await until(all_started, 10, "the first daemon to start the long jobs", interval=0.05)
@@ -243,12 +245,10 @@ async def test_sigterm_hands_unfinished_jobs_back_at_once(
     # the interrupted runs' processes died with the stopped daemon
     for run in runs:
         if run.end is None:
-            assert not pid_alive(run.pid), f"{run}: its process outlived its daemon"
+            assert not living_in(run.home), f"{run}: its process outlived its daemon"
     shown = f"victim {victim.pid}, survivor {survivor.pid}: {runs}"
-    assert {r.job_id for r in runs if r.end is not None and r.ppid == survivor.pid} == set(ids), (
-        shown
-    )
-    assert not [r for r in runs if r.job_id in ids and r.end and r.ppid == victim.pid], shown
+    assert {r.job_id for r in runs if r.end is not None and r.by(survivor)} == set(ids), shown
+    assert not [r for r in runs if r.job_id in ids and r.end and r.by(victim)], shown
 
 
 async def test_slow_jobs_of_a_new_type_run_side_by_side(
@@ -256,7 +256,7 @@ async def test_slow_jobs_of_a_new_type_run_side_by_side(
 ) -> None:
     """Eight 1 s jobs of a type the daemon has never run take about 1 s, not 8."""
     [daemon], token = await start_fleet(daemons, pg_dsn, open_tmp, 1, "--lease", "10")
-    log = shared_dir(open_tmp) / "runs.txt"
+    log = daemons.shared_dir() / "runs.txt"
     api = Api(session, daemon.url, CLIENT, token)
     await Handlers(api).add(JOBTYPE, "python", recording_handler(log, None), timeout=10)
     posted = time.monotonic()
@@ -266,7 +266,7 @@ async def test_slow_jobs_of_a_new_type_run_side_by_side(
     runs = sorted(read_runs(log), key=lambda r: r.start)
     assert elapsed < 5, (
         f"8 jobs of 1 s took {elapsed:.1f} s: run one after another "
-        f"({len({r.pid for r in runs})} process(es))"
+        f"({len({r.home for r in runs})} context(s))"
     )
 
 
@@ -276,7 +276,7 @@ async def test_a_run_ended_after_a_stall_past_the_lease_is_logged_as_lost_not_do
     # --no-auth: /metrics of each daemon is open
     args = ("--lease", "2", "--max-batch", "1", "--no-auth")
     [stalled], token = await start_fleet(daemons, pg_dsn, open_tmp, 1, *args)
-    log = shared_dir(open_tmp) / "runs.txt"
+    log = daemons.shared_dir() / "runs.txt"
     api = Api(session, stalled.url, CLIENT, token)
     await Handlers(api).add(JOBTYPE, "python", recording_handler(log, None), timeout=20)
     hold = log.parent / "hold"

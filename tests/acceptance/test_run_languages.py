@@ -374,7 +374,8 @@ async def test_before_runs_once_per_context(api: Api, handlers: Handlers) -> Non
         "python",
         "def handler(payload, ctx):\n    return f'{PID}:{BEFORE_RUNS}'\n",
         before=(
-            "import os\nBEFORE_RUNS = globals().get('BEFORE_RUNS', 0) + 1\nPID = os.getpid()\n"
+            "import os\nBEFORE_RUNS = globals().get('BEFORE_RUNS', 0) + 1\n"
+            "PID = os.urandom(8).hex()\n"  # the context's mark (its pid is the same in each)
         ),
     )
     served: dict[str, int] = {}  # "pid:before-runs" -> jobs that context served

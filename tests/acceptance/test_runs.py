@@ -11,7 +11,7 @@ from typing import Any
 import aiohttp
 
 from harness.api import Api, Handlers, claimed, pulled_type, until, wait_done
-from harness.daemons import DaemonFactory, add_tenant, shared_dir
+from harness.daemons import DaemonFactory, add_tenant
 
 RETRIED_TWICE_THEN_HANGS_ONCE = """
 import os, time
@@ -34,7 +34,7 @@ async def test_every_run_is_listed_with_its_cause(
     daemons: DaemonFactory, pg_dsn: str, open_tmp: Path, session: aiohttp.ClientSession
 ) -> None:
     token = add_tenant("t", store=pg_dsn, data_dir=open_tmp / "a", cwd=open_tmp)
-    marks = shared_dir(open_tmp, "marks")
+    marks = daemons.shared_dir("marks")
     first = daemons.start(open_tmp / "a", pg_dsn, "--lease", "3", "--sysid", "41")
     api = Api(session, first.url, "t", token)
     await Handlers(api).add("h", "python", RETRIED_TWICE_THEN_HANGS_ONCE, maxAttempts=5)

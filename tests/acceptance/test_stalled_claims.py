@@ -13,7 +13,7 @@ from pathlib import Path
 import aiohttp
 
 from harness.api import Api, Handlers, until, wait_done
-from harness.daemons import DaemonFactory, add_tenant, shared_dir
+from harness.daemons import DaemonFactory, DaemonProcess, add_tenant
 
 CLIENT = "stall"
 JOBTYPE = "slow"
@@ -27,17 +27,22 @@ def _handler(log: Path, slow_load: Path) -> str:
         f"LOG = {str(log)!r}\n"
         f"if os.path.exists({str(slow_load)!r}):\n"
         "    with open(LOG, 'a') as f:\n"
-        "        f.write(f'loading {os.getppid()}\\n')\n"
+        "        f.write(f'loading {os.getcwd()}\\n')\n"
         "    time.sleep(4)\n"
         "\n"
         "def handler(payload, ctx):\n"
         "    with open(LOG, 'a') as f:\n"
-        "        f.write(f'start {ctx.id} {os.getppid()} {time.time()}\\n')\n"
+        "        f.write(f'start {ctx.id} {os.getcwd()} {time.time()}\\n')\n"
         "    time.sleep(float(payload))\n"
         "    with open(LOG, 'a') as f:\n"
-        "        f.write(f'end {ctx.id} {os.getppid()} {time.time()}\\n')\n"
+        "        f.write(f'end {ctx.id} {os.getcwd()} {time.time()}\\n')\n"
         "    return 'ok'\n"
     )
+
+
+def ran_by(daemon: DaemonProcess, home: str) -> bool:
+    """Whether a handler in directory ``home`` was ``daemon``'s (below its data dir)."""
+    return home.startswith(f"{daemon.data_dir}/")
 
 
 def _lines(log: Path, word: str) -> list[list[str]]:
@@ -52,7 +57,7 @@ async def test_a_daemon_stalled_before_a_batch_started_does_not_run_what_it_lost
     args = ("--lease", "2", "--max-batch", "1")
     token = add_tenant(CLIENT, store=pg_dsn, data_dir=open_tmp / "cli", cwd=open_tmp)
     stalled = daemons.start(open_tmp / "data0", pg_dsn, *args, name="stalled")
-    shared = shared_dir(open_tmp)
+    shared = daemons.shared_dir()
     log, slow_load = shared / "runs.txt", shared / "slow-load"
     slow_load.touch()
     api = Api(session, stalled.url, CLIENT, token)
@@ -60,7 +65,8 @@ async def test_a_daemon_stalled_before_a_batch_started_does_not_run_what_it_lost
     [job_id] = await api.add(JOBTYPE, ["3"])
 
     async def loading() -> bool | None:
-        return True if [str(stalled.pid)] in [p[1:] for p in _lines(log, "loading")] else None
+        loads = [p[1] for p in _lines(log, "loading")]
+        return True if any(ran_by(stalled, home) for home in loads) else None
 
     # the daemon claimed the job and waits for its new context to load the handler
     await until(loading, 20, "the first daemon to load the handler", interval=0.02)
@@ -71,7 +77,7 @@ async def test_a_daemon_stalled_before_a_batch_started_does_not_run_what_it_lost
 
         async def taken_over() -> bool | None:
             starts = [p for p in _lines(log, "start") if p[1] == job_id]
-            return True if any(p[2] == str(survivor.pid) for p in starts) else None
+            return True if any(ran_by(survivor, p[2]) for p in starts) else None
 
         await until(taken_over, 30, "the second daemon to run the job", interval=0.02)
     finally:
@@ -94,7 +100,7 @@ async def test_a_daemon_stalled_before_a_batch_started_does_not_run_what_it_lost
     # whether it ran the job or not, the stalled daemon's release is refused
     await until(gave_up, 30, "the stalled daemon to learn it lost the job")
     runs = [p for p in _lines(log, "start") if p[1] == job_id]
-    assert [p[2] for p in runs] == [str(survivor.pid)], (
-        f"the stalled daemon (pid {stalled.pid}) started a job it had lost to "
-        f"pid {survivor.pid}: {log.read_text()}"
+    assert [ran_by(survivor, p[2]) for p in runs] == [True], (
+        f"the stalled daemon ({stalled.data_dir}) started a job it had lost to "
+        f"{survivor.data_dir}: {log.read_text()}"
     )

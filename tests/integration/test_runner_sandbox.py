@@ -37,7 +37,14 @@ from queue_daemon.runners.sandbox.cpuplace import (
     v1_cpu_mount,
 )
 from queue_daemon.runners.sandbox.cpushare import CpuGroup
-from tests.integration.test_runner_python import jobs, pid_gone, spec, until
+from tests.integration.test_runner_python import (
+    jobs,
+    marked,
+    only_context_pid,
+    pid_gone,
+    spec,
+    until,
+)
 
 ROOT = os.geteuid() == 0
 ALLOWED = {"PATH", "HOME", "TMPDIR", "LANG", "PYTHONDONTWRITEBYTECODE", "PYTHONUNBUFFERED"}
@@ -234,19 +241,21 @@ async def test_python_fallback_wrapper_sets_the_same_limits(work_root: Path) -> 
 async def test_memory_hog_fails_and_the_context_restarts(pool: RunnerPool) -> None:
     body = (
         "import os\n"
+        "MARK = os.urandom(8).hex()\n"
         "def handler(p, ctx):\n"
         "    if p == 'hog':\n"
         "        data = bytearray(4 << 30)\n"
         "        return len(data)\n"
-        "    return str(os.getpid())\n"
+        "    return MARK\n"
     )
-    first, hog, after = await pool.run_batch(spec(body), jobs("pid", "hog", "pid"))
+    await pool.run_batch(spec(body), jobs("mark"))
+    pid = only_context_pid(pool)
+    first, hog, after = await pool.run_batch(spec(body), jobs("mark", "hog", "mark"))
     assert (hog.exitcode, hog.result) == (500, "MemoryError")
     assert first.result == after.result  # the batch went on
-    (again,) = await pool.run_batch(spec(body), jobs("pid"))
+    (again,) = await pool.run_batch(spec(body), jobs("mark"))
     assert again.exitcode == 200 and again.result != first.result  # recycled
-    assert first.result is not None
-    await until(lambda: pid_gone(int(first.result or 0)))
+    await until(lambda: pid_gone(pid))
 
 
 async def test_fork_bomb_is_contained(work_root: Path) -> None:
@@ -268,15 +277,16 @@ async def test_fork_bomb_is_contained(work_root: Path) -> None:
         "            finally:\n"
         "                os._exit(0)\n"
         "        made += 1\n"
-        "    return f'{made} {failed} {os.getpid()}'\n"
+        "    return f'{made} {failed}'\n"
     )
     other = spec("def handler(p, ctx):\n    return 'still here ' + p\n", type="other")
     try:
         (bomb,) = await pool.run_batch(spec(body, type="bomb"), jobs("boom"))
         assert bomb.exitcode == 200 and bomb.result is not None
-        made, failed, pgid = map(int, bomb.result.split())
+        made, failed = map(int, bomb.result.split())
         assert made < 32 and failed > 0
-        assert len(group_members(pgid)) == made + 1
+        pgid = only_context_pid(pool)  # its group: the context, its children, bubblewrap's two
+        assert len(group_members(pgid)) == made + 1 + (2 if pool.sandbox.walled else 0)
         (fine,) = await pool.run_batch(other, jobs("x"))
         assert fine.result == "still here x"
     finally:
@@ -284,18 +294,16 @@ async def test_fork_bomb_is_contained(work_root: Path) -> None:
     await until(lambda: group_members(pgid) == [])  # the whole group was killed
 
 
-async def test_timeout_kills_grandchildren(pool: RunnerPool, shared_dir: Path) -> None:
+async def test_timeout_kills_grandchildren(pool: RunnerPool) -> None:
     body = (
         "import subprocess\n"
         "def handler(p, ctx):\n"
-        "    child = subprocess.Popen(['sleep', '60'])\n"
-        "    open(p + '/child', 'w').write(str(child.pid))\n"
+        "    child = subprocess.Popen(['sleep', '60.0418'])\n"
         "    while True: pass\n"
     )
-    (result,) = await pool.run_batch(spec(body, timeout=0.5), jobs(str(shared_dir)))
+    (result,) = await pool.run_batch(spec(body, timeout=0.5), jobs("a"))
     assert (result.exitcode, result.result) == (504, "timed out after 0.5s")
-    child = int((shared_dir / "child").read_text())
-    await until(lambda: pid_gone(child) or _zombie(child))
+    await until(lambda: marked("60.0418") == [])
 
 
 def _zombie(pid: int) -> bool:
@@ -322,43 +330,47 @@ async def test_explicit_run_as_user(work_root: Path) -> None:
         await bad.close()
 
 
-async def test_escaped_process_does_not_hang_close(work_root: Path, shared_dir: Path) -> None:
+async def test_escaped_process_does_not_hang_close(work_root: Path) -> None:
     pool = RunnerPool(RunnerSettings(work_root=work_root, processes=PROCESSES))
     body = (
         "import os, time\n"
         "def handler(p, ctx):\n"
         "    if os.fork() == 0:\n"
         "        os.setsid()\n"  # leaves the process group, keeps the pipes
-        "        open(p + '/escaped', 'w').write(str(os.getpid()))\n"
-        "        time.sleep(30)\n"
-        "        os._exit(0)\n"
-        "    while not os.path.exists(p + '/escaped'): time.sleep(0.01)\n"
+        "        os.execvp('sleep', ['sleep', '30.0419'])\n"
         "    return 'forked'\n"
     )
     try:
-        (result,) = await pool.run_batch(spec(body), jobs(str(shared_dir)))
+        (result,) = await pool.run_batch(spec(body), jobs("a"))
         assert result.result == "forked"
+        await until(lambda: marked("30.0419") != [])
     finally:
         started = time.monotonic()
         await pool.close()
         assert time.monotonic() - started < 5
-        escaped = int((shared_dir / "escaped").read_text())
-        if pool.sandbox.contains_processes:
-            await until(lambda: pid_gone(escaped) or _zombie(escaped))
-        else:
-            os.kill(escaped, signal.SIGKILL)  # not root or no cgroup v2: the documented limit
+        if pool.sandbox.contains_processes or pool.sandbox.walled:
+            await until(lambda: marked("30.0419") == [])
+        else:  # not root or no cgroup v2, and no bubblewrap: the documented limit
+            for escaped in marked("30.0419"):
+                os.kill(escaped, signal.SIGKILL)
 
 
-# a handler that leaves a sleeper in a session of its own (out of the process group)
+# a handler that leaves a sleeper in a session of its own (out of the process group),
+# marked by its payload ("300.<n>"), then spins if told to
 SETSID_SLEEPER = (
     "import os, subprocess\n"
     "def handler(p, ctx):\n"
-    "    where, what = p.split(' ')\n"
-    "    child = subprocess.Popen(['sleep', '300'], start_new_session=True)\n"
-    "    open(where + '/' + what, 'w').write(str(child.pid))\n"
+    "    mark, what = p.split(' ')\n"
+    "    child = subprocess.Popen(['sleep', mark], start_new_session=True)\n"
     "    while what == 'spin': pass\n"
     "    return 'left ' + str(child.pid)\n"
 )
+
+
+def sleeper(mark: str) -> int | None:
+    """The live host pid of the sleeper marked ``mark``, or None."""
+    pids = marked(mark)
+    return pids[0] if pids else None
 
 
 async def contained_pool(work_root: Path) -> RunnerPool:
@@ -374,58 +386,50 @@ def gone(pid: int) -> bool:
     return pid_gone(pid) or _zombie(pid)
 
 
-async def test_setsid_child_dies_with_its_timed_out_job(work_root: Path, shared_dir: Path) -> None:
+async def test_setsid_child_dies_with_its_timed_out_job(work_root: Path) -> None:
     pool = await contained_pool(work_root)
     try:
-        (result,) = await pool.run_batch(
-            spec(SETSID_SLEEPER, timeout=1.0), jobs(f"{shared_dir} spin")
-        )
+        (result,) = await pool.run_batch(spec(SETSID_SLEEPER, timeout=1.0), jobs("300.0421 spin"))
         assert (result.exitcode, result.result) == (504, "timed out after 1s")
-        sleeper = int((shared_dir / "spin").read_text())
-        await until(lambda: gone(sleeper))
+        await until(lambda: sleeper("300.0421") is None)
     finally:
         await pool.close()
 
 
-async def test_setsid_child_lives_while_the_context_is_warm(
-    work_root: Path, shared_dir: Path
-) -> None:
+async def test_setsid_child_lives_while_the_context_is_warm(work_root: Path) -> None:
     pool = await contained_pool(work_root)
     try:
-        (result,) = await pool.run_batch(spec(SETSID_SLEEPER), jobs(f"{shared_dir} bg"))
+        (result,) = await pool.run_batch(spec(SETSID_SLEEPER), jobs("300.0422 bg"))
         assert result.exitcode == 200, result
-        sleeper = int((shared_dir / "bg").read_text())
-        assert not gone(sleeper)  # same tenant, same limits: it may run until the context stops
+        # same tenant, same limits: it may run until the context stops
+        await until(lambda: sleeper("300.0422") is not None)
         (context,) = pool.contexts()
         pool.retire("acme", "t")  # the context stops
         await until(lambda: context.closed)
-        await until(lambda: gone(sleeper))
+        await until(lambda: sleeper("300.0422") is None)
     finally:
         await pool.close()
 
 
-async def test_setsid_child_dies_with_the_pool(work_root: Path, shared_dir: Path) -> None:
+async def test_setsid_child_dies_with_the_pool(work_root: Path) -> None:
     pool = await contained_pool(work_root)
     try:
-        (result,) = await pool.run_batch(spec(SETSID_SLEEPER), jobs(f"{shared_dir} bg"))
-        sleeper = int((shared_dir / "bg").read_text())
-        assert result.exitcode == 200 and not gone(sleeper)
+        (result,) = await pool.run_batch(spec(SETSID_SLEEPER), jobs("300.0423 bg"))
+        assert result.exitcode == 200
+        await until(lambda: sleeper("300.0423") is not None)
     finally:
         await pool.close()
-    await until(lambda: gone(sleeper))
+    await until(lambda: sleeper("300.0423") is None)
 
 
-async def test_shell_background_session_dies_with_its_job(
-    work_root: Path, shared_dir: Path
-) -> None:
+async def test_shell_background_session_dies_with_its_job(work_root: Path) -> None:
     pool = await contained_pool(work_root)
-    body = 'setsid sleep 300 </dev/null >/dev/null 2>&1 & echo $! > "$(cat)/shell"'
+    body = "setsid sleep 300.0424 </dev/null >/dev/null 2>&1 & echo started"
     try:
         shell = HandlerSpec(version="v", client="acme", type="s", lang="shell", body=body)
-        (result,) = await pool.run_batch(shell, jobs(str(shared_dir)))
+        (result,) = await pool.run_batch(shell, jobs("a"))
         assert result.exitcode == 200, result
-        sleeper = int((shared_dir / "shell").read_text())
-        await until(lambda: gone(sleeper))
+        await until(lambda: sleeper("300.0424") is None)
     finally:
         await pool.close()
 
@@ -564,6 +568,12 @@ CPU_LINE = (
 )
 
 
+def _host_cpu_line(pid: int) -> str:
+    """Process ``pid``'s line of the v1 cpu controller in /proc/<pid>/cgroup."""
+    lines = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
+    return next(line for line in lines if "cpu" in line.split(":")[1].split(","))
+
+
 def _own_cpu_group() -> Path:
     """This process's cgroup on the v1 cpu controller."""
     from queue_daemon.runners.sandbox.cpuplace import _v1_cpu_dir
@@ -589,8 +599,11 @@ async def test_the_daemon_comes_first_and_handlers_get_a_cpu_group_per_tenant(
         other = HandlerSpec(version="v1", client="globex", type="t", lang="python", body=CPU_LINE)
         (globex,) = await pool.run_batch(other, jobs("b"))
         assert acme.exitcode == 200 and globex.exitcode == 200, (acme, globex)
-        acme_path = str(acme.result).split(":", 2)[2]
-        globex_path = str(globex.result).split(":", 2)[2]
+        # read from the host: a handler's own view of its cgroups starts at "/"
+        # (a cgroup namespace of its own)
+        lines = {c.spec.client: _host_cpu_line(c.pid) for c in pool.contexts() if c.pid}
+        acme_path = lines["acme"].split(":", 2)[2]
+        globex_path = lines["globex"].split(":", 2)[2]
         acme_uid, globex_uid = runner_uid("acme"), runner_uid("globex")
         assert acme_path.endswith(f"/u-{acme_uid}"), acme_path
         assert globex_path.endswith(f"/u-{globex_uid}"), globex_path
