@@ -334,7 +334,8 @@ def living_in(home: str | Path) -> list[int]:
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             with contextlib.suppress(OSError):
-                if os.readlink(f"/proc/{entry}/cwd") == str(home):
+                # a directory removed under a live process reads "… (deleted)"
+                if os.readlink(f"/proc/{entry}/cwd").removesuffix(" (deleted)") == str(home):
                     found.append(int(entry))
     return found
 

@@ -163,6 +163,7 @@ class Daemon:
                 result_limit=settings.result_limit,
                 http_allow=settings.http_allow,
                 share=settings.handler_share,
+                trust_tenants=settings.trust_tenants,
                 realtime=settings.realtime,
                 output_rate=settings.output_rate,
                 tmp_size=settings.tmp_size,

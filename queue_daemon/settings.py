@@ -76,6 +76,7 @@ class Settings:
     tenant_running: int | None = None  # jobs of one tenant running at once per daemon
     http_allow: tuple[Network, ...] = default_of(RunnerSettings, "http_allow")
     handler_share: tuple[Path, ...] = default_of(RunnerSettings, "share")  # read-write in views
+    trust_tenants: bool = default_of(RunnerSettings, "trust_tenants")  # unwalled: every tenant
     tenant_waiting: int = 1_000_000  # waiting + scheduled jobs of one tenant (0 = no limit)
     tenant_handlers: int = 1000  # live handlers of one tenant (0 = no limit)
     tenant_follow_ons: int = 1000  # follow-on jobs one run may add

@@ -10,7 +10,7 @@ from collections import Counter
 from collections.abc import Sequence, Set
 
 from queue_daemon.runners.budget import OutputBudget
-from queue_daemon.runners.codes import ERROR
+from queue_daemon.runners.codes import ERROR, FORBIDDEN
 from queue_daemon.runners.context import Context
 from queue_daemon.runners.errors import SandboxError
 from queue_daemon.runners.http import HttpRunner
@@ -28,6 +28,13 @@ from queue_daemon.runners.warm import LATE, WarmContexts, too_late
 __all__ = ["RunnerPool", "RunnerSettings"]
 
 logger = logging.getLogger(__name__)
+
+UNWALLED = (
+    "not run: this daemon runs another tenant's handlers and no walls stand between"
+    " tenants here (it is not root, and bubblewrap is missing or cannot make user"
+    " namespaces); its operator can install bubblewrap, run it as root, or pass"
+    " --trust-tenants (docs/security.md)"
+)
 
 
 class RunnerPool:
@@ -50,6 +57,7 @@ class RunnerPool:
             python=settings.python,
             network=settings.network,
             share=settings.share,
+            bwrap=settings.bwrap,
             realtime=settings.realtime,
             tenant_uids=tenant_uids,
         )
@@ -74,6 +82,7 @@ class RunnerPool:
         )
         self._contexts = WarmContexts(settings, self.sandbox, self._limits, self.output_budget)
         self._closed = False
+        self._first_tenant: str | None = None  # the one tenant run where no walls stand
 
     # ------------------------------------------------------------------ running
 
@@ -109,6 +118,8 @@ class RunnerPool:
         except SandboxError as exc:
             logger.error("%s", exc, extra={"action": "sandbox_uid", "tenant": spec.client})
             return [failed(job, ERROR, str(exc)) for job in jobs]
+        if spec.lang != "http" and not self._trusted(spec.client):
+            return [failed(job, FORBIDDEN, UNWALLED) for job in jobs]
         if too_late(start_by):
             return [not_run(job, LATE) for job in jobs]
         if spec.lang == "shell":
@@ -116,6 +127,22 @@ class RunnerPool:
         if spec.lang == "http":
             return await self._http.run_batch(spec, jobs)
         return await self._contexts.run_batch(spec, jobs, sink, start_by)
+
+    def _trusted(self, client: str) -> bool:
+        """Whether ``client``'s handlers may run here: always where walls stand
+        between tenants (root's uids, or bubblewrap's namespaces) or the operator
+        trusts them all, else for the first tenant run since the pool started."""
+        if self.settings.trust_tenants or not self.sandbox.unwalled:
+            return True
+        if self._first_tenant is None:
+            self._first_tenant = client
+            logger.warning(
+                "no walls stand between tenants here: only tenant %s's python, node and"
+                " shell handlers run (--trust-tenants runs every tenant's)",
+                client,
+                extra={"action": "sandbox_one_tenant", "tenant": client},
+            )
+        return client == self._first_tenant
 
     # ------------------------------------------------------------------ upkeep
 

@@ -41,6 +41,10 @@ class RunnerSettings:
     http_allow: tuple[Network, ...] = ()
     # directories bound read-write into every handler's view (the same for every tenant)
     share: tuple[Path, ...] = ()
+    # where no walls stand between tenants (not root, no bubblewrap): False runs the
+    # python, node and shell handlers of the first tenant only, True every tenant's
+    trust_tenants: bool = False
+    bwrap: str | None = "auto"  # path of bubblewrap, "auto" (search PATH) or None (none)
     python: str | None = None  # interpreter of python contexts (default: the daemon's own)
     # False: handlers run in a network namespace of their own (only its own loopback)
     # when the daemon is root and unshare works; True: they share the daemon's network

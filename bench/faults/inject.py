@@ -80,7 +80,7 @@ async def kill_daemon_adds(world: World, fault: Fault) -> float:
 
 async def kill_daemon_runs(world: World, fault: Fault) -> float:
     """kill -9 while one of its handlers runs a job."""
-    owner = _owner(_pid(world, fault))
+    pid = _pid(world, fault)
     slot = world.slots[fault.victim]
     rng = random.Random(fault.where)
     # slow jobs, so that one is surely in flight
@@ -88,10 +88,11 @@ async def kill_daemon_runs(world: World, fault: Fault) -> float:
     await world.add(slot, "fa", world.next_payloads(rng, "fa", 8))
 
     def running() -> bool:
+        owner = _owner(pid)  # known once its sandbox is prepared
         opened: set[str] = set()
         for line in world.run_log.read_text().splitlines():
             parts = line.split(" ")
-            if len(parts) >= 4 and parts[2] == owner:
+            if owner and len(parts) >= 4 and parts[2] == owner:
                 key = f"{parts[1]} {parts[3]}"
                 if parts[0] == "start":
                     opened.add(key)

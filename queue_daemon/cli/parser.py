@@ -179,6 +179,14 @@ def build_parser() -> argparse.ArgumentParser:
         "(loopback, private, link-local...; default: none)",
     )
     serve.add_argument(
+        "--trust-tenants",
+        action="store_true",
+        default=flag(_env("trust_tenants", "")),
+        help="run every tenant's python, node and shell handlers even where no walls"
+        " stand between them (not root, no bubblewrap or user namespaces); env"
+        " QUEUE_DAEMON_TRUST_TENANTS; default: only the first tenant's (docs/security.md)",
+    )
+    serve.add_argument(
         "--handler-share",
         default=_env("handler_share", ""),
         help="DIR[,DIR...] bound read-write into every handler's view, the same for every"

@@ -57,6 +57,7 @@ class Sandbox:
         python: str | None = None,
         network: bool = False,
         share: tuple[Path, ...] = (),
+        bwrap: str | None = "auto",
         realtime: bool = False,
         tenant_uids: TenantUids | None = None,
     ) -> None:
@@ -64,6 +65,7 @@ class Sandbox:
         self._tenant_uids = tenant_uids  # None: uids derived from the names (tenant_ids)
         self.network = network
         self.share = share  # bound read-write into every view (``walls``)
+        self._bwrap_setting = bwrap  # "auto": bubblewrap from the safe PATH; None: none
         self.realtime = realtime
         self.limits = limits
         self._run_as_setting = run_as
@@ -134,6 +136,7 @@ class Sandbox:
             network=self.network,
             tmp_size=self.limits.tmp_size,
             share=self.share,
+            bwrap=self._bwrap_setting,
         )
         if self._walls is None:  # the fewer walls util-linux unshare builds (as root)
             self._unshare = None if self.network else find_unshare(self.run_as, self.work_root)
@@ -156,6 +159,12 @@ class Sandbox:
     def has_loopback(self) -> bool:
         """Whether handlers in a network namespace get its loopback up (127.0.0.1 works)."""
         return self._walls is not None or (self._unshare is not None and self._ip is not None)
+
+    @property
+    def unwalled(self) -> bool:
+        """Whether nothing stands between tenants' handlers: not root (one uid for
+        all) and no bubblewrap's namespaces."""
+        return self.run_as is None and self._walls is None
 
     @property
     def walled(self) -> bool:
@@ -309,30 +318,34 @@ class Sandbox:
         if run_as is not None and self._cpu is not None and self._switch_user is not None:
             procs.append(self._cpu.procs(run_as.uid))
         walls, seccomp_fd = self._walls, None
-        if walls is not None:
-            seccomp_fd = walls.open_filter()
-            argv = [*walls.argv(run_as, home, seccomp_fd), *argv]
-            run_as = None  # switched by the walls' own argv
-        elif run_as is not None and self._switch_user is not None:
-            switch = switch_argv(
-                run_as,
-                switch_user=self._switch_user,
-                unshare=self._unshare,
-                ip=self._ip,
-                private_mounts=self._private_mounts,
-                private_tmp=self._private_tmp,
-                tmp_size=self.limits.tmp_size,
-            )
-            argv = [*switch, *argv]
-            run_as = None
-        argv = [*first_argv(procs), *argv]
-        # without unshare, subprocess switches the user (uvloop's loop cannot: it
-        # takes no user=, so the daemon runs on it only when unshare is there)
-        switch_by_subprocess: dict[str, Any] = (
-            {} if run_as is None else {"user": run_as.uid, "group": run_as.gid, "extra_groups": []}
-        )
+        switch_by_subprocess: dict[str, Any] = {}
         loop = asyncio.get_running_loop()
         try:
+            if walls is not None:
+                seccomp_fd = walls.open_filter()
+                argv = [*walls.argv(run_as, home, seccomp_fd), *argv]
+                run_as = None  # switched by the walls' own argv
+            elif run_as is not None and self._switch_user is not None:
+                switch = switch_argv(
+                    run_as,
+                    switch_user=self._switch_user,
+                    unshare=self._unshare,
+                    ip=self._ip,
+                    private_mounts=self._private_mounts,
+                    private_tmp=self._private_tmp,
+                    tmp_size=self.limits.tmp_size,
+                )
+                argv = [*switch, *argv]
+                run_as = None
+            argv = [*first_argv(procs), *argv]
+            # without unshare, subprocess switches the user (uvloop's loop cannot: it
+            # takes no user=, so the daemon runs on it only when unshare is there)
+            if run_as is not None:
+                switch_by_subprocess = {
+                    "user": run_as.uid,
+                    "group": run_as.gid,
+                    "extra_groups": [],
+                }
             transport, protocol = await loop.subprocess_exec(
                 lambda: _Protocol(1 << 16, loop),
                 *argv,

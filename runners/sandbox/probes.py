@@ -5,7 +5,6 @@ scrubbed environment every handler process gets."""
 from __future__ import annotations
 
 import logging
-import os
 import shutil
 import subprocess
 import sys
@@ -160,10 +159,23 @@ def runs_as(run_as: RunAs, argv: list[str], work_root: Path) -> bool:
     return done.returncode == 0
 
 
-def python_prefixes(python: str, run_as: RunAs | None, work_root: Path) -> list[str]:
-    """Where ``python`` (as ``run_as``) finds its standard library and packages:
-    its prefixes and the directory of its real executable; [] if it cannot tell."""
-    script = "import os, sys; print(sys.prefix, sys.base_prefix, sys.exec_prefix, sep='\\n')"
+# what an interpreter needs to start and import its libraries: its standard
+# library and packages, its executable's directory (and the real one's), and a
+# virtualenv's pyvenv.cfg
+PYTHON_PATHS = """
+import os, sys, sysconfig
+paths = sysconfig.get_paths()
+found = [paths[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")]
+found += [os.path.dirname(sys.executable), os.path.dirname(os.path.realpath(sys.executable))]
+cfg = os.path.join(os.path.dirname(os.path.dirname(sys.executable)), "pyvenv.cfg")
+print("\\n".join(found + ([cfg] if os.path.exists(cfg) else [])))
+"""
+
+
+def python_paths(python: str, run_as: RunAs | None, work_root: Path) -> list[str]:
+    """What ``python`` (as ``run_as``) needs to run (``PYTHON_PATHS``); [] if it
+    cannot tell."""
+    script = PYTHON_PATHS
     user: dict[str, Any] = (
         {} if run_as is None else {"user": run_as.uid, "group": run_as.gid, "extra_groups": []}
     )
@@ -181,5 +193,4 @@ def python_prefixes(python: str, run_as: RunAs | None, work_root: Path) -> list[
         return []
     if done.returncode != 0:
         return []
-    real = Path(os.path.realpath(python)).parent.parent
-    return [*done.stdout.decode().split("\n")[:3], str(real)]
+    return [line for line in done.stdout.decode().splitlines() if line.startswith("/")]

@@ -17,6 +17,7 @@ import errno
 import logging
 import os
 from pathlib import Path
+from typing import Any
 
 logger = logging.getLogger(__name__)
 
@@ -48,7 +49,14 @@ REFUSED: dict[str, tuple[str, ...]] = {
         "perf_event_open",
     ),
     "the kernel keyring": ("keyctl", "add_key", "request_key"),
-    "other processes' memory": ("ptrace", "process_vm_readv", "process_vm_writev"),
+    "other processes' memory and descriptors": (
+        "ptrace",
+        "process_vm_readv",
+        "process_vm_writev",
+        "process_madvise",
+        "pidfd_getfd",
+        "kcmp",
+    ),
     "the kernel itself": (
         "kexec_load",
         "kexec_file_load",
@@ -61,6 +69,8 @@ REFUSED: dict[str, tuple[str, ...]] = {
         "syslog",
         "acct",
         "quotactl",
+        "quotactl_fd",
+        "fanotify_init",
         "lookup_dcookie",
         "uselib",
     ),
@@ -81,6 +91,7 @@ NAMESPACE_FLAGS = {
 # randomisation (ADDR_NO_RANDOMIZE) or make data executable (READ_IMPLIES_EXEC),
 # and with them the query form (0xffffffff)
 PERSONALITY_MAX = 0x0008
+UNKNOWN = -1  # libseccomp's number of a name it does not know (__NR_SCMP_ERROR)
 
 
 def refused_calls() -> list[str]:
@@ -95,12 +106,23 @@ def write_filter(path: Path) -> str | None:
         import pyseccomp as seccomp
     except (ImportError, RuntimeError, OSError) as exc:  # RuntimeError: no libseccomp
         return f"libseccomp cannot be loaded ({exc})"
+    try:
+        _write(seccomp, path)
+    except OSError as exc:  # a call this libseccomp does not know, a file not written
+        return f"the filter cannot be built ({exc})"
+    return None
+
+
+def _write(seccomp: Any, path: Path) -> None:
     refuse = seccomp.ERRNO(errno.EPERM)
     rules = seccomp.SyscallFilter(seccomp.ALLOW)
     rules.set_attr(seccomp.Attr.ACT_BADARCH, seccomp.KILL_PROCESS)
     for name in refused_calls():
-        if seccomp.resolve_syscall(seccomp.Arch.NATIVE, name) < 0:
-            continue  # not a call of this architecture
+        number = seccomp.resolve_syscall(seccomp.Arch.NATIVE, name)
+        if number == UNKNOWN:
+            raise OSError(f"libseccomp does not know {name}: too old")
+        if number < 0:
+            continue  # not a call of this architecture (libseccomp's pseudo-number)
         rules.add_rule(refuse, name)
     for flag in NAMESPACE_FLAGS.values():
         rules.add_rule(refuse, "clone", seccomp.Arg(0, seccomp.MASKED_EQ, flag, flag))
@@ -109,4 +131,3 @@ def write_filter(path: Path) -> str | None:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
     with os.fdopen(fd, "wb") as out:
         rules.export_bpf(out)
-    return None

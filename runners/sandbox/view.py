@@ -6,14 +6,17 @@ bubblewrap starts the handler in new user, mount, PID, IPC, UTS and cgroup
 namespaces (and network, unless handlers are given the network) as the user
 it was started as: as root the daemon first switches to the tenant's uid
 (``wrappers.switch_argv``), so the user namespace maps that uid to itself and
-nothing of root is left; without root it maps the daemon's own. It sets
+nothing of root is left; without root it maps the daemon's own. It forbids
+user namespaces inside (``--disable-userns``), gives a host name of its own, sets
 ``no_new_privs``, drops every capability, loads the seccomp filter
 (``syscalls``) last, and the handler then sees, besides its own directory
 (read-write):
 
 - read-only: ``/usr`` (with ``/bin``, ``/lib``, ``/sbin`` as the host links or
-  binds them), the interpreter's installation when it lies elsewhere (a
-  virtualenv: python, its libraries, node's wheel), the bootstraps;
+  binds them), what the interpreter needs when it lies elsewhere (its standard
+  library and packages, its executable's directory, a virtualenv's
+  ``pyvenv.cfg``; the daemon's packages, which hold node's wheel), the
+  bootstraps; never a directory that holds the work root or the daemon's data;
 - a small ``/etc``: ``passwd`` and ``group`` holding only the handler's uid
   and gid, the loader's cache, the time zone, ``alternatives``; name
   resolution and certificates only when handlers have the network;
@@ -30,6 +33,7 @@ outlive its context even without cgroups.
 from __future__ import annotations
 
 import os
+import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,8 +67,9 @@ class View:
         """bubblewrap's argv for a process in ``home`` whose ``/etc/passwd`` and
         ``/etc/group`` are ``ids``'s (``identity_files``), with the filter read
         from ``seccomp_fd`` (None: no filter)."""
-        argv = [self.bwrap, "--unshare-user", "--unshare-ipc", "--unshare-pid"]
-        argv += ["--unshare-uts", "--unshare-cgroup-try", "--die-with-parent"]
+        argv = [self.bwrap, "--unshare-user", "--disable-userns", "--unshare-ipc"]
+        argv += ["--unshare-pid", "--unshare-uts", "--hostname", "handler"]
+        argv += ["--unshare-cgroup-try", "--die-with-parent"]
         if not self.network:
             argv.append("--unshare-net")
         argv += ["--ro-bind", "/usr", "/usr"]
@@ -83,22 +88,28 @@ class View:
         argv += ["--perms", "1777", "--size", size, "--tmpfs", "/tmp"]
         argv += ["--perms", "1777", "--size", size, "--tmpfs", "/dev/shm"]
         # after /tmp: a directory below /tmp (tests, a daemon's work root there) is
-        # bound into the private /tmp, not hidden by it
-        for path in self.readonly:
-            argv += ["--ro-bind", str(path), str(path)]
+        # bound into the private /tmp, not hidden by it; shares first, so that
+        # nothing read-only bound after them is made writable through one
         for path in self.share:
             argv += ["--bind-try", str(path), str(path)]
+        for path in self.readonly:
+            argv += ["--ro-bind", str(path), str(path)]
         argv += ["--bind", str(home), str(home), "--chdir", str(home)]
         if seccomp_fd is not None:
             argv += ["--seccomp", str(seccomp_fd)]
         return [*argv, "--"]
 
 
-def outside_usr(paths: Sequence[Path]) -> tuple[Path, ...]:
-    """The real paths among ``paths`` that ``/usr`` does not cover, outermost only."""
+def narrowed(paths: Sequence[Path], private: Sequence[Path]) -> tuple[Path, ...]:
+    """The real paths among ``paths`` that ``/usr`` does not cover, outermost
+    only, leaving out any that would show a ``private`` path (``/`` or one of its
+    ancestors, as a python installed beside the daemon's data could be)."""
     kept: list[Path] = []
+    hidden = [Path(os.path.realpath(p)) for p in private]
     for path in sorted({Path(os.path.realpath(p)) for p in paths}):
         if path.is_relative_to("/usr") or any(path.is_relative_to(k) for k in kept):
+            continue
+        if any(h.is_relative_to(path) for h in hidden):
             continue
         if path.exists():
             kept.append(path)
@@ -106,8 +117,9 @@ def outside_usr(paths: Sequence[Path]) -> tuple[Path, ...]:
 
 
 def identity_files(directory: Path, uid: int, gid: int) -> Path:
-    """A directory (``directory/ids-<uid>-<gid>``) holding the ``passwd`` and
-    ``group`` a handler of ``uid``:``gid`` sees: its own entries and nobody's."""
+    """A directory (``directory/ids-<uid>-<gid>``, in the daemon's own part of the
+    work root) holding the ``passwd`` and ``group`` a handler of ``uid``:``gid``
+    sees: its own entries and nobody's."""
     target = directory / f"ids-{uid}-{gid}"
     if (target / "group").is_file():
         return target
@@ -118,8 +130,9 @@ def identity_files(directory: Path, uid: int, gid: int) -> Path:
         "group": f"handler:x:{gid}:\n",
     }
     for name, text in entries.items():  # group last: its presence says both are whole
-        tmp = target / f".{name}.tmp"
-        tmp.write_text(text)
+        fd, tmp = tempfile.mkstemp(dir=target, prefix=f".{name}-")
+        with os.fdopen(fd, "w") as out:
+            out.write(text)
         os.chmod(tmp, 0o644)
         os.replace(tmp, target / name)
     return target

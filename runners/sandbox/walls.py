@@ -14,15 +14,16 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import stat
 import subprocess
-import sys
+import sysconfig
 import tempfile
 from pathlib import Path
 
-from queue_daemon.runners.sandbox.probes import SAFE_PATH, python_prefixes, scrubbed_env
+from queue_daemon.runners.sandbox.probes import SAFE_PATH, python_paths, scrubbed_env
 from queue_daemon.runners.sandbox.syscalls import write_filter
 from queue_daemon.runners.sandbox.users import RunAs
-from queue_daemon.runners.sandbox.view import View, identity_files, outside_usr
+from queue_daemon.runners.sandbox.view import View, identity_files, narrowed
 
 logger = logging.getLogger(__name__)
 
@@ -56,10 +57,12 @@ class Walls:
         network: bool,
         tmp_size: int,
         share: tuple[Path, ...] = (),
+        bwrap: str | None = "auto",
     ) -> Walls | None:
         """The walls, where they work here for ``run_as`` (None: the daemon's own
         user), else None (warned). Blocking: run it in a thread."""
-        bwrap = shutil.which("bwrap", path=SAFE_PATH)
+        if bwrap == "auto":
+            bwrap = shutil.which("bwrap", path=SAFE_PATH)
         if bwrap is None:
             logger.warning(
                 "%s: bubblewrap is missing (Debian: apt-get install bubblewrap)",
@@ -75,11 +78,24 @@ class Walls:
                 "handlers may make every system call: %s", why, extra={"action": "sandbox_filter"}
             )
             seccomp = None
-        paths = [Path(sys.prefix), Path(sys.base_prefix), bootstrap_dir]
-        paths += [Path(p) for p in python_prefixes(python, run_as, part)]
-        readonly = tuple(p for p in outside_usr(paths) if run_as is None or _open_to_all(p))
+        # the handlers' python, the daemon's packages (node's wheel), the bootstraps;
+        # never a directory that holds the daemon's data or the work root
+        daemon = sysconfig.get_paths()
+        paths = [Path(daemon["purelib"]), Path(daemon["platlib"]), bootstrap_dir]
+        paths += [Path(p) for p in python_paths(python, run_as, part)]
+        work_root = bootstrap_dir.parent
+        private = [work_root, work_root.parent, Path.home()]
+        readonly = tuple(p for p in narrowed(paths, private) if run_as is None or _open_to_all(p))
+        shown = [Path(os.path.realpath(p)) for p in share]
+        for path in [p for p in shown if any(h.is_relative_to(p) for h in private)]:
+            logger.warning(
+                "--handler-share %s is not shared: it holds the daemon's data",
+                path,
+                extra={"action": "sandbox_share"},
+            )
+        share = tuple(p for p in shown if not any(h.is_relative_to(p) for h in private))
         view = View(bwrap=bwrap, readonly=readonly, network=network, tmp_size=tmp_size, share=share)
-        walls = cls(view, seccomp, shutil.which("unshare", path=SAFE_PATH), bootstrap_dir)
+        walls = cls(view, seccomp, shutil.which("unshare", path=SAFE_PATH), part)
         why = walls._probe(run_as, part)
         if why is not None:
             logger.warning(
@@ -141,7 +157,9 @@ class Walls:
 def _open_to_all(path: Path) -> bool:
     """Whether any user can reach and read ``path`` (a tenant's uid owns nothing)."""
     try:
-        if os.stat(path).st_mode & 0o005 != 0o005:
+        mode = os.stat(path).st_mode
+        needed = 0o005 if stat.S_ISDIR(mode) else 0o004
+        if mode & needed != needed:
             return False
         return all(os.stat(parent).st_mode & 0o001 for parent in path.parents)
     except OSError:

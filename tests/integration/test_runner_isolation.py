@@ -89,11 +89,12 @@ async def probe(
     return outcome
 
 
-def unreachable(outcome: dict[str, object]) -> bool:
-    """Whether a probe was refused: not there at all (the minimal view), or not
-    permitted (where handlers see the whole file system)."""
+def unreachable(outcome: dict[str, object], pool: RunnerPool) -> bool:
+    """Whether a probe was refused: not there at all behind the walls (the
+    minimal view), not permitted where handlers see the whole file system."""
     error = str(outcome.get("error"))
-    return outcome["ok"] is False and error.startswith(("FileNotFoundError", "PermissionError"))
+    expected = "FileNotFoundError" if pool.sandbox.walled else "PermissionError"
+    return outcome["ok"] is False and error.startswith(expected)
 
 
 @pytest.fixture
@@ -112,10 +113,18 @@ def data_dir() -> Iterator[Path]:
     shutil.rmtree(path, ignore_errors=True)
 
 
-@pytest.fixture
-async def pool(data_dir: Path) -> AsyncIterator[RunnerPool]:
-    # the work root below the protected data dir, as the daemon has it (DATA_DIR/run)
-    pool = RunnerPool(RunnerSettings(work_root=data_dir / "run", processes=PROCESSES))
+@pytest.fixture(params=["walls", "unshare"])
+async def pool(data_dir: Path, request: pytest.FixtureRequest) -> AsyncIterator[RunnerPool]:
+    """Behind bubblewrap's walls, and where there is no bubblewrap (util-linux
+    unshare's namespaces, the tenant's uid), the work root below the protected
+    data dir, as the daemon has it (DATA_DIR/run)."""
+    bwrap = "auto" if request.param == "walls" else None
+    settings = RunnerSettings(work_root=data_dir / "run", processes=PROCESSES, bwrap=bwrap)
+    pool = RunnerPool(settings)
+    await pool.sandbox.prepare()
+    if request.param == "walls" and not pool.sandbox.walled:
+        await pool.close()
+        pytest.skip("bubblewrap is missing or fails here")
     yield pool
     await pool.close()
 
@@ -190,7 +199,7 @@ async def test_unix_socket_is_kept_by_its_permissions(pool: RunnerPool, open_dir
         outcome = await probe(pool, "unix", str(open_dir / "private.sock"))
     finally:
         private.close()
-    assert unreachable(outcome), outcome
+    assert unreachable(outcome, pool), outcome
 
 
 @needs_root
@@ -214,7 +223,7 @@ async def test_world_writable_unix_socket_is_reachable_only_without_the_view(
 async def test_daemon_files_are_unreadable(pool: RunnerPool, data_dir: Path) -> None:
     journal_file = data_dir / "journal-s1" / "000001.jsonl"
     outcome = await probe(pool, "read", str(journal_file))
-    assert unreachable(outcome), outcome
+    assert unreachable(outcome, pool), outcome
     outcome = await probe(pool, "list", str(data_dir / "journal-s1"))
     assert outcome["ok"] is False, outcome
     outcome = await probe(pool, "read", str(data_dir / "queue-s1.log"))
@@ -223,7 +232,7 @@ async def test_daemon_files_are_unreadable(pool: RunnerPool, data_dir: Path) -> 
     if pool.sandbox.walled:  # only the way down to its own directory is there
         assert outcome == {"ok": True, "value": ["run"]}, outcome
     else:
-        assert unreachable(outcome), outcome
+        assert unreachable(outcome, pool), outcome
 
 
 @needs_root
@@ -232,7 +241,7 @@ async def test_daemon_environment_is_unreadable(
 ) -> None:
     monkeypatch.setenv("QUEUE_DAEMON_SECRET", "s3cret")
     outcome = await probe(pool, "read", f"/proc/{os.getpid()}/environ")
-    assert unreachable(outcome), outcome
+    assert unreachable(outcome, pool), outcome
 
 
 @needs_root
@@ -242,9 +251,9 @@ async def test_tenant_cannot_read_another_tenants_directory(pool: RunnerPool) ->
     home = Path(str(written["value"]))
     assert (home / "secret").exists()  # the globex context stays warm, its dir with it
     outcome = await probe(pool, "read", str(home / "secret"), client="acme")
-    assert unreachable(outcome), outcome
+    assert unreachable(outcome, pool), outcome
     outcome = await probe(pool, "list", str(home), client="acme")
-    assert unreachable(outcome), outcome
+    assert unreachable(outcome, pool), outcome
 
 
 @needs_netns

@@ -204,7 +204,8 @@ async def test_the_view_holds_only_what_handlers_need(pool: RunnerPool, work_roo
     # its own processes only: bubblewrap's first, then the context
     procs = await ask(pool, what="list", path="/proc")
     assert isinstance(procs, list)
-    assert sorted(int(p) for p in procs if p.isdigit())[:2] == [1, 2], procs
+    # bubblewrap's first process (1) and the context (2): nothing of the host's
+    assert sorted(int(p) for p in procs if p.isdigit()) == [1, 2], procs
     # the work root holds only the bootstraps and the way down to its own directory
     parts = await ask(pool, what="list", path=str(work_root))
     assert isinstance(parts, list) and parts[0] == "bootstrap", parts
@@ -251,15 +252,21 @@ def handler(payload, ctx):
 '''
 
 
-async def main(root, port):
-    pool = RunnerPool(RunnerSettings(work_root=Path(root) / "run"))
+async def main(root, port, mode):
+    # mode "walls": as it comes; "none": no bubblewrap, "trust": no bubblewrap, trusted
+    settings = RunnerSettings(
+        work_root=Path(root) / "run",
+        bwrap="auto" if mode == "walls" else None,
+        trust_tenants=mode == "trust",
+    )
+    pool = RunnerPool(settings)
     said = {}
     try:
         async def ask(client, **question):
             spec = HandlerSpec(version="v", client=client, type="t", lang="python", body=BODY)
             job = JobInput(id="j", payload=json.dumps(question), attempt=1)
             (result,) = await pool.run_batch(spec, [job])
-            return json.loads(result.result)
+            return json.loads(result.result) if result.exitcode == 200 else result.result
         home = await ask("a", what="write")
         said["other_home"] = await ask("b", what="list", path=home)
         said["data_dir"] = await ask("b", what="list", path=root)
@@ -272,7 +279,7 @@ async def main(root, port):
     print(json.dumps(said))
 
 
-asyncio.run(main(sys.argv[1], int(sys.argv[2])))
+asyncio.run(main(sys.argv[1], int(sys.argv[2]), sys.argv[3]))
 """
 
 
@@ -302,8 +309,8 @@ def _unprivileged_python() -> str | None:
     return None
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="the pool fixture's tests above run rootless here")
-async def test_walls_stand_for_a_daemon_that_is_not_root(tmp_path: Path) -> None:
+async def as_nobody(mode: str) -> dict[str, object]:
+    """What ``ROOTLESS`` says, run by user nobody in ``mode``."""
     import asyncio
     import socket
     import tempfile
@@ -322,6 +329,7 @@ async def test_walls_stand_for_a_daemon_that_is_not_root(tmp_path: Path) -> None
             ROOTLESS,
             str(root),
             str(listener.getsockname()[1]),
+            mode,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
             env={"PATH": "/usr/bin:/bin", "PYTHONPATH": ":".join([str(REPO), *packages])},
@@ -335,13 +343,40 @@ async def test_walls_stand_for_a_daemon_that_is_not_root(tmp_path: Path) -> None
         listener.close()
         shutil.rmtree(root, ignore_errors=True)
     assert process.returncode == 0, err.decode()[-3000:]
-    said = json.loads(out.decode().splitlines()[-1])
+    said: dict[str, object] = json.loads(out.decode().splitlines()[-1])
+    return said
+
+
+needs_root_to_be_nobody = pytest.mark.skipif(
+    os.geteuid() != 0, reason="the pool fixture's tests above run rootless here"
+)
+
+
+@needs_root_to_be_nobody
+async def test_walls_stand_for_a_daemon_that_is_not_root() -> None:
+    said = await as_nobody("walls")
     assert said["walled"] == [True, True], said
     assert said["other_home"] == "FileNotFoundError", said  # another tenant's directory
     assert said["data_dir"] == ["run"], said  # only the way down to its own
     assert said["tcp"] == "ConnectionRefusedError", said  # its own loopback, not the host's
-    assert sorted(int(p) for p in said["procs"] if p.isdigit())[:2] == [1, 2], said
+    procs = said["procs"]
+    assert isinstance(procs, list)
+    assert sorted(int(p) for p in procs if p.isdigit()) == [1, 2], said
     assert said["status"] == ["Seccomp:\t2"], said
+
+
+@needs_root_to_be_nobody
+async def test_without_walls_only_the_first_tenant_runs_unless_trusted() -> None:
+    said = await as_nobody("none")
+    assert said["walled"] == [False, False], said
+    refusal = str(said["other_home"])  # tenant b's first job
+    assert refusal.startswith("not run: this daemon runs another tenant's handlers"), said
+    assert "--trust-tenants" in refusal, said
+    trusted = await as_nobody("trust")
+    assert trusted["walled"] == [False, False], trusted
+    # trusted, and nothing between them: b reads a's directory, reaches the host
+    assert isinstance(trusted["other_home"], list), trusted
+    assert trusted["tcp"] == "connected", trusted
 
 
 def test_handler_share_flag_takes_absolute_directories_only(tmp_path: Path) -> None:
@@ -377,3 +412,17 @@ async def test_a_shared_directory_is_in_every_tenants_view(work_root: Path) -> N
     finally:
         await pool.close()
         shutil.rmtree(shared, ignore_errors=True)
+
+
+def test_nothing_bound_for_the_interpreter_holds_the_daemons_data(tmp_path: Path) -> None:
+    """A virtualenv that holds the data directory (``python -m venv .`` where the
+    daemon runs) is bound by its library only, never whole; nor is ``/``."""
+    from queue_daemon.runners.sandbox.view import narrowed
+
+    venv = tmp_path / "venv"
+    library = venv / "lib" / "python3" / "site-packages"
+    library.mkdir(parents=True)
+    work_root = venv / "queue-data" / "run"
+    work_root.mkdir(parents=True)
+    paths = [venv, library, Path("/"), Path("/usr/lib"), venv / "bin"]
+    assert narrowed(paths, [work_root, work_root.parent]) == (library,)
