@@ -142,21 +142,30 @@ def find_python(setting: str | None, run_as: RunAs | None, work_root: Path) -> s
 
 def runs_as(run_as: RunAs, argv: list[str], work_root: Path) -> bool:
     """Whether ``argv`` runs (exit 0) as ``run_as``."""
+    done = _run_as(run_as, argv, work_root)
+    return done is not None and done.returncode == 0
+
+
+def _run_as(
+    run_as: RunAs | None, argv: list[str], work_root: Path
+) -> subprocess.CompletedProcess[bytes] | None:
+    """``argv`` run to its end as ``run_as`` (None: the daemon's user); None if it
+    could not be started or did not end within 30 s."""
+    user: dict[str, Any] = (
+        {} if run_as is None else {"user": run_as.uid, "group": run_as.gid, "extra_groups": []}
+    )
     try:
-        done = subprocess.run(
+        return subprocess.run(
             argv,
             env=scrubbed_env(work_root),
             cwd="/",
             capture_output=True,
             timeout=30,
             check=False,
-            user=run_as.uid,
-            group=run_as.gid,
-            extra_groups=[],
+            **user,
         )
     except (OSError, subprocess.SubprocessError):
-        return False
-    return done.returncode == 0
+        return None
 
 
 # what an interpreter needs to start and import its libraries: its standard
@@ -175,22 +184,7 @@ print("\\n".join(found + ([cfg] if os.path.exists(cfg) else [])))
 def python_paths(python: str, run_as: RunAs | None, work_root: Path) -> list[str]:
     """What ``python`` (as ``run_as``) needs to run (``PYTHON_PATHS``); [] if it
     cannot tell."""
-    script = PYTHON_PATHS
-    user: dict[str, Any] = (
-        {} if run_as is None else {"user": run_as.uid, "group": run_as.gid, "extra_groups": []}
-    )
-    try:
-        done = subprocess.run(
-            [python, "-I", "-c", script],
-            env=scrubbed_env(work_root),
-            cwd="/",
-            capture_output=True,
-            timeout=30,
-            check=False,
-            **user,
-        )
-    except (OSError, subprocess.SubprocessError):
-        return []
-    if done.returncode != 0:
+    done = _run_as(run_as, [python, "-I", "-c", PYTHON_PATHS], work_root)
+    if done is None or done.returncode != 0:
         return []
     return [line for line in done.stdout.decode().splitlines() if line.startswith("/")]
