@@ -32,6 +32,7 @@ outlive its context even without cgroups.
 
 from __future__ import annotations
 
+import functools
 import os
 import tempfile
 from collections.abc import Sequence
@@ -63,10 +64,10 @@ class View:
     tmp_size: int  # bytes of each private tmpfs
     share: tuple[Path, ...] = ()  # read-write, the same for every tenant (--handler-share)
 
-    def argv(self, home: Path, ids: Path, seccomp_fd: int | None) -> list[str]:
-        """bubblewrap's argv for a process in ``home`` whose ``/etc/passwd`` and
-        ``/etc/group`` are ``ids``'s (``identity_files``), with the filter read
-        from ``seccomp_fd`` (None: no filter)."""
+    @functools.cached_property
+    def _system(self) -> tuple[str, ...]:
+        """The part of every process's argv up to its own ``/etc`` files: the
+        namespaces and the system's paths, looked up once (not at each spawn)."""
         argv = [self.bwrap, "--unshare-user", "--disable-userns", "--unshare-ipc"]
         argv += ["--unshare-pid", "--unshare-uts", "--hostname", "handler"]
         argv += ["--unshare-cgroup-try", "--die-with-parent"]
@@ -81,6 +82,13 @@ class View:
                 argv += ["--ro-bind", str(top), str(top)]
         for name in (*ETC_ALWAYS, *(ETC_NETWORK if self.network else ())):
             argv += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
+        return tuple(argv)
+
+    def argv(self, home: Path, ids: Path, seccomp_fd: int | None) -> list[str]:
+        """bubblewrap's argv for a process in ``home`` whose ``/etc/passwd`` and
+        ``/etc/group`` are ``ids``'s (``identity_files``), with the filter read
+        from ``seccomp_fd`` (None: no filter)."""
+        argv = [*self._system]
         argv += ["--ro-bind", str(ids / "passwd"), "/etc/passwd"]
         argv += ["--ro-bind", str(ids / "group"), "/etc/group"]
         argv += ["--proc", "/proc", "--dev", "/dev"]

@@ -24,6 +24,7 @@ from queue_daemon.runners.sandbox.probes import SAFE_PATH, python_paths, scrubbe
 from queue_daemon.runners.sandbox.syscalls import write_filter
 from queue_daemon.runners.sandbox.users import RunAs
 from queue_daemon.runners.sandbox.view import View, identity_files, narrowed
+from queue_daemon.runners.sandbox.wrappers import user_argv
 
 logger = logging.getLogger(__name__)
 
@@ -123,7 +124,7 @@ class Walls:
             return []
         if self._unshare is None:
             raise OSError("util-linux unshare is missing: the switch to the handlers' user")
-        return [self._unshare, f"--setgid={run_as.gid}", f"--setuid={run_as.uid}", "--"]
+        return user_argv(self._unshare, run_as)
 
     def _probe(self, run_as: RunAs | None, part: Path) -> str | None:
         """Why ``true`` does not run behind the walls as ``run_as``, or None."""

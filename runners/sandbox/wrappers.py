@@ -95,6 +95,12 @@ def first_argv(procs: Sequence[Path]) -> list[str]:
     return ["/bin/sh", "-c", FIRST_WRAPPER, "sh", *map(str, procs), "--"]
 
 
+def user_argv(unshare: str, run_as: RunAs) -> list[str]:
+    """util-linux ``unshare`` switching to ``run_as`` (supplementary groups
+    cleared), no namespaces; root only."""
+    return [unshare, f"--setgid={run_as.gid}", f"--setuid={run_as.uid}", "--"]
+
+
 def switch_argv(
     run_as: RunAs,
     *,
@@ -109,7 +115,7 @@ def switch_argv(
     after the first wrapper, which writes to root's cgroup files), with ``unshare``
     given first into a network namespace (and IPC and mount namespaces with a
     private /dev/shm, and /tmp if ``private_tmp``, of ``tmp_size`` bytes)."""
-    switch = [unshare or switch_user, f"--setgid={run_as.gid}", f"--setuid={run_as.uid}", "--"]
+    switch = user_argv(unshare or switch_user, run_as)
     if unshare is None:
         return switch
     if ip is None and not private_mounts:
