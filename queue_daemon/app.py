@@ -168,8 +168,11 @@ class Daemon:
                 output_rate=settings.output_rate,
                 tmp_size=settings.tmp_size,
                 output_burst=4 * settings.output_rate,
+                wasm_memory=settings.wasm_memory,
+                wasm_cache=settings.data_dir / "wasm-cache",
             ),
             tenant_uids=uids,
+            blobs=store.read_blob,
         )
         metrics = Metrics(
             metrics_tenants=settings.metrics_tenants, metrics_types=settings.metrics_types
@@ -239,6 +242,7 @@ class Daemon:
             tenants=store,
             handler_store=store,
             schedules=store,
+            blobs=store,
             pulled=store,
             dashboard=store,
             ping=store.ping,

@@ -81,8 +81,10 @@ class Settings:
     tenant_handlers: int = 1000  # live handlers of one tenant (0 = no limit)
     tenant_follow_ons: int = 1000  # follow-on jobs one run may add
     tenant_emit: int = 4 * MIB  # bytes of follow-on payloads one run may add
+    tenant_blobs: int = 1024 * MIB  # bytes of blobs one tenant holds (0 = no limit)
     result_limit: int = default_of(RunnerSettings, "result_limit")  # bytes of a result kept
     tmp_size: int = default_of(RunnerSettings, "tmp_size")  # each handler tree's /dev/shm, /tmp
+    wasm_memory: int = default_of(RunnerSettings, "wasm_memory")  # a wasm module's memory
     output_rate: int = default_of(RunnerSettings, "output_rate")  # bytes/s of a tenant's output
     waiting_refresh: float = 1.0  # seconds between counts of an adding tenant's waiting jobs
     ready_lag: float = 30.0  # seconds of ingest lag over which /readyz answers 503
@@ -101,6 +103,7 @@ class Settings:
             handlers=self.tenant_handlers,
             follow_ons=self.tenant_follow_ons,
             emit=self.tenant_emit,
+            blobs=self.tenant_blobs,
         )
 
     def journal_dir(self, sysid: str) -> Path:

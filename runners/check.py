@@ -40,6 +40,10 @@ def check_handler(
         return None
     if lang == "http":
         return url_problem(body)
+    if lang == "wasm":
+        from queue_daemon.runners.modules import check_module
+
+        return check_module(body)
     return f"unknown lang {lang[:40]!r}: one of {', '.join(LANGS)}"
 
 

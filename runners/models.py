@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-LANGS = ("python", "node", "shell", "http")
+LANGS = ("python", "node", "shell", "http", "wasm")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -17,7 +17,7 @@ class HandlerSpec:
     client: str
     type: str  # the tenant's type name, without the client prefix
     lang: str  # one of LANGS
-    body: str  # python/node source, shell command, or http URL
+    body: str  # python/node source, shell command, http URL or wasm module
     before: str = ""  # once per context (python/node)
     before_each: str = ""  # before each batch (python/node)
     after_each: str = ""  # after each batch (python/node)
@@ -25,6 +25,8 @@ class HandlerSpec:
     timeout: float = 30.0  # seconds per job
     then: str = ""  # type of the follow-on job an OK result chains into
     max_attempts: int = 5
+    module: str = ""  # wasm: the blob ("sha256:<hex>") holding the module, if not the body
+    memory: int = 0  # wasm: bytes of linear memory at most (0: the daemon's --wasm-memory)
 
     @property
     def context_key(self) -> tuple[str, str, str]:

@@ -1,5 +1,5 @@
 """The runner pool: warm contexts for python and node handlers (``runners.warm``),
-shell and http runners, behind one ``run_batch``.
+shell, http and wasm runners, behind one ``run_batch``.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from queue_daemon.runners.sandbox.users import NoUidYet
 from queue_daemon.runners.settings import RunnerSettings
 from queue_daemon.runners.shell import ShellRunner
 from queue_daemon.runners.warm import LATE, WarmContexts, too_late
+from queue_daemon.runners.wasm import BlobReader, WasmRunner
 
 __all__ = ["RunnerPool", "RunnerSettings"]
 
@@ -40,7 +41,12 @@ UNWALLED = (
 class RunnerPool:
     """Runs batches of jobs for every language; see the module docstring."""
 
-    def __init__(self, settings: RunnerSettings, tenant_uids: TenantUids | None = None) -> None:
+    def __init__(
+        self,
+        settings: RunnerSettings,
+        tenant_uids: TenantUids | None = None,
+        blobs: BlobReader | None = None,
+    ) -> None:
         self.settings = settings
         self.sandbox = Sandbox(
             work_root=settings.work_root,
@@ -80,6 +86,13 @@ class RunnerPool:
             concurrency=settings.http_concurrency,
             policy=AddressPolicy(settings.http_allow),
         )
+        self._wasm = WasmRunner(
+            self._limits,
+            memory=settings.wasm_memory,
+            concurrency=settings.wasm_concurrency,
+            cache_dir=settings.wasm_cache,
+            blobs=blobs,
+        )
         self._contexts = WarmContexts(settings, self.sandbox, self._limits, self.output_budget)
         self._closed = False
         self._first_tenant: str | None = None  # the one tenant run where no walls stand
@@ -96,7 +109,7 @@ class RunnerPool:
     ) -> list[JobResult]:
         """One result per job, in order. Never raises for what a handler does.
         ``sink`` takes the results of python, node and shell jobs as they arrive;
-        the caller handles the others from the list. ``start_by`` (a
+        the caller handles the others (http, wasm) from the list. ``start_by`` (a
         ``time.monotonic()`` moment): the batch is not started after it, its jobs
         end not run (the caller's hold on them may have lapsed meanwhile, a
         context that took long to start, or a daemon stopped for a while)."""
@@ -106,6 +119,10 @@ class RunnerPool:
             return [not_run(job, "the runner pool is closed") for job in jobs]
         if spec.lang not in LANGS:
             return [failed(job, ERROR, f"unknown lang {spec.lang!r}") for job in jobs]
+        if spec.lang == "wasm":  # its own wall: no sandbox, uid or trust needed
+            if too_late(start_by):
+                return [not_run(job, LATE) for job in jobs]
+            return await self._wasm.run_batch(spec, jobs)
         try:
             await self.sandbox.prepare()
         except (SandboxError, OSError) as exc:
@@ -191,6 +208,7 @@ class RunnerPool:
         self._closed = True
         await self._contexts.close()
         await self._http.close()
+        await self._wasm.close()
         await self.sandbox.close()
 
     # ------------------------------------------------------------------ introspection

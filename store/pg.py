@@ -17,6 +17,7 @@ import asyncpg
 
 from queue_daemon.domain.jobs import Resolution
 from queue_daemon.store.pg_base import Db, open_pool
+from queue_daemon.store.pg_blobs import BlobsPart
 from queue_daemon.store.pg_graph import GraphPart
 from queue_daemon.store.pg_handlers import HandlersPart
 from queue_daemon.store.pg_jobs import JobsPart
@@ -48,6 +49,7 @@ class PgStore:
         self.tenants = tenants = TenantsPart(db)
         self.handlers = handlers = HandlersPart(db)
         self.schedules = schedules = SchedulesPart(db)
+        self.blobs = blobs = BlobsPart(db)
 
         # the connection's life
         self.close = db.close
@@ -111,6 +113,10 @@ class PgStore:
         self.put_handler = handlers.put_handler
         self.delete_handler = handlers.delete_handler
         self.count_handlers = handlers.count_handlers
+        # BlobStore
+        self.put_blob = blobs.put_blob
+        self.read_blob = blobs.read_blob
+        self.delete_blob = blobs.delete_blob
         # SysidLeases
         self.reserve_sysid = queue.reserve_sysid
         self.renew_sysid = queue.renew_sysid

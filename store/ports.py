@@ -15,8 +15,9 @@ depends on the few calls it makes. ``queue_daemon.store.pg.PgStore`` implements 
 | PulledJobs    | the pull-worker routes (claims by tenants' workers)   |
 | Dashboard     | the overview, metrics and throughput                   |
 | ScheduleStore | the schedule routes and the ticker (periodic jobs)     |
+| BlobStore     | the blob routes, adds of a blob, wasm modules in blobs |
 
-TenantStore, HandlerLookup, HandlerStore and ScheduleStore (what a tenant owns
+TenantStore, HandlerLookup, HandlerStore, ScheduleStore and BlobStore (what a tenant owns
 besides its jobs) are defined in ``tenant_ports`` and re-exported here.
 """
 
@@ -49,6 +50,7 @@ from queue_daemon.domain.views import (
     WorkerSeen,
 )
 from queue_daemon.store.listen import Delays
+from queue_daemon.store.tenant_ports import BlobStore as BlobStore
 from queue_daemon.store.tenant_ports import HandlerLookup as HandlerLookup
 from queue_daemon.store.tenant_ports import HandlerStore as HandlerStore
 from queue_daemon.store.tenant_ports import ScheduleStore as ScheduleStore
@@ -347,6 +349,7 @@ class Store(
     SysidLeases,
     Dashboard,
     ScheduleStore,
+    BlobStore,
     Protocol,
 ):
     """Every port, and the connection's own life: what the daemon's wiring holds."""

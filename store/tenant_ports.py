@@ -66,6 +66,17 @@ class TenantStore(Protocol):
         """NotFound if no such active tenant."""
 
 
+class BlobStore(Protocol):
+    async def put_blob(self, client: str, addr: str, data: bytes, max_bytes: int = 0) -> bool:
+        """Keep ``client``'s blob ``addr``; True if new. LimitReached past ``max_bytes``."""
+
+    async def read_blob(self, client: str, addr: str) -> bytes | None:
+        """The bytes of ``client``'s blob ``addr``; None if it has none."""
+
+    async def delete_blob(self, client: str, addr: str) -> None:
+        """NotFound if none; Conflict while a current handler's ``module`` names it."""
+
+
 class HandlerLookup(Protocol):
     async def get_handler(self, type: str) -> HandlerRecord:
         """The newest version; NotFound if none (or deleted)."""

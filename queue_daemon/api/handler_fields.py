@@ -7,8 +7,10 @@ import math
 from typing import Any
 
 from queue_daemon.api import errors
+from queue_daemon.api.blobs import ADDR_RE
 from queue_daemon.domain.names import JobType, iso, valid_type
 from queue_daemon.domain.tenants import HandlerRecord
+from queue_daemon.engine.admit.limits import MAX_LIMIT
 from queue_daemon.engine.handlers import PULLED_LANG
 from queue_daemon.runners.models import LANGS
 from queue_daemon.settings import DEFAULTS
@@ -16,6 +18,8 @@ from queue_daemon.settings import DEFAULTS
 MAX_TIMEOUT_S = 3600.0
 MAX_ATTEMPTS = 100
 _TEXT_FIELDS = ("body", "before", "beforeEach", "afterEach")
+_WASM_FIELDS = ("module", "memory")
+MIN_MEMORY = 1 << 16  # one WebAssembly page
 PULLED_LEASE = 60  # the default lease of a claim of a pulled type, seconds
 
 
@@ -38,7 +42,8 @@ def parse_handler(fields: Any, *, handler_limit: int = DEFAULTS.handler_limit) -
     """The stored ``data`` of a handler from the fields a tenant sent, or ApiError."""
     if not isinstance(fields, dict):
         raise bad_handler("a JSON handler must be an object")
-    unknown = set(fields) - {*_TEXT_FIELDS, "lang", "eid", "timeout", "then", "maxAttempts"}
+    known = {*_TEXT_FIELDS, "lang", "eid", "timeout", "then", "maxAttempts", *_WASM_FIELDS}
+    unknown = set(fields) - known
     if unknown:
         raise bad_handler(f"unknown fields: {', '.join(sorted(unknown))}")
     lang = fields.get("lang")
@@ -54,10 +59,16 @@ def parse_handler(fields: Any, *, handler_limit: int = DEFAULTS.handler_limit) -
                 f"a {PULLED_LANG} handler has no body, before, beforeEach or afterEach:"
                 " the tenant's workers run its jobs"
             )
+    elif lang == "wasm":
+        data.update(_wasm(fields, data))
     elif not str(data["body"]).strip():
         raise bad_handler("body is required")
-    if lang in ("shell", "http") and any(data[n] for n in ("before", "beforeEach", "afterEach")):
+    if lang not in ("python", "node") and any(
+        data[n] for n in ("before", "beforeEach", "afterEach")
+    ):
         raise bad_handler(f"before, beforeEach and afterEach apply to python and node, not {lang}")
+    if lang != "wasm" and any(name in fields for name in _WASM_FIELDS):
+        raise bad_handler(f"module and memory apply to wasm, not {lang}")
     eid = fields.get("eid", "")
     if not isinstance(eid, str) or (eid and not valid_type(eid)):
         raise bad_handler("eid must match [A-Za-z0-9_.:-]{1,100}")
@@ -87,6 +98,26 @@ def parse_handler(fields: Any, *, handler_limit: int = DEFAULTS.handler_limit) -
         raise bad_handler(f"maxAttempts must be an integer from 1 to {MAX_ATTEMPTS}")
     data["maxAttempts"] = attempts
     return data
+
+
+def _wasm(fields: dict[str, Any], data: dict[str, object]) -> dict[str, object]:
+    """A wasm handler's module (its body, or a blob's address) and memory cap."""
+    extra: dict[str, object] = {}
+    module = fields.get("module")
+    if module is not None:
+        if not isinstance(module, str) or ADDR_RE.fullmatch(module) is None:
+            raise bad_handler("module must be a blob address, sha256: and 64 lowercase hex digits")
+        if str(data["body"]).strip():
+            raise bad_handler("a wasm handler has a body or a module, not both")
+        extra["module"] = module
+    elif not str(data["body"]).strip():
+        raise bad_handler("a wasm handler needs a body (the module) or a module (a blob's address)")
+    memory = fields.get("memory")
+    if memory is not None:
+        if isinstance(memory, bool) or not isinstance(memory, int) or not memory >= MIN_MEMORY:
+            raise bad_handler(f"memory must be a whole number of bytes, at least {MIN_MEMORY}")
+        extra["memory"] = min(memory, MAX_LIMIT)
+    return extra
 
 
 def handler_body(record: HandlerRecord) -> dict[str, object]:

@@ -14,6 +14,7 @@ from queue_daemon.api.web import SERVICES, jobtype_of, json_response, read_body
 from queue_daemon.domain.names import JobType
 from queue_daemon.engine.handlers import PULLED_LANG
 from queue_daemon.runners.check import check_handler
+from queue_daemon.runners.modules import check_module
 from queue_daemon.store.errors import LimitReached, NotFound
 
 
@@ -37,10 +38,15 @@ async def add_handler(request: web.Request) -> web.Response:
             raise bad_handler(f"body is not valid UTF-8 at byte {exc.start}") from None
         fields = {"lang": request.query.get("lang", ""), "body": source}
     data = parse_handler(fields, handler_limit=settings.handler_limit)
-    problem = (
-        None
-        if data["lang"] == PULLED_LANG
-        else await asyncio.to_thread(
+    if "module" in data:
+        blob = await services.blobs.read_blob(client, str(data["module"]))
+        if blob is None:
+            raise bad_handler(f"this tenant has no blob {data['module']}")
+        problem = await asyncio.to_thread(check_module, blob)
+    elif data["lang"] == PULLED_LANG:
+        problem = None
+    else:
+        problem = await asyncio.to_thread(
             check_handler,
             str(data["lang"]),
             str(data["body"]),
@@ -48,7 +54,6 @@ async def add_handler(request: web.Request) -> web.Response:
             before_each=str(data["beforeEach"]),
             after_each=str(data["afterEach"]),
         )
-    )
     if problem is not None:
         raise bad_handler(problem)
     max_handlers = services.limits.of(client).handlers

@@ -12,6 +12,7 @@ from aiohttp import web
 
 from queue_daemon.api import errors
 from queue_daemon.api.auth import authorize
+from queue_daemon.api.blobs import address
 from queue_daemon.api.errors import ApiError
 from queue_daemon.api.web import (
     MAX_DELAY_S,
@@ -52,6 +53,8 @@ async def add_jobs(request: web.Request) -> web.Response:
     adds = services.adds
     adds.check(client, request.content_length)
     body = await read_body(request, client, services.settings.body_limit)
+    if "input" in query:
+        body = await _input(services, client, query["input"], body)
     lines = split_payloads(body, request.content_type, services.limits.of(client).payload)
     added = await adds.add(
         client,
@@ -65,6 +68,25 @@ async def add_jobs(request: web.Request) -> web.Response:
     )
     services.metrics.add_took(time.perf_counter() - began)
     return json_response({"ids": added.ids})
+
+
+async def _input(services: Services, client: str, addr: str, body: bytes) -> bytes:
+    """The payload of an add with ``?input=``: the blob's bytes, one line of text."""
+    address(addr)
+    if body:
+        raise errors.bad_request("an add with input has an empty body: the blob is its payload")
+    data = await services.blobs.read_blob(client, addr)
+    if data is None:
+        raise errors.not_found(f"this tenant has no blob {addr}")
+    if data.endswith(b"\n"):
+        data = data[:-1].removesuffix(b"\r")
+    if b"\n" in data:
+        raise errors.bad_payload(
+            "the blob holds more than one line: a job's payload is one line of text"
+        )
+    if not data:
+        raise errors.bad_payload("the blob is empty")
+    return data
 
 
 REQUIRES = {"all-completed": False, "all-resolved": True}

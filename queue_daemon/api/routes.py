@@ -6,6 +6,7 @@ from aiohttp import web
 
 from queue_daemon.api import (
     admin,
+    blobs,
     done,
     handlers,
     health,
@@ -54,6 +55,9 @@ def build_app(services: Services) -> web.Application:
     router.add_post("/{client}/schedule/add/{name}", schedules.add_schedule)
     router.add_post("/{client}/schedule/del/{name}", schedules.delete_schedule)
     router.add_get("/{client}/schedules", schedules.list_schedules)
+    router.add_put("/{client}/blob", blobs.put_blob)
+    router.add_get("/{client}/blob/{addr}", blobs.get_blob)
+    router.add_delete("/{client}/blob/{addr}", blobs.delete_blob)
     router.add_get("/admin/tenants", admin.list_tenants)
     router.add_get("/admin/tenants/{client}/limits", admin.get_limits)
     router.add_post("/admin/tenants/{client}/limits", admin.set_limits)

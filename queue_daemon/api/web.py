@@ -49,6 +49,7 @@ from queue_daemon.observe.queuelog import QueueLog
 from queue_daemon.settings import Settings
 from queue_daemon.store.errors import StoreError, StoreUnavailable
 from queue_daemon.store.ports import (
+    BlobStore,
     Dashboard,
     HandlerStore,
     JobQueries,
@@ -73,6 +74,7 @@ class Services:
     tenants: TenantStore  # tenants and their limits (admin routes)
     handler_store: HandlerStore  # handlers stored (the handler routes)
     schedules: ScheduleStore
+    blobs: BlobStore  # a tenant's bytes by content address
     pulled: PulledJobs  # the daemons pulled jobs may be on
     dashboard: Dashboard  # the tenants' workers seen
     ping: Callable[[], Awaitable[None]]  # the store's health

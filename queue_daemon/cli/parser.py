@@ -234,10 +234,21 @@ def build_parser() -> argparse.ArgumentParser:
         help="bytes of follow-on payloads one run may add (more are dropped; default 4 MiB)",
     )
     serve.add_argument(
+        "--tenant-blobs",
+        default=_env("tenant_blobs", DEFAULTS.tenant_blobs),
+        help="bytes of blobs one tenant holds (0 = no limit; default 1 GiB)",
+    )
+    serve.add_argument(
         "--tmp-size",
         default=_env("tmp_size", DEFAULTS.tmp_size),
         help="bytes of the private /dev/shm and /tmp (tmpfs) of each handler context or shell"
         " job, as root (default 64 MiB)",
+    )
+    serve.add_argument(
+        "--wasm-memory",
+        default=_env("wasm_memory", DEFAULTS.wasm_memory),
+        help="bytes of linear memory a wasm handler's module may have at most (a handler's"
+        ' "memory" may set less; default 256 MiB)',
     )
     serve.add_argument(
         "--output-rate",

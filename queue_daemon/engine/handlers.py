@@ -29,6 +29,8 @@ def spec_of(record: HandlerRecord) -> HandlerSpec:
         timeout=float(data.get("timeout", 30)),  # type: ignore[arg-type]
         then=str(data.get("then", "")),
         max_attempts=int(data.get("maxAttempts", 5)),  # type: ignore[call-overload]
+        module=str(data.get("module", "")),
+        memory=int(data.get("memory", 0)),  # type: ignore[call-overload]
     )
 
 

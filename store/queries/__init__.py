@@ -10,6 +10,7 @@ instead, the same set, so that it can read the partial indexes and type_counts.
 """
 
 from queue_daemon.store.queries import (
+    blobs,
     counts,
     dashboard,
     graph,
@@ -26,6 +27,7 @@ from queue_daemon.store.queries import (
 )
 
 __all__ = [
+    "blobs",
     "counts",
     "dashboard",
     "graph",

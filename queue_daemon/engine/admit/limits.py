@@ -15,8 +15,9 @@ The limits and where they bite:
 - ``handlers``: live handlers (jobtypes with code); one more is ``409``.
 - ``follow_ons``: follow-on jobs one run may add; the rest are dropped.
 - ``emit``: bytes of follow-on payloads one run may add; the rest are dropped.
+- ``blobs``: bytes of blobs the tenant holds; a put past it is ``413``.
 
-``0`` means "no limit" for running, waiting, rate and handlers, and "none" for
+``0`` means "no limit" for running, waiting, rate, handlers and blobs, and "none" for
 follow_ons and emit.
 """
 
@@ -37,6 +38,7 @@ _KEYS: dict[str, tuple[bool, float]] = {
     "handlers": (True, 0),
     "follow_ons": (True, 0),
     "emit": (True, 0),
+    "blobs": (True, 0),
 }
 LIMIT_KEYS = tuple(_KEYS)
 MAX_LIMIT = 1 << 53  # any larger number is surely a mistake (and not exact in JSON)
@@ -59,6 +61,7 @@ class TenantLimits:
     handlers: int = 1000
     follow_ons: int = 1000
     emit: int = 4 << 20
+    blobs: int = 1 << 30
 
     def as_dict(self) -> dict[str, float]:
         return {f.name: getattr(self, f.name) for f in fields(self)}

@@ -5,13 +5,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from datetime import datetime
 
-from tests.fakes.store.handlers import Handlers
+from tests.fakes.store.blobs import Blobs
 from tests.fakes.store.jobs import Jobs
 from tests.fakes.store.pulled import Pulled
 from tests.fakes.store.schedules import Schedules
 
 
-class FakeStore(Jobs, Pulled, Handlers, Schedules):
+class FakeStore(Jobs, Pulled, Blobs, Schedules):
     """The store in memory, with PostgreSQL's semantics where the engine relies on
     them (``tests/contract`` runs the same tests against both). One call is one
     transaction: nothing else runs while it does, so a claim is exclusive as
