@@ -133,7 +133,7 @@ async def test_a_blob_over_the_limit_is_refused(api: Api, deployment: Deployment
 async def test_a_handler_runs_a_module_in_a_blob_and_jobs_take_blobs_as_input(
     api: Api, other: Api
 ) -> None:
-    module = await put(api, wasmtime.wat2wasm(wat.echo()))
+    module = await put(api, bytes(wasmtime.wat2wasm(wat.echo())))
     handlers = Handlers(api)
     stored = await handlers.add_raw("fromblob", {"lang": "wasm", "module": module})
     assert stored.status == 200 and stored.json["module"] == module, stored
