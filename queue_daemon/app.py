@@ -48,6 +48,7 @@ from queue_daemon.engine.pull.pulls import Pulls
 from queue_daemon.engine.run.loop import RunLoop
 from queue_daemon.engine.schedule.ticker import Ticker
 from queue_daemon.observe.logfile import Rotation
+from queue_daemon.observe.mdns import Advertiser
 from queue_daemon.observe.metrics import Metrics
 from queue_daemon.observe.overview import Overview
 from queue_daemon.observe.queuelog import QueueLog
@@ -100,6 +101,7 @@ class Daemon:
         self.runner: AppRunner | None = None
         self.connections: ConnectionCaps | None = None
         self.url = ""
+        self.advertiser: Advertiser | None = None
 
     async def start(self) -> None:
         settings = self.settings
@@ -291,6 +293,9 @@ class Daemon:
         logger.info(
             "listening on %s as sysid %s", self.url, identity.sysid, extra={"action": "ready"}
         )
+        if settings.mdns:
+            self.advertiser = Advertiser(identity.sysid, settings.host, port)
+            await self.advertiser.start()
 
     def _end_waits(self) -> None:
         """Held claims and GETs answer now (with what there is), not at their timeout."""
@@ -302,6 +307,8 @@ class Daemon:
     async def stop(self) -> None:
         """Graceful when start() completed; otherwise closes whatever was opened."""
         settings = self.settings
+        if self.advertiser is not None:
+            await self.advertiser.stop()  # no new clients find a daemon that stops
         self._end_waits()
         if self.runner is not None:
             await self.runner.cleanup()  # stop accepting; requests in flight finish

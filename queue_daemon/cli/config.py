@@ -100,6 +100,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
         http_allow=_networks(args.http_allow, "--http-allow"),
         handler_share=_directories(args.handler_share, "--handler-share"),
         trust_tenants=args.trust_tenants,
+        mdns=args.mdns,
         ready_lag=number(args.ready_lag, "--ready-lag", float, 0),
         metrics_tenants=number(args.metrics_tenants, "--metrics-tenants", int, 0),
         metrics_types=number(args.metrics_types, "--metrics-types", int, 0),

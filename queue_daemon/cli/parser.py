@@ -187,6 +187,13 @@ def build_parser() -> argparse.ArgumentParser:
         " QUEUE_DAEMON_TRUST_TENANTS; default: only the first tenant's (docs/security.md)",
     )
     serve.add_argument(
+        "--mdns",
+        action="store_true",
+        default=flag(_env("mdns", "")),
+        help="advertise this daemon on the local network with multicast DNS as"
+        " _queue-daemon._tcp.local. (queue_daemon.client.discover finds it); env QUEUE_DAEMON_MDNS",
+    )
+    serve.add_argument(
         "--handler-share",
         default=_env("handler_share", ""),
         help="DIR[,DIR...] bound read-write into every handler's view, the same for every"

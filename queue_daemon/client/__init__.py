@@ -13,6 +13,7 @@ It needs only aiohttp and orjson: importing it loads none of the daemon.
 """
 
 from queue_daemon.client.client import Client
+from queue_daemon.client.discovery import discover
 from queue_daemon.client.errors import (
     BadRequest,
     Conflict,
@@ -40,5 +41,6 @@ __all__ = [
     "Unauthorized",
     "Unavailable",
     "Worker",
+    "discover",
     "outcome",
 ]

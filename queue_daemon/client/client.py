@@ -98,10 +98,12 @@ class Client:
         params: dict[str, str] | None = None,
         headers: dict[str, str] | None = None,
         retry: bool = True,
+        raw: bool = False,
     ) -> Any:
         """``method`` on ``/{client}{path}`` (``path`` from the root when it starts
         with ``//``); the JSON reply, or a ``QueueError``. With ``retry`` False only
-        the replies that say nothing was done are retried."""
+        the replies that say nothing was done are retried. ``raw``: the reply's
+        bytes, not JSON."""
         url = self.url + (path[1:] if path.startswith("//") else f"/{self.client}{path}")
         sent = {**self._headers, **(headers or {})}
         if json is not None:
@@ -111,7 +113,7 @@ class Client:
         attempt = 0
         while True:
             try:
-                return await self._once(method, url, data, params, sent)
+                return await self._once(method, url, data, params, sent, raw)
             except (Unavailable, RateLimited) as exc:
                 if not (retry or nothing_done(exc)) or time.monotonic() >= deadline:
                     raise
@@ -126,18 +128,21 @@ class Client:
         data: bytes | None,
         params: dict[str, str] | None,
         headers: dict[str, str],
+        raw: bool = False,
     ) -> Any:
         try:
             async with self._http().request(
                 method, url, data=data, params=params, headers=headers
             ) as reply:
-                raw = await reply.read()
+                read = await reply.read()
                 status = reply.status
                 retry_after = reply.headers.get("Retry-After")
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             raise Unavailable(0, "unreachable", f"{url}: {type(exc).__name__}: {exc}") from None
+        if raw and status == 200:
+            return read
         try:
-            body = orjson.loads(raw) if raw else None
+            body = orjson.loads(read) if read else None
         except orjson.JSONDecodeError:
             body = None
         if status != 200:
@@ -311,6 +316,29 @@ class Client:
 
     async def delete_handler(self, type: str) -> None:
         await self.request("POST", f"/handler/del/{type}", retry=False)
+
+    # --- blobs ------------------------------------------------------------------
+
+    async def put_blob(self, data: bytes) -> str:
+        """Keep ``data`` as a blob (at most 16 MiB); its address, ``sha256:<hex>``."""
+        reply = await self.request("PUT", "/blob", data=data)
+        addr: str = reply["addr"]
+        return addr
+
+    async def get_blob(self, addr: str) -> bytes:
+        data: bytes = await self.request("GET", f"/blob/{addr}", raw=True)
+        return data
+
+    async def delete_blob(self, addr: str) -> None:
+        await self.request("DELETE", f"/blob/{addr}", retry=False)
+
+    async def add_input(self, type: str, addr: str) -> str:
+        """Add one job whose payload is the blob ``addr`` (one line of text); its id."""
+        reply = await self.request(
+            "POST", f"/job/{type}/add", data=b"", params={"input": addr}, retry=False
+        )
+        job_id: str = reply["ids"][0]
+        return job_id
 
     # --- pull workers (the Worker uses these) -----------------------------------
 

@@ -15,7 +15,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import wasmtime
 
+from harness import wat
 from harness.api import until
 from harness.daemons import DaemonFactory, add_tenant
 from queue_daemon.client import BadRequest, Client, Conflict, Job, NotFound, Worker
@@ -87,6 +89,25 @@ async def test_client_jobs_handlers_and_errors(deployment: tuple[str, str, Path]
         await q.delete_handler("echo")
         with pytest.raises(NotFound):
             await q.get_handler("echo")
+
+
+async def test_client_blobs_wasm_handlers_and_inputs(deployment: tuple[str, str, Path]) -> None:
+    url, token, _ = deployment
+    async with Client(url, "t", token) as q:
+        module = await q.put_blob(bytes(wasmtime.wat2wasm(wat.echo())))
+        assert module.startswith("sha256:") and await q.get_blob(module) == bytes(
+            wasmtime.wat2wasm(wat.echo())
+        )
+        await q.add_handler("echo", "wasm", module=module, timeout=5)
+        job_id = await q.add_input("echo", await q.put_blob(b"S: 201 made\n"))
+        job = await q.wait(job_id, timeout=30)
+        assert (job["exitcode"], job["result"]) == (201, "made"), job
+        with pytest.raises(Conflict):
+            await q.delete_blob(module)
+        await q.delete_handler("echo")
+        await q.delete_blob(module)
+        with pytest.raises(NotFound):
+            await q.get_blob(module)
 
 
 async def test_the_readme_worker_runs_jobs_and_their_follow_ons(
