@@ -1,5 +1,6 @@
 """Cold start of a python and a node context, in-process through
-``queue_daemon.runners.pool.RunnerPool``.
+``queue_daemon.runners.pool.RunnerPool``; and of a wasm module (compile +
+instantiate + run, against a warm run of the cached module).
 
 Each round registers a new handler version (so the pool must start a context:
 spawn → bootstrap → load the handler → ``ready``), times the first one-job
@@ -122,3 +123,68 @@ def measure(
             )
         out.append(ColdStart(lang, cold, warm, _bare(lang, rounds), note))
     return out
+
+
+@dataclass(frozen=True, slots=True)
+class WasmColdStart:
+    name: str
+    size: int  # bytes of the module's binary
+    cold_ms: list[float]  # a module never seen: compile, instantiate, run
+    warm_ms: list[float]  # the same module again: instantiate, run
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.cold_ms)
+
+    @property
+    def warm(self) -> float:
+        return statistics.median(self.warm_ms)
+
+
+def _wasm_module(salt: int, functions: int) -> str:
+    """A no-op command with ``functions`` more small functions; ``salt`` makes each
+    round's module new to the cache."""
+    body = "".join(
+        f"(func (param i32) (result i32) (i32.add (local.get 0) (i32.const {salt + i})))"
+        for i in range(functions)
+    )
+    return f'(module (memory (export "memory") 1) {body} (func (export "_start")))'
+
+
+async def _wasm_cold(rounds: int, functions: int) -> WasmColdStart:
+    import wasmtime
+
+    from queue_daemon.runners.models import HandlerSpec, JobInput
+    from queue_daemon.runners.output import OutputLimits
+    from queue_daemon.runners.wasm import WasmRunner
+
+    runner = WasmRunner(OutputLimits(), memory=64 << 20)  # no disk cache: every compile
+    cold: list[float] = []
+    warm: list[float] = []
+    size = 0
+    try:
+        for i in range(rounds + 1):
+            body = _wasm_module(i * 100_000, functions)
+            size = len(wasmtime.wat2wasm(body))
+            spec = HandlerSpec(version=f"w{i}", client=CLIENT, type="cold", lang="wasm", body=body)
+            times = []
+            for attempt in range(2):
+                job = JobInput(id=f"w{i}-{attempt}", payload="x", attempt=1)
+                t0 = time.perf_counter()
+                (result,) = await runner.run_batch(spec, [job])
+                times.append(1000 * (time.perf_counter() - t0))
+                if result.exitcode != 200:
+                    raise BenchError(
+                        f"wasm cold-start job ended {result.exitcode}: {result.result}"
+                    )
+            if i > 0:  # round 0 warms the engine
+                cold.append(times[0])
+                warm.append(times[1])
+    finally:
+        await runner.close()
+    name = "no-op" if not functions else f"{functions:,} functions"
+    return WasmColdStart(name, size, cold, warm)
+
+
+def measure_wasm(rounds: int = 20) -> list[WasmColdStart]:
+    return [asyncio.run(_wasm_cold(rounds, n)) for n in (0, 5000)]

@@ -34,7 +34,8 @@ from bench.procs import BenchError, machine_busy, tree_cpu
 PY_NOOP = "def handler(p, ctx):\n    return None\n"
 NODE_NOOP = "module.exports = (payload, ctx) => {};\n"
 PY_CLOCK = "import time\n\n\ndef handler(p, ctx):\n    return str(time.time())\n"
-NOOP = {"python": PY_NOOP, "node": NODE_NOOP}
+WASM_NOOP = '(module (memory (export "memory") 1) (func (export "_start")))'
+NOOP = {"python": PY_NOOP, "node": NODE_NOOP, "wasm": WASM_NOOP}
 POST_LINES = 1000
 WARM_POST_LINES = 100  # warm-up posts are small, so that several contexts start
 

@@ -34,6 +34,7 @@ CLAIM_SIZES = (10_000, 100_000, 1_000_000)
 CLAIM_SIZES_QUICK = (10_000, 100_000)
 DESIGN_SPAWN_MS = {"python": 17.0, "node": 85.0}
 LANGS = ("python", "node")
+RUN_LANGS = (*LANGS, "wasm")  # end to end: wasm no-op jobs too
 
 
 @contextmanager
@@ -97,7 +98,7 @@ def _throughput(run: Run, section: str, lang: str, count: int) -> Throughput:
 
 
 def _run_section(run: Run, section: str, count: int) -> None:
-    for lang in LANGS:
+    for lang in RUN_LANGS:
         label = f"({section}) {count} daemon{'s' if count > 1 else ''}, {lang} no-op"
         try:
             result = _throughput(run, section, lang, count)
@@ -369,7 +370,7 @@ def section_claim(run: Run) -> None:
 
 
 def section_coldstart(run: Run) -> None:
-    from bench.coldstart import measure
+    from bench.coldstart import measure, measure_wasm
 
     for result in measure(run.work / "coldstart", LANGS, rounds=5):
         spread = ", ".join(f"{ms:.0f}" for ms in result.cold_ms)
@@ -384,5 +385,17 @@ def section_coldstart(run: Run) -> None:
                 f"{statistics.median(result.warm_ms):.1f} ms; bare interpreter spawn→exit "
                 f"{result.bare:.0f} ms (DESIGN: ~{DESIGN_SPAWN_MS[result.lang]:.0f} ms)"
                 + (f"; {result.note}" if result.note else ""),
+            )
+        )
+    for wasm in measure_wasm(rounds=20):
+        run.rows.append(
+            Row(
+                f"(coldstart) wasm {wasm.name}, compile + instantiate",
+                wasm.median,
+                "ms",
+                "warm run",
+                wasm.median / wasm.warm,
+                f"median of {len(wasm.cold_ms)}, {wasm.size:,} bytes of module; a warm run"
+                f" (cached module, new instance) {1000 * wasm.warm:.0f} us",
             )
         )

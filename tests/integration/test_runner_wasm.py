@@ -4,6 +4,7 @@ exit, its time and memory bounded, nothing reached beyond its own memory."""
 from __future__ import annotations
 
 import base64
+import hashlib
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -30,9 +31,10 @@ async def pool(tmp_path: Path) -> AsyncIterator[RunnerPool]:
     await pool.close()
 
 
-def spec(body: str, *, timeout: float = 5.0, memory: int = 0, version: str = "h1") -> HandlerSpec:
+def spec(body: str, *, timeout: float = 5.0, memory: int = 0) -> HandlerSpec:
+    """A handler version per body, as the store gives one per handler add."""
     return HandlerSpec(
-        version=version,
+        version="h" + hashlib.sha256(body.encode()).hexdigest()[:16],
         client="acme",
         type="w",
         lang="wasm",
