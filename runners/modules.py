@@ -3,10 +3,10 @@ in base64, or a blob's bytes), checking it at handler add, and compiling it once
 
 A module is a WASI preview-1 command: it may import only from
 ``wasi_snapshot_preview1`` and exports a ``_start`` function. Compiled modules
-are kept in memory (the most recent ``MEMORY_CACHE``) and on disk (the
-daemon's cache directory, as wasmtime's serialized form, named by the
-module's digest and wasmtime's version), so a daemon compiles a module once,
-not at every start.
+are kept serialized on disk (the daemon's cache directory, named by the
+module's digest, wasmtime's version and the memory reservation) and the most
+recent ``MEMORY_CACHE`` in memory, so a daemon compiles a module once, not at
+every context's start.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import wasmtime
 
 WASI = "wasi_snapshot_preview1"
 MAGIC = b"\0asm"
-MEMORY_CACHE = 64  # compiled modules kept in memory by one engine
+MEMORY_CACHE = 16  # serialized modules kept in memory
 BLOB_PREFIX = "sha256:"
 
 
@@ -32,10 +32,16 @@ class ModuleError(ValueError):
     """A module that cannot be read or is not a WASI command; the message says why."""
 
 
-def engine_config() -> wasmtime.Config:
-    """Every engine's settings: timeouts interrupt a module at an epoch tick."""
+def engine_config(memory: int = 256 << 20) -> wasmtime.Config:
+    """An engine's settings, the same where a module is compiled and where it runs
+    (``bootstrap/wasm_shim.py``): timeouts interrupt a module at an epoch tick;
+    linear memory is reserved up to ``memory`` bytes (a context's address space is
+    limited), with a small guard, so the code checks its bounds itself."""
     config = wasmtime.Config()
     config.epoch_interruption = True
+    config.memory_reservation = memory
+    config.memory_guard_size = 64 << 10
+    config.memory_reservation_for_growth = 0
     return config
 
 
@@ -108,69 +114,76 @@ def check_module(source: str | bytes) -> str | None:
 
 
 class CompiledModules:
-    """Modules compiled by one engine, by digest: in memory, then on disk, then compiled."""
+    """Modules compiled by the daemon's engine, serialized, by digest: on disk
+    (``directory``, when given) and the last few in memory; compiled when
+    neither has one. The contexts deserialize what this gives them."""
 
-    def __init__(self, engine: wasmtime.Engine, directory: Path | None) -> None:
-        self._engine = engine
+    def __init__(self, memory: int, directory: Path | None) -> None:
+        self._engine = wasmtime.Engine(engine_config(memory))
         self._directory = directory
-        self._memory: OrderedDict[str, wasmtime.Module] = OrderedDict()
+        self._memory: OrderedDict[str, bytes] = OrderedDict()
         self._lock = threading.Lock()
-        self._tag = digest(version("wasmtime").encode())[:12]
+        self._tag = digest(f"{version('wasmtime')} {memory}".encode())[:12]
         self.compiles = 0  # modules compiled here (not read from memory or disk)
 
-    def cached(self, key: str) -> wasmtime.Module | None:
+    def has(self, key: str) -> bool:
         with self._lock:
-            module = self._memory.get(key)
-            if module is not None:
-                self._memory.move_to_end(key)
-            return module
+            if key in self._memory:
+                return True
+        path = self._path(key)
+        return path is not None and path.exists()
 
-    def get(self, key: str, binary: bytes | None) -> wasmtime.Module:
-        """The module of digest ``key``: from memory, the disk, or compiled from
-        ``binary`` (ModuleError when there is none to compile, or it fails)."""
-        module = self.cached(key)
-        if module is not None:
-            return module
-        module = self._read(key)
-        if module is None:
+    def artifact(self, key: str, binary: bytes | None) -> bytes:
+        """The serialized module of digest ``key``: from memory, the disk, or
+        compiled from ``binary`` (ModuleError when there is none, or it fails)."""
+        with self._lock:
+            data = self._memory.get(key)
+            if data is not None:
+                self._memory.move_to_end(key)
+                return data
+        data = self._read(key)
+        if data is None:
             if binary is None:
                 raise ModuleError("the module is not cached here and its bytes are gone")
             try:
                 module = wasmtime.Module(self._engine, binary)
             except wasmtime.WasmtimeError as exc:
                 raise ModuleError(f"the module does not compile: {first_line(exc)}") from None
+            problem = command_problem(module)
+            if problem is not None:
+                raise ModuleError(f"not a WASI command: {problem}")
+            data = bytes(module.serialize())
             self.compiles += 1
-            self._write(key, module)
+            self._write(key, data)
         with self._lock:
-            self._memory[key] = module
+            self._memory[key] = data
             while len(self._memory) > MEMORY_CACHE:
                 self._memory.popitem(last=False)
-        return module
+        return data
 
     def _path(self, key: str) -> Path | None:
         if self._directory is None:
             return None
         return self._directory / f"{key}-{self._tag}.cwasm"
 
-    def _read(self, key: str) -> wasmtime.Module | None:
+    def _read(self, key: str) -> bytes | None:
         path = self._path(key)
-        if path is None or not path.exists():
+        if path is None:
             return None
         try:
-            # only files this daemon wrote, in a directory of its own (mode 0700)
-            return wasmtime.Module.deserialize_file(self._engine, str(path))
-        except wasmtime.WasmtimeError:
-            path.unlink(missing_ok=True)
+            # only files the daemons of this data directory wrote (its mode 0700)
+            return path.read_bytes()
+        except OSError:
             return None
 
-    def _write(self, key: str, module: wasmtime.Module) -> None:
+    def _write(self, key: str, data: bytes) -> None:
         path = self._path(key)
         if path is None:
             return
         try:
             path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
             part = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.part")
-            part.write_bytes(module.serialize())
+            part.write_bytes(data)
             os.replace(part, path)  # whole or not at all, for another daemon reading it
         except OSError:
             pass  # no disk cache: the module is compiled again at the next start

@@ -15,6 +15,7 @@ from queue_daemon.runners.context import Context
 from queue_daemon.runners.errors import SandboxError
 from queue_daemon.runners.http import HttpRunner
 from queue_daemon.runners.models import LANGS, HandlerSpec, JobInput, JobResult, ResultSink
+from queue_daemon.runners.modules import ModuleError
 from queue_daemon.runners.output import OutputLimits
 from queue_daemon.runners.results import failed, not_run
 from queue_daemon.runners.sandbox import ProcessLimits, Sandbox, TenantUids
@@ -24,7 +25,7 @@ from queue_daemon.runners.sandbox.users import NoUidYet
 from queue_daemon.runners.settings import RunnerSettings
 from queue_daemon.runners.shell import ShellRunner
 from queue_daemon.runners.warm import LATE, WarmContexts, too_late
-from queue_daemon.runners.wasm import BlobReader, WasmRunner
+from queue_daemon.runners.wasm import BlobReader, WasmModules
 
 __all__ = ["RunnerPool", "RunnerSettings"]
 
@@ -86,10 +87,9 @@ class RunnerPool:
             concurrency=settings.http_concurrency,
             policy=AddressPolicy(settings.http_allow),
         )
-        self._wasm = WasmRunner(
-            self._limits,
-            memory=settings.wasm_memory,
-            concurrency=settings.wasm_concurrency,
+        # a context's address space holds the module's memory and the interpreter
+        self._wasm = WasmModules(
+            memory=min(settings.wasm_memory, settings.memory_bytes // 2),
             cache_dir=settings.wasm_cache,
             blobs=blobs,
         )
@@ -109,7 +109,7 @@ class RunnerPool:
     ) -> list[JobResult]:
         """One result per job, in order. Never raises for what a handler does.
         ``sink`` takes the results of python, node and shell jobs as they arrive;
-        the caller handles the others (http, wasm) from the list. ``start_by`` (a
+        the caller handles the others (http) from the list. ``start_by`` (a
         ``time.monotonic()`` moment): the batch is not started after it, its jobs
         end not run (the caller's hold on them may have lapsed meanwhile, a
         context that took long to start, or a daemon stopped for a while)."""
@@ -119,10 +119,11 @@ class RunnerPool:
             return [not_run(job, "the runner pool is closed") for job in jobs]
         if spec.lang not in LANGS:
             return [failed(job, ERROR, f"unknown lang {spec.lang!r}") for job in jobs]
-        if spec.lang == "wasm":  # its own wall: no sandbox, uid or trust needed
-            if too_late(start_by):
-                return [not_run(job, LATE) for job in jobs]
-            return await self._wasm.run_batch(spec, jobs)
+        if spec.lang == "wasm":  # run by the shim in a python context
+            try:
+                spec = await self._wasm.context_spec(spec)
+            except ModuleError as exc:
+                return [failed(job, ERROR, str(exc)) for job in jobs]
         try:
             await self.sandbox.prepare()
         except (SandboxError, OSError) as exc:
@@ -135,7 +136,8 @@ class RunnerPool:
         except SandboxError as exc:
             logger.error("%s", exc, extra={"action": "sandbox_uid", "tenant": spec.client})
             return [failed(job, ERROR, str(exc)) for job in jobs]
-        if spec.lang != "http" and not self._trusted(spec.client):
+        # wasm is its own wall: its contexts run no tenant code but the module
+        if spec.lang not in ("http", "wasm") and not self._trusted(spec.client):
             return [failed(job, FORBIDDEN, UNWALLED) for job in jobs]
         if too_late(start_by):
             return [not_run(job, LATE) for job in jobs]
@@ -208,7 +210,6 @@ class RunnerPool:
         self._closed = True
         await self._contexts.close()
         await self._http.close()
-        await self._wasm.close()
         await self.sandbox.close()
 
     # ------------------------------------------------------------------ introspection

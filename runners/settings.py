@@ -52,9 +52,8 @@ class RunnerSettings:
     # as root, the daemon's place (itself, its embedded PostgreSQL) runs real-time while
     # a tenant is busy (runners.sandbox.cpushare); False: it stays a normal process
     realtime: bool = False
-    # wasm handlers: bytes of linear memory a module may have at most, modules run at
-    # once (threads of the daemon), and the directory of compiled modules (None: none)
+    # wasm handlers: bytes of linear memory a module may have at most (at most half of
+    # memory_bytes), and the directory of compiled modules (None: none)
     wasm_memory: int = 256 << 20
-    wasm_concurrency: int = 2
     wasm_cache: Path | None = None
     prlimit: str | None = "auto"  # path of prlimit, "auto" (search PATH) or None (python wrapper)

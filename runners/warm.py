@@ -203,7 +203,7 @@ class WarmContexts:
             old.retired = True  # busy: closed when its batch is done
 
     async def _command(self, spec: HandlerSpec) -> list[str]:
-        if spec.lang == "python":
+        if spec.lang in ("python", "wasm"):  # wasm: runners.wasm's shim is the body
             return [self.sandbox.python, "-I", self.sandbox.bootstrap("python_boot.py")]
         from queue_daemon.runners.node import bootstrap_command, node_command
 

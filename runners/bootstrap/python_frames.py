@@ -48,7 +48,7 @@ class Held:
     SIZE = 64 << 10  # the file's size: 4 bytes of length, then the frames held
     MOST = 64  # results held at most
     WAIT = 0.001  # seconds the first result held waits at most (as later jobs end)
-    QUICK = 0.0001  # results are held while the handler's jobs take less (on average)
+    QUICK = 0.0005  # results are held while the handler's jobs take less (on average)
 
     def __init__(self) -> None:
         self.map: Any = None

@@ -4,6 +4,7 @@ exit, its time and memory bounded, nothing reached beyond its own memory."""
 from __future__ import annotations
 
 import base64
+import dataclasses
 import hashlib
 import time
 from collections.abc import AsyncIterator
@@ -13,6 +14,7 @@ import pytest
 import wasmtime
 
 from harness import wat
+from harness.api import until
 from queue_daemon.runners.check import check_handler
 from queue_daemon.runners.models import HandlerSpec, JobInput, JobResult
 from queue_daemon.runners.pool import RunnerPool, RunnerSettings
@@ -21,11 +23,9 @@ pytestmark = pytest.mark.timeout(60)
 
 
 @pytest.fixture
-async def pool(tmp_path: Path) -> AsyncIterator[RunnerPool]:
+async def pool(work_root: Path, tmp_path: Path) -> AsyncIterator[RunnerPool]:
     pool = RunnerPool(
-        RunnerSettings(
-            work_root=tmp_path / "work", wasm_memory=8 << 20, wasm_cache=tmp_path / "cache"
-        )
+        RunnerSettings(work_root=work_root, wasm_memory=8 << 20, wasm_cache=tmp_path / "cache")
     )
     yield pool
     await pool.close()
@@ -34,7 +34,7 @@ async def pool(tmp_path: Path) -> AsyncIterator[RunnerPool]:
 def spec(body: str, *, timeout: float = 5.0, memory: int = 0) -> HandlerSpec:
     """A handler version per body, as the store gives one per handler add."""
     return HandlerSpec(
-        version="h" + hashlib.sha256(body.encode()).hexdigest()[:16],
+        version="h" + hashlib.sha256(f"{body} {timeout} {memory}".encode()).hexdigest()[:16],
         client="acme",
         type="w",
         lang="wasm",
@@ -126,8 +126,10 @@ async def test_a_stdout_flood_is_cut_and_ends_at_the_timeout(pool: RunnerPool) -
     assert small.exitcode == 504
 
 
-async def test_a_module_is_compiled_once_then_read_from_disk(tmp_path: Path) -> None:
-    settings = RunnerSettings(work_root=tmp_path / "w", wasm_cache=tmp_path / "cache")
+async def test_a_module_is_compiled_once_then_read_from_disk(
+    work_root: Path, tmp_path: Path
+) -> None:
+    settings = RunnerSettings(work_root=work_root, wasm_cache=tmp_path / "cache")
     body = wat.prints("S: 200 cached\n")
     for _ in range(2):
         pool = RunnerPool(settings)
@@ -136,6 +138,12 @@ async def test_a_module_is_compiled_once_then_read_from_disk(tmp_path: Path) -> 
             [again] = await run(pool, body)
             assert r.result == again.result == "cached"
             compiles = pool._wasm.modules.compiles
+            # a new version of the same module: no compile, not even from the disk
+            [other] = await pool.run_batch(
+                dataclasses.replace(spec(body), version="another"),
+                [JobInput(id="o", payload="x", attempt=1)],
+            )
+            assert other.result == "cached"
         finally:
             await pool.close()
     assert compiles == 0  # the second pool read what the first compiled
@@ -150,16 +158,29 @@ async def test_a_batch_runs_on_warm_modules_in_microseconds(pool: RunnerPool) ->
     assert times[len(times) // 2] < 5.0  # ms: no compile per job
 
 
-async def test_close_ends_runs_in_progress(tmp_path: Path) -> None:
+async def test_a_timeout_leaves_the_context_warm(pool: RunnerPool) -> None:
+    body = wat.spins()
+    [first] = await run(pool, body, timeout=0.5)
+    pids = {c.pid for c in pool.contexts()}
+    [second] = await run(pool, body, timeout=0.5)
+    assert first.exitcode == second.exitcode == 504
+    assert {c.pid for c in pool.contexts()} == pids  # the module trapped; its context stays
+
+
+async def test_close_ends_runs_in_progress(work_root: Path) -> None:
     import asyncio
 
-    pool = RunnerPool(RunnerSettings(work_root=tmp_path / "w"))
+    pool = RunnerPool(RunnerSettings(work_root=work_root))
     task = asyncio.create_task(run(pool, wat.spins(), timeout=600))
-    await asyncio.sleep(0.3)
+
+    async def running() -> bool | None:
+        return any(c.alive for c in pool.contexts()) or None
+
+    await until(running, 10, "the module running")
     began = time.monotonic()
     await pool.close()
     [r] = await asyncio.wait_for(task, 10)
-    assert r.exitcode == 504 and time.monotonic() - began < 5
+    assert r.exitcode != 200 and time.monotonic() - began < 5
 
 
 @pytest.mark.parametrize(
