@@ -28,7 +28,6 @@ if _SET["wasmtime"] not in sys.path:
 import wasmtime  # noqa: E402
 from wasmtime import _ffi  # noqa: E402
 
-TICK = 0.01  # seconds between epoch ticks
 STDOUT_LIMIT = 16 << 20  # bytes of a job's stdout kept; the rest counted and dropped
 STDERR_LINES = 20
 
@@ -46,18 +45,51 @@ _ENGINE = _engine()
 _MODULE = wasmtime.Module.deserialize(_ENGINE, base64.b64decode(_SET.pop("module")))
 _LINKER = wasmtime.Linker(_ENGINE)
 _LINKER.define_wasi()
-# past this many ticks a run traps: before the daemon's own clock ends the context
-_TICKS = max(1, int(max(TIMEOUT * 0.9, TIMEOUT - 1.0) / TICK))
+# a run traps this long after it started: before the daemon's own clock ends the context
+_LIMIT = max(TIMEOUT * 0.9, TIMEOUT - 1.0)
 _STDIN_BYTES = getattr(_ffi, "wasi_config_set_stdin_bytes", None)
 
 
-def _tick() -> None:
-    while True:
-        time.sleep(TICK)
-        _ENGINE.increment_epoch()
+# The watcher ends a run at its time: one epoch increment, and every store's
+# deadline is one increment away. It sleeps until the time of the run it saw,
+# so back-to-back runs wake it about once per timeout, and an idle context
+# never: no tick per 10 ms in every context.
+_LOCK = threading.Condition()
+_RUN: list[tuple[int, float] | None] = [None]  # the run now: (its number, its end)
+_WATCHING = [False]
 
 
-threading.Thread(target=_tick, name="wasm-epoch", daemon=True).start()
+def _watch() -> None:
+    with _LOCK:
+        while True:
+            run = _RUN[0]
+            if run is None:
+                _WATCHING[0] = False
+                _LOCK.wait()
+                continue
+            left = run[1] - time.monotonic()
+            if left > 0:
+                _LOCK.wait(left)
+                continue
+            _ENGINE.increment_epoch()  # under the lock: no other run has begun meanwhile
+            _RUN[0] = None
+
+
+def _begin(number: int) -> None:
+    with _LOCK:
+        _RUN[0] = (number, time.monotonic() + _LIMIT)
+        if not _WATCHING[0]:
+            _WATCHING[0] = True
+            _LOCK.notify()
+
+
+def _end() -> None:
+    with _LOCK:
+        _RUN[0] = None
+
+
+threading.Thread(target=_watch, name="wasm-watch", daemon=True).start()
+_RUNS = [0]
 
 
 class _Output:
@@ -106,8 +138,10 @@ def handler(payload: str, ctx: object) -> int | tuple[int, str]:
     output = _Output()
     store = wasmtime.Store(_ENGINE)
     store.set_limits(memory_size=MEMORY, instances=1, tables=4, memories=1)
-    store.set_epoch_deadline(_TICKS)
+    store.set_epoch_deadline(1)
     status: int | str = 0
+    _RUNS[0] += 1
+    _begin(_RUNS[0])
     try:
         config = wasmtime.WasiConfig()
         _stdin(config, payload.encode("utf-8", "surrogatepass"))
@@ -133,6 +167,7 @@ def handler(payload: str, ctx: object) -> int | tuple[int, str]:
             if "invalid exit status" in status:  # WASI's proc_exit takes 0..125
                 status = "proc_exit with a status above 125 (an S: line sets any code)"
     finally:
+        _end()
         store.close()
     out = bytes(output.out)
     if output.dropped:
