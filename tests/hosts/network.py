@@ -28,8 +28,11 @@ import os
 import random
 import shutil
 import subprocess
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+from harness.needs import missing
 
 TOOLS = ("ip", "nsenter", "unshare", "mount")
 
@@ -170,6 +173,31 @@ class Network:
         left = [n for n in self._netns if n in names]
         left += [link for link in [*self._links, self.bridge] if _link_exists(link)]
         return left
+
+
+@contextlib.contextmanager
+def hosts_on_a_bridge(
+    root: Path, names: Sequence[str], *, store_name: str, test: str
+) -> Iterator[Network]:
+    """A started ``Network`` with a host per name; skipped (failed in CI) where
+    namespaces cannot be made; everything removed at the end, and checked."""
+    if os.geteuid() != 0:
+        missing(test, "network namespaces need root")
+    tools = missing_tools()
+    if tools:
+        missing(test, f"missing tools: {', '.join(tools)}")
+    net = Network(root, store_name=store_name)
+    try:
+        try:
+            net.start()
+            for name in names:
+                net.add_host(name)
+        except NetworkError as exc:
+            missing(test, f"network namespaces cannot be made here: {exc}")
+        yield net
+    finally:
+        net.close()
+    assert net.leftovers() == [], "namespaces or links left behind"
 
 
 def _link_exists(name: str) -> bool:

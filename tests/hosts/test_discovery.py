@@ -14,12 +14,11 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import NoReturn
 
 import pytest
 
 from harness.daemons import REPO, DaemonFactory
-from tests.hosts.network import Host, Network, NetworkError, missing_tools
+from tests.hosts.network import Host, Network, hosts_on_a_bridge
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -36,31 +35,12 @@ print(json.dumps(health))
 """
 
 
-def _missing(why: str) -> NoReturn:
-    if os.environ.get("CI", "").lower() == "true":
-        pytest.fail(f"the discovery test cannot run in CI: {why}")
-    pytest.skip(why)
-
-
 @pytest.fixture
 def network(tmp_path: Path) -> Iterator[Network]:
-    if os.geteuid() != 0:
-        _missing("network namespaces need root")
-    tools = missing_tools()
-    if tools:
-        _missing(f"missing tools: {', '.join(tools)}")
-    net = Network(tmp_path / "hosts", store_name="store.qd.test")
-    try:
-        try:
-            net.start()
-            for name in ("alpha", "beta"):
-                net.add_host(name)
-        except NetworkError as exc:
-            _missing(f"network namespaces cannot be made here: {exc}")
+    root = tmp_path / "hosts"
+    names = ("alpha", "beta")
+    with hosts_on_a_bridge(root, names, store_name="store.qd.test", test="discovery") as net:
         yield net
-    finally:
-        net.close()
-    assert net.leftovers() == [], "namespaces or links left behind"
 
 
 def find_from(host: Host, seconds: float) -> dict[str, str]:

@@ -25,7 +25,7 @@ import time
 from collections import Counter
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 import aiohttp
 import asyncpg
@@ -33,10 +33,11 @@ import pytest
 
 from harness.api import Api, Handlers, until
 from harness.daemons import REPO, DaemonFactory, DaemonProcess
+from harness.needs import missing
 from queue_daemon.wiring.store import POOL_SIZE
 from tests.acceptance.scrape import scrape
 from tests.hosts import tlspg
-from tests.hosts.network import Host, Network, NetworkError, missing_tools
+from tests.hosts.network import Host, Network, hosts_on_a_bridge
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -58,34 +59,17 @@ DAEMON_ARGS = (
 )
 
 
-def _missing(why: str) -> NoReturn:
-    if os.environ.get("CI", "").lower() == "true":
-        pytest.fail(f"the many-hosts test cannot run in CI: {why}")
-    pytest.skip(why)
+TEST = "the many-hosts test"
 
 
 @pytest.fixture
 def network(tmp_path: Path) -> Iterator[Network]:
-    if os.geteuid() != 0:
-        _missing("network namespaces need root")
-    tools = missing_tools()
-    if tools:
-        _missing(f"missing tools: {', '.join(tools)}")
     why = tlspg.missing()
     if why:
-        _missing(why)
-    net = Network(tmp_path / "hosts", store_name=STORE_NAME)
-    try:
-        try:
-            net.start()
-            for name in ("alpha", "beta", "gamma"):
-                net.add_host(name)
-        except NetworkError as exc:
-            _missing(f"network namespaces cannot be made here: {exc}")
+        missing(TEST, why)
+    names = ("alpha", "beta", "gamma")
+    with hosts_on_a_bridge(tmp_path / "hosts", names, store_name=STORE_NAME, test=TEST) as net:
         yield net
-    finally:
-        net.close()
-    assert net.leftovers() == [], "namespaces or links left behind"
 
 
 @pytest.fixture
