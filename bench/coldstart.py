@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.procs import BenchError
+from bench.report import Row
 
 BODIES = {
     "python": "def handler(p, ctx):\n    return None\n",
@@ -140,6 +141,18 @@ class WasmColdStart:
     @property
     def cached(self) -> float:
         return statistics.median(self.cached_ms)
+
+    def row(self) -> Row:
+        return Row(
+            f"(coldstart) wasm {self.name}, compile + context ready",
+            self.median,
+            "ms",
+            "module cached",
+            self.median / self.cached,
+            f"median of {len(self.compiled_ms)}, {self.size:,} bytes of module; a context"
+            f" of a module compiled before {self.cached:.0f} ms; warm 1-job batch"
+            f" {self.warm:.1f} ms",
+        )
 
     @property
     def warm(self) -> float:

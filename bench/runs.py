@@ -387,16 +387,4 @@ def section_coldstart(run: Run) -> None:
                 + (f"; {result.note}" if result.note else ""),
             )
         )
-    for wasm in measure_wasm(run.work / "coldstart-wasm", rounds=5):
-        run.rows.append(
-            Row(
-                f"(coldstart) wasm {wasm.name}, compile + context ready",
-                wasm.median,
-                "ms",
-                "module cached",
-                wasm.median / wasm.cached,
-                f"median of {len(wasm.compiled_ms)}, {wasm.size:,} bytes of module; a context"
-                f" of a module compiled before {wasm.cached:.0f} ms; warm 1-job batch"
-                f" {wasm.warm:.1f} ms",
-            )
-        )
+    run.rows += [wasm.row() for wasm in measure_wasm(run.work / "coldstart-wasm", rounds=5)]

@@ -120,8 +120,8 @@ class Context:
 
     async def _load(self, spec: HandlerSpec) -> None:
         assert self._writer is not None and self._reader is not None
-        self._writer.write(
-            framing.encode(
+        try:
+            init = framing.encode(
                 {
                     "op": "init",
                     "lang": spec.lang,
@@ -133,7 +133,9 @@ class Context:
                     "client": spec.client,
                 }
             )
-        )
+        except ProtocolError as exc:  # a handler too big for one frame
+            raise ContextFailed(f"the handler cannot be sent to its context: {exc}") from None
+        self._writer.write(init)
         try:
             async with asyncio.timeout(self._start_timeout):
                 await self._writer.drain()

@@ -24,8 +24,8 @@ import wasmtime
 
 WASI = "wasi_snapshot_preview1"
 MAGIC = b"\0asm"
-MEMORY_CACHE = 16  # serialized modules kept in memory
-BLOB_PREFIX = "sha256:"
+MEMORY_CACHE = 16  # serialized modules kept in memory, at most
+MEMORY_BYTES = 128 << 20  # and at most this many bytes of them
 
 
 class ModuleError(ValueError):
@@ -157,7 +157,10 @@ class CompiledModules:
             self._write(key, data)
         with self._lock:
             self._memory[key] = data
-            while len(self._memory) > MEMORY_CACHE:
+            while len(self._memory) > 1 and (
+                len(self._memory) > MEMORY_CACHE
+                or sum(map(len, self._memory.values())) > MEMORY_BYTES
+            ):
                 self._memory.popitem(last=False)
         return data
 

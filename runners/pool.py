@@ -108,7 +108,7 @@ class RunnerPool:
         start_by: float | None = None,
     ) -> list[JobResult]:
         """One result per job, in order. Never raises for what a handler does.
-        ``sink`` takes the results of python, node and shell jobs as they arrive;
+        ``sink`` takes the results of python, node, shell and wasm jobs as they arrive;
         the caller handles the others (http) from the list. ``start_by`` (a
         ``time.monotonic()`` moment): the batch is not started after it, its jobs
         end not run (the caller's hold on them may have lapsed meanwhile, a

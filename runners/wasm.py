@@ -34,7 +34,9 @@ from queue_daemon.runners.modules import CompiledModules, ModuleError, digest, m
 
 SHIM = (Path(__file__).parent / "bootstrap" / "wasm_shim.py").read_text()
 WASMTIME_DIR = os.path.dirname(os.path.dirname(os.path.abspath(wasmtime.__file__)))
-BODIES = 32  # handler versions whose context body is kept in memory
+BODIES = 32  # handler versions whose context body is kept in memory, at most
+BODY_BYTES = 256 << 20  # and at most this many bytes of them
+MAX_ARTIFACT = 32 << 20  # bytes of a compiled module: in base64 it fits one frame
 # the blob of a handler's "module": (client, address) -> its bytes, None if gone
 BlobReader = Callable[[str, str], Awaitable[bytes | None]]
 
@@ -57,6 +59,11 @@ class WasmModules:
         if body is None:
             key, binary = await self._read(spec)
             artifact = await asyncio.to_thread(self.modules.artifact, key, binary)
+            if len(artifact) > MAX_ARTIFACT:
+                raise ModuleError(
+                    f"the compiled module is {len(artifact):,} bytes, over the"
+                    f" {MAX_ARTIFACT:,} a context takes"
+                )
             memory = min(spec.memory, self.memory) if spec.memory else self.memory
             settings = {
                 "module": base64.b64encode(artifact).decode(),
@@ -68,7 +75,9 @@ class WasmModules:
             }
             body = f"QD_WASM = {settings!r}\n{SHIM}"
             self._bodies[spec.version] = body
-            while len(self._bodies) > BODIES:
+            while len(self._bodies) > BODIES or (
+                len(self._bodies) > 1 and sum(map(len, self._bodies.values())) > BODY_BYTES
+            ):
                 self._bodies.popitem(last=False)
         else:
             self._bodies.move_to_end(spec.version)

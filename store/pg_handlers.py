@@ -40,17 +40,26 @@ class HandlersPart:
     ) -> HandlerRecord:
         """Store a new version of ``type``'s handler. With ``max_handlers``, a
         type that has no live handler yet is refused (``LimitReached``) when its
-        tenant already has that many."""
+        tenant already has that many. A handler that names a blob as its
+        ``module`` is stored only while the blob is there (NotFound otherwise),
+        under the lock of the tenant's blob deletes."""
         body = orjson.dumps(data).decode()
-        if max_handlers is None:
+        module = data.get("module")
+        if max_handlers is None and not module:
             row = await self._db.fetchrow(
                 queries.handlers.PUT_HANDLER, self._handler_id(), type, body
             )
         else:
             client = JobType.client_of(type)
             async with self._db.conn() as conn, conn.transaction():
+                if module:
+                    await conn.execute(queries.blobs.LOCK_CLIENT_BLOBS, client)
+                    if await conn.fetchval(queries.blobs.BLOB_SIZE, client, module) is None:
+                        raise NotFound(f"no blob {module}")
                 await conn.execute(queries.handlers.LOCK_CLIENT_HANDLERS, client)
-                if not await conn.fetchval(queries.handlers.HANDLER_LIVE, type):
+                if max_handlers is not None and not await conn.fetchval(
+                    queries.handlers.HANDLER_LIVE, type
+                ):
                     live = await conn.fetchval(queries.handlers.COUNT_HANDLERS, client)
                     if live >= max_handlers:
                         raise LimitReached(f"{client} has {live} handlers, its limit")

@@ -88,7 +88,8 @@ class HandlerStore(HandlerLookup, Protocol):
     ) -> HandlerRecord:
         """Store a new version of the handler of ``type`` (client-type) and notify.
         LimitReached if ``type`` has no live handler and its tenant already has
-        ``max_handlers``."""
+        ``max_handlers``; NotFound if ``data`` names a ``module`` blob the tenant
+        does not hold (checked under the lock of its blob deletes)."""
 
     async def delete_handler(self, type: str) -> None:
         """NotFound if none; notify."""

@@ -9,8 +9,12 @@ remove it; another tenant's address is ``404``. A tenant holds at most its
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hashlib
 import re
+import weakref
+from collections.abc import AsyncIterator
 
 from aiohttp import web
 
@@ -21,6 +25,24 @@ from queue_daemon.store.errors import Conflict, LimitReached, NotFound
 
 BLOB_LIMIT = 16 << 20  # bytes of one blob
 ADDR_RE = re.compile(r"sha256:[0-9a-f]{64}")
+# Blobs read whole into the daemon at once (a GET, an add of one, a wasm
+# handler's module being checked): at most this many, so at most this many
+# times BLOB_LIMIT bytes; the others wait their turn.
+READS_AT_ONCE = 4
+_reads: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+@contextlib.asynccontextmanager
+async def blob_read() -> AsyncIterator[None]:
+    """Hold one of the daemon's turns to hold a whole blob in memory."""
+    loop = asyncio.get_running_loop()
+    turns = _reads.get(loop)
+    if turns is None:
+        turns = _reads[loop] = asyncio.Semaphore(READS_AT_ONCE)
+    async with turns:
+        yield
 
 
 def address(value: str) -> str:
@@ -45,14 +67,20 @@ async def put_blob(request: web.Request) -> web.Response:
     return json_response({"addr": addr, "size": len(data)})
 
 
-async def get_blob(request: web.Request) -> web.Response:
+async def get_blob(request: web.Request) -> web.StreamResponse:
     services = request.app[SERVICES]
     client = await authorize(request, services)
     addr = address(request.match_info["addr"])
-    data = await services.blobs.read_blob(client, addr)
-    if data is None:
-        raise errors.not_found("no such blob")
-    return web.Response(body=data, content_type="application/octet-stream")
+    async with blob_read():
+        data = await services.blobs.read_blob(client, addr)
+        if data is None:
+            raise errors.not_found("no such blob")
+        response = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})
+        response.content_length = len(data)
+        await response.prepare(request)
+        await response.write(data)  # sent before the turn is given back
+        await response.write_eof()
+    return response
 
 
 async def delete_blob(request: web.Request) -> web.Response:

@@ -9,6 +9,7 @@ from aiohttp import web
 
 from queue_daemon.api import errors
 from queue_daemon.api.auth import authorize
+from queue_daemon.api.blobs import blob_read
 from queue_daemon.api.handler_fields import bad_handler, handler_body, parse_handler
 from queue_daemon.api.web import SERVICES, jobtype_of, json_response, read_body
 from queue_daemon.domain.names import JobType
@@ -39,10 +40,11 @@ async def add_handler(request: web.Request) -> web.Response:
         fields = {"lang": request.query.get("lang", ""), "body": source}
     data = parse_handler(fields, handler_limit=settings.handler_limit)
     if "module" in data:
-        blob = await services.blobs.read_blob(client, str(data["module"]))
-        if blob is None:
-            raise bad_handler(f"this tenant has no blob {data['module']}")
-        problem = await asyncio.to_thread(check_module, blob)
+        async with blob_read():  # the blob and its compile, a few at a time
+            blob = await services.blobs.read_blob(client, str(data["module"]))
+            if blob is None:
+                raise bad_handler(f"this tenant has no blob {data['module']}")
+            problem = await asyncio.to_thread(check_module, blob)
     elif data["lang"] == PULLED_LANG:
         problem = None
     else:
@@ -65,6 +67,8 @@ async def add_handler(request: web.Request) -> web.Response:
         raise errors.conflict(
             f"this tenant has its limit of {max_handlers} handlers; delete one first"
         ) from None
+    except NotFound:  # its module's blob was deleted meanwhile
+        raise bad_handler(f"this tenant has no blob {data['module']}") from None
     services.handlers.invalidate(record.type)
     return json_response(handler_body(record))
 

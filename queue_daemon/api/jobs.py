@@ -12,7 +12,7 @@ from aiohttp import web
 
 from queue_daemon.api import errors
 from queue_daemon.api.auth import authorize
-from queue_daemon.api.blobs import address
+from queue_daemon.api.blobs import address, blob_read
 from queue_daemon.api.errors import ApiError
 from queue_daemon.api.web import (
     MAX_DELAY_S,
@@ -53,9 +53,11 @@ async def add_jobs(request: web.Request) -> web.Response:
     adds = services.adds
     adds.check(client, request.content_length)
     body = await read_body(request, client, services.settings.body_limit)
+    content_type = request.content_type
     if "input" in query:
         body = await _input(services, client, query["input"], body)
-    lines = split_payloads(body, request.content_type, services.limits.of(client).payload)
+        content_type = "text/plain"  # the blob is one payload, never a JSON array of them
+    lines = split_payloads(body, content_type, services.limits.of(client).payload)
     added = await adds.add(
         client,
         jobtype,
@@ -75,7 +77,8 @@ async def _input(services: Services, client: str, addr: str, body: bytes) -> byt
     address(addr)
     if body:
         raise errors.bad_request("an add with input has an empty body: the blob is its payload")
-    data = await services.blobs.read_blob(client, addr)
+    async with blob_read():
+        data = await services.blobs.read_blob(client, addr)
     if data is None:
         raise errors.not_found(f"this tenant has no blob {addr}")
     if data.endswith(b"\n"):

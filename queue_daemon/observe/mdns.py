@@ -11,11 +11,13 @@ a warning and serves on: discovery is a convenience, not a dependency.
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 import logging
 import socket
 from importlib.metadata import PackageNotFoundError, version
 
+from zeroconf import Error as ZeroconfError
 from zeroconf import IPVersion, ServiceInfo
 from zeroconf.asyncio import AsyncZeroconf
 
@@ -60,17 +62,18 @@ class Advertiser:
 
     async def start(self) -> None:
         try:
-            found = addresses(self._host)
+            found = await asyncio.to_thread(addresses, self._host)  # may resolve a name
             if not found:
                 raise OSError("no address but loopback to advertise")
-            name = f"queue-daemon {socket.gethostname()} {self._sysid}"[:63]
+            host = socket.gethostname().split(".")[0][:40]
+            name = f"queue-daemon {host} {self._sysid}"[:63]
             info = ServiceInfo(
                 SERVICE,
                 f"{name}.{SERVICE}",
                 port=self._port,
                 properties={"sysid": self._sysid, "version": _version(), "path": "/"},
                 parsed_addresses=found,
-                server=f"qd-{socket.gethostname()}-{self._sysid}.local.",
+                server=f"{f'qd-{host}-{self._sysid}'[:63]}.local.",
             )
             zc = AsyncZeroconf(ip_version=IPVersion.V4Only)
             try:
@@ -78,7 +81,7 @@ class Advertiser:
             except BaseException:
                 await zc.async_close()
                 raise
-        except (OSError, ValueError, RuntimeError) as exc:
+        except (OSError, ValueError, RuntimeError, ZeroconfError) as exc:
             logger.warning(
                 "cannot advertise this daemon with mDNS: %s", exc, extra={"action": "mdns"}
             )
@@ -88,8 +91,11 @@ class Advertiser:
 
     async def stop(self) -> None:
         zc, info, self._zc, self._info = self._zc, self._info, None, None
-        if zc is not None and info is not None:
-            try:
-                await zc.async_unregister_service(info)
-            finally:
-                await zc.async_close()
+        if zc is None or info is None:
+            return
+        try:
+            await zc.async_unregister_service(info)
+        except (OSError, RuntimeError, ZeroconfError) as exc:  # the stop goes on
+            logger.warning("the mDNS record was not withdrawn: %s", exc, extra={"action": "mdns"})
+        finally:
+            await zc.async_close()

@@ -30,6 +30,8 @@ from wasmtime import _ffi  # noqa: E402
 
 STDOUT_LIMIT = 16 << 20  # bytes of a job's stdout kept; the rest counted and dropped
 STDERR_LINES = 20
+LINE_LIMIT = 1000  # bytes kept of one stderr line
+TABLE_ELEMENTS = 100_000  # elements of a module's tables, at most (8 bytes each)
 
 
 def _engine() -> "wasmtime.Engine":
@@ -55,7 +57,7 @@ _STDIN_BYTES = getattr(_ffi, "wasi_config_set_stdin_bytes", None)
 # so back-to-back runs wake it about once per timeout, and an idle context
 # never: no tick per 10 ms in every context.
 _LOCK = threading.Condition()
-_RUN: list[tuple[int, float] | None] = [None]  # the run now: (its number, its end)
+_RUN: list[float | None] = [None]  # the end of the run now
 _WATCHING = [False]
 
 
@@ -67,7 +69,7 @@ def _watch() -> None:
                 _WATCHING[0] = False
                 _LOCK.wait()
                 continue
-            left = run[1] - time.monotonic()
+            left = run - time.monotonic()
             if left > 0:
                 _LOCK.wait(left)
                 continue
@@ -75,9 +77,9 @@ def _watch() -> None:
             _RUN[0] = None
 
 
-def _begin(number: int) -> None:
+def _begin() -> None:
     with _LOCK:
-        _RUN[0] = (number, time.monotonic() + _LIMIT)
+        _RUN[0] = time.monotonic() + _LIMIT
         if not _WATCHING[0]:
             _WATCHING[0] = True
             _LOCK.notify()
@@ -89,7 +91,6 @@ def _end() -> None:
 
 
 threading.Thread(target=_watch, name="wasm-watch", daemon=True).start()
-_RUNS = [0]
 
 
 class _Output:
@@ -105,9 +106,10 @@ class _Output:
         self.dropped += max(0, len(data) - room)
 
     def stderr(self, data: bytes) -> None:
-        *complete, self.err = (self.err + data).split(b"\n")
-        self.lines = (self.lines + complete)[-STDERR_LINES:]
-        self.err = self.err[-4000:]
+        *complete, rest = (self.err + data[-(STDERR_LINES + 1) * LINE_LIMIT * 4 :]).split(b"\n")
+        kept = [line[:LINE_LIMIT] for line in complete[-STDERR_LINES:]]
+        self.lines = (self.lines + kept)[-STDERR_LINES:]
+        self.err = rest[:LINE_LIMIT]
 
 
 def _stdin(config: "wasmtime.WasiConfig", data: bytes) -> None:
@@ -137,11 +139,12 @@ def _cause(text: str) -> str:
 def handler(payload: str, ctx: object) -> int | tuple[int, str]:
     output = _Output()
     store = wasmtime.Store(_ENGINE)
-    store.set_limits(memory_size=MEMORY, instances=1, tables=4, memories=1)
+    store.set_limits(
+        memory_size=MEMORY, table_elements=TABLE_ELEMENTS, instances=1, tables=4, memories=1
+    )
     store.set_epoch_deadline(1)
     status: int | str = 0
-    _RUNS[0] += 1
-    _begin(_RUNS[0])
+    _begin()
     try:
         config = wasmtime.WasiConfig()
         _stdin(config, payload.encode("utf-8", "surrogatepass"))
@@ -178,7 +181,7 @@ def handler(payload: str, ctx: object) -> int | tuple[int, str]:
     if output.err:
         output.lines.append(output.err)
     for line in output.lines[-STDERR_LINES:]:
-        sys.stdout.write("stderr: " + line.decode("utf-8", "replace")[:1000] + "\n")
+        sys.stdout.write("stderr: " + line.decode("utf-8", "replace") + "\n")
     if output.dropped:
         sys.stdout.write(f"stdout over {STDOUT_LIMIT} bytes: {output.dropped} bytes dropped\n")
     if status == "timeout":

@@ -72,7 +72,7 @@ async def test_a_wasm_handler_runs_its_jobs(api: Api) -> None:
 async def test_a_module_that_loops_or_grows_is_stopped(api: Api) -> None:
     handlers = Handlers(api)
     await handlers.add("spin", "wasm", wat.spins(), timeout=0.5, maxAttempts=1)
-    await handlers.add("grow", "wasm", wat.grows(128), memory=1 << 20)  # 8 MiB > 4 MiB cap
+    await handlers.add("grow", "wasm", wat.grows(128), memory=1 << 20)  # 8 MiB > its 1 MiB
     [spin] = await api.add("spin", ["x"])
     [grow] = await api.add("grow", ["x"])
     job = await wait_done(api, spin, within=20)

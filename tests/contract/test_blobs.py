@@ -37,6 +37,18 @@ async def test_the_bytes_limit_counts_a_tenants_blobs(rig: Rig) -> None:
     assert await s.put_blob("a", B, b"y" * 41, max_bytes=100) is True
 
 
+async def test_a_handler_names_only_a_blob_its_tenant_holds(rig: Rig) -> None:
+    s = rig.store
+    with pytest.raises(NotFound):
+        await s.put_handler("a-t", {"lang": "wasm", "body": "", "module": A})
+    await s.put_blob("b", A, b"(module)")
+    with pytest.raises(NotFound):  # another tenant's
+        await s.put_handler("a-t", {"lang": "wasm", "body": "", "module": A}, max_handlers=5)
+    await s.put_blob("a", A, b"(module)")
+    stored = await s.put_handler("a-t", {"lang": "wasm", "body": "", "module": A})
+    assert stored.data["module"] == A
+
+
 async def test_a_blob_the_current_handler_runs_is_not_deleted(rig: Rig) -> None:
     s = rig.store
     await s.put_blob("a", A, b"(module)")

@@ -144,6 +144,7 @@ async def test_a_module_is_compiled_once_then_read_from_disk(
                 [JobInput(id="o", payload="x", attempt=1)],
             )
             assert other.result == "cached"
+            assert pool._wasm.modules.compiles == compiles
         finally:
             await pool.close()
     assert compiles == 0  # the second pool read what the first compiled

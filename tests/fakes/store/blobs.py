@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from queue_daemon.domain.names import JobType
+from queue_daemon.domain.tenants import HandlerRecord
 from queue_daemon.store.errors import Conflict, LimitReached, NotFound
 from tests.fakes.store.handlers import Handlers
 from tests.fakes.store.tables import client_of
@@ -12,6 +13,15 @@ class Blobs(Handlers):
     def __init__(self) -> None:
         super().__init__()
         self.blobs: dict[tuple[str, str], bytes] = {}
+
+    async def put_handler(
+        self, type: str, data: dict[str, object], max_handlers: int | None = None
+    ) -> HandlerRecord:
+        module = data.get("module")
+        if module and (client_of(type), module) not in self.blobs:
+            self._call("put_handler")
+            raise NotFound(f"no blob {module}")
+        return await super().put_handler(type, data, max_handlers)
 
     async def put_blob(self, client: str, addr: str, data: bytes, max_bytes: int = 0) -> bool:
         self._call("put_blob")
