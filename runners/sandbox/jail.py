@@ -34,7 +34,7 @@ from queue_daemon.runners.sandbox.probes import (
     find_unshare,
     scrubbed_env,
 )
-from queue_daemon.runners.sandbox.process import Child, _Protocol
+from queue_daemon.runners.sandbox.process import Child, start_process
 from queue_daemon.runners.sandbox.rlimits import ProcessLimits, limits_argv
 from queue_daemon.runners.sandbox.users import RunAs, TenantUids, resolve_run_as, tenant_ids
 from queue_daemon.runners.sandbox.walls import Walls
@@ -325,7 +325,6 @@ class Sandbox:
             procs.append(self._cpu.procs(run_as.uid))
         walls, seccomp_fd = self._walls, None
         switch_by_subprocess: dict[str, Any] = {}
-        loop = asyncio.get_running_loop()
         try:
             if walls is not None:
                 seccomp_fd = walls.open_filter()
@@ -344,17 +343,15 @@ class Sandbox:
                 argv = [*switch, *argv]
                 run_as = None
             argv = [*first_argv(procs), *argv]
-            # without unshare, subprocess switches the user (uvloop's loop cannot: it
-            # takes no user=, so the daemon runs on it only when unshare is there)
+            # without unshare, subprocess switches the user
             if run_as is not None:
                 switch_by_subprocess = {
                     "user": run_as.uid,
                     "group": run_as.gid,
                     "extra_groups": [],
                 }
-            transport, protocol = await loop.subprocess_exec(
-                lambda: _Protocol(1 << 16, loop),
-                *argv,
+            child = await start_process(
+                argv,
                 stdin=stdin,
                 stdout=stdout,
                 stderr=subprocess.PIPE,
@@ -364,20 +361,13 @@ class Sandbox:
                 pass_fds=() if seccomp_fd is None else (seccomp_fd,),
                 **switch_by_subprocess,
             )
-        except BaseException as exc:
+        except BaseException:
             if cgroup is not None:
                 await asyncio.to_thread(CgroupTree.remove, cgroup)
-            if isinstance(exc, ValueError) and switch_by_subprocess:
-                # uvloop: "unexpected kwargs: user, group, extra_groups"
-                raise OSError(
-                    f"{exc}: switching to the run-as user needs util-linux unshare on this"
-                    " event loop (or --event-loop asyncio)"
-                ) from None
             raise
         finally:
             if seccomp_fd is not None:
                 os.close(seccomp_fd)
-        child = Child(transport, protocol, loop)
         child.cgroup = cgroup
         child.through_walls = walls is not None
         return child
