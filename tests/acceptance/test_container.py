@@ -22,7 +22,7 @@ import pytest
 from harness import container
 from harness.api import Handlers, wait_done
 from harness.daemons import DaemonFactory, Deployment, add_tenant
-from harness.needs import missing
+from tests.needs import missing
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -35,7 +35,7 @@ from harness.daemons import (
     run_cli,
     store_args,
 )
-from harness.needs import missing
+from tests.needs import missing
 
 T = TypeVar("T")
 CHROMIUM = ("chromium", "chromium-browser", "google-chrome")

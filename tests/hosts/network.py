@@ -32,7 +32,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.needs import missing
+from tests.needs import missing
 
 TOOLS = ("ip", "nsenter", "unshare", "mount")
 

@@ -33,11 +33,11 @@ import pytest
 
 from harness.api import Api, Handlers, until
 from harness.daemons import REPO, DaemonFactory, DaemonProcess
-from harness.needs import missing
 from queue_daemon.wiring.store import POOL_SIZE
 from tests.acceptance.scrape import scrape
 from tests.hosts import tlspg
 from tests.hosts.network import Host, Network, hosts_on_a_bridge
+from tests.needs import missing
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -126,7 +126,7 @@ async def test_what_a_context_dropped_itself_counts_as_over_the_bytes() -> None:
     kept = await follow.take(JobResult(id="j1", exitcode=200, emits=[("kid", "a")], emit_over=56))
     assert said(kept).startswith("[56 follow-on job(s) dropped")
     assert dropped == {"bytes": 56}
-    assert follow.emit_limit == 10  # what the context is told
+    assert follow.emit_limit() == 10  # what the context is told
 
 
 async def test_invalid_follow_on_jobs_are_counted_and_leave_the_result_alone() -> None:
@@ -184,6 +184,29 @@ async def test_over_the_add_rate_the_run_is_retried_and_nothing_is_added() -> No
     assert "4 at once is over this tenant's burst of 3" in said(never)
     assert await follow.flush()
     assert journal.payloads() == ["a", "b"]
+
+
+async def test_contexts_are_told_to_send_no_more_than_the_add_rate_takes() -> None:
+    emit = 4 << 20
+    follow, _ = make(Journal(), limits=TenantLimits(emit=emit), rate=(0, 1))
+    assert follow.emit_limit(100) == emit  # no rate: the emit limit
+    follow, _ = make(
+        Journal(), limits=TenantLimits(rate=100, burst=200, emit=emit), rate=(100, 200)
+    )
+    assert follow.emit_limit() == emit  # 200 tokens hold 12.5 MiB: the emit limit
+    assert follow.emit_limit(5) == 200 * 65536 // 5  # a run's share of them is less
+    low = TenantLimits(rate=10, burst=20, emit=emit)
+    follow, dropped = make(Journal(), limits=low, rate=(10, 20))
+    assert follow.emit_limit() == 20 * 65536  # what the bucket holds, 64 KiB a token
+    # its context dropped follow-on jobs over that limit: the run is retried later
+    retried = await follow.take(JobResult(id="j1", exitcode=200, emit_over=1))
+    assert retried.exitcode == OVER_LIMITS
+    assert retried.result == "its follow-on jobs are over this tenant's add rate; retried later"
+    assert dropped == {"rate": 1}
+    # over the emit limit itself (not lowered): dropped, as before
+    follow, dropped = make(Journal(), limits=TenantLimits(emit=10), rate=(0, 1))
+    kept = await follow.take(JobResult(id="j1", exitcode=200, emit_over=3))
+    assert kept.exitcode == 200 and dropped == {"bytes": 3}
 
 
 async def test_over_the_waiting_limit_the_run_is_retried_and_nothing_is_added() -> None:

@@ -32,7 +32,7 @@ from queue_daemon.domain.options import NO_OPTIONS, JobOptions
 from queue_daemon.engine.admit.ids import keyed_ids
 from queue_daemon.engine.admit.intake import Intake
 from queue_daemon.engine.admit.limits import Limits, TenantLimits
-from queue_daemon.engine.admit.quotas import RateLimiter, WaitingLimiter, rate_cost
+from queue_daemon.engine.admit.quotas import RATE_UNIT_BYTES, RateLimiter, WaitingLimiter, rate_cost
 from queue_daemon.engine.backoff import Backoff
 from queue_daemon.journal import JournalError
 from queue_daemon.observe.metrics import Metrics
@@ -196,6 +196,12 @@ class Adds:
         """Seconds until one rerun fits ``client``'s add rate."""
         limits = self._limits.of(client)
         return self._rates.peek(client, 1, limits.rate, limits.burst)
+
+    def rate_room_bytes(self, client: str) -> float:
+        """Payload bytes ``client``'s add rate would take now (infinite without a
+        rate): what a run's follow-on jobs may carry and not be over it."""
+        limits = self._limits.of(client)
+        return self._rates.room(client, limits.rate, limits.burst) * RATE_UNIT_BYTES
 
     async def admit(self, client: str, n: int, size: int) -> None:
         """Take ``n`` jobs of ``size`` payload bytes in all from ``client``'s add

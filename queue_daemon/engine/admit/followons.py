@@ -82,10 +82,22 @@ class FollowOns:
         self._pending_bytes = 0
         self.failed = False  # a chunk could not be journaled: the batch runs again
         self._taken: set[str] = set()
+        # What a run's follow-on payloads may weigh: the tenant's emit limit, or
+        # less while its add rate would not take more. Contexts drop what is over
+        # before they send it, so a tenant over its rate does not make the daemon
+        # read megabytes a run only to refuse them; its runs are retried later,
+        # as runs whose follow-on jobs are over the rate always are.
+        self._room = adds.rate_room_bytes(spec.client)
+        self._rate_bound = False
 
-    @property
-    def emit_limit(self) -> int:
-        return self._limits.emit
+    def emit_limit(self, runs: int = 1) -> int:
+        """The tenant's emit limit, or each run's share of what its add rate
+        would take now, when that is less."""
+        share = self._room / max(1, runs)
+        if share >= self._limits.emit:
+            return self._limits.emit
+        self._rate_bound = True
+        return int(share)
 
     def took(self, job_id: str) -> bool:
         """Whether the result of ``job_id`` was taken (as it arrived)."""
@@ -107,6 +119,15 @@ class FollowOns:
         self._taken.add(result.id)
         if not self.wants(result):  # nothing to take: the result as it is
             return result
+        if result.emit_over and self._rate_bound:  # dropped by its context for the rate
+            self._count(self._spec.client, "rate", max(1, len(result.emits)))
+            return replace(
+                result,
+                exitcode=OVER_LIMITS,
+                result="its follow-on jobs are over this tenant's add rate; retried later",
+                emits=[],
+                dropped=[],
+            )
         jobs, sizes, drops = self._within_limits(result)
         if jobs:
             admitted, retry = await self._admit(len(jobs), sum(sizes), drops)

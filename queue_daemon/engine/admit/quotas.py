@@ -81,6 +81,13 @@ class RateLimiter:
         bucket.tokens -= got
         return got
 
+    def room(self, client: str, rate: float | None = None, burst: float | None = None) -> float:
+        """The tokens ``client``'s bucket holds now (infinite without a rate)."""
+        if (self.rate if rate is None else rate) <= 0:
+            return math.inf
+        self._wait(client, 0, rate, burst, take=False)  # the bucket, filled up to now
+        return self._buckets[client].tokens
+
     def refund(self, client: str, n: int, burst: float | None = None) -> None:
         """Give back ``n`` tokens taken for an add refused after its rate check."""
         bucket = self._buckets.get(client)
