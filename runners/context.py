@@ -171,7 +171,7 @@ class Context:
         not yet started as ``ran=False``, and marks the context ``broken``.
         """
         results: list[JobResult] = []
-        limit = None if sink is None else sink.emit_limit(len(jobs))
+        limit = None if sink is None else sink.emit_limit()
         for frame, chunk in framing.batch_frames(jobs, limit, type or self.spec.type):
             if self.broken:
                 results += [not_run(job, "the context stopped on an earlier job") for job in chunk]

@@ -83,10 +83,9 @@ class ResultSink(Protocol):
     the daemon takes the follow-on jobs out (journaling them in chunks), so a batch
     never holds every job's follow-on jobs at once."""
 
-    def emit_limit(self, runs: int = 1) -> int:
-        """Bytes of follow-on payloads each of ``runs`` runs (a batch) may add: a
-        context drops the rest itself (``emit_over`` in its reply), so they never
-        reach the daemon."""
+    def emit_limit(self) -> int:
+        """Bytes of follow-on payloads a run of the batch may add: a context drops
+        the rest itself (``emit_over`` in its reply), so they never reach the daemon."""
 
     def wants(self, result: JobResult) -> bool:
         """Whether ``take`` would change ``result`` (follow-on jobs to take out)."""

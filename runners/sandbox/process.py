@@ -71,16 +71,17 @@ async def start_process(argv: list[str], **popen: Any) -> Child:
     Not ``loop.subprocess_exec``: uvloop's forks the daemon, and a fork takes
     time with the daemon's size (12 ms at 80 MiB, 26 ms at 300 MiB, measured),
     all of it on the event loop, where every other tenant's job waits; Popen
-    uses vfork, about 2 ms whatever the size. Its exit is seen through a pidfd
-    on the loop (or, without pidfds, a thread that waits for it)."""
+    uses vfork, about 2 ms whatever the size (but where it must switch the user
+    itself, ``user=``: then it forks too). Its exit is seen through a pidfd on
+    the loop (or, without pidfds, a thread that waits for it)."""
     loop = asyncio.get_running_loop()
     protocol = _Protocol(1 << 16, loop)
     waiter = loop.create_future()
     transport = _UnixSubprocessTransport(
         loop, protocol, argv, False, bufsize=0, waiter=waiter, **popen
     )
-    _watch_exit(loop, transport)
     try:
+        _watch_exit(loop, transport)
         await waiter
     except BaseException:
         transport.close()
@@ -92,10 +93,17 @@ async def start_process(argv: list[str], **popen: Any) -> Child:
 def _watch_exit(loop: asyncio.AbstractEventLoop, transport: _UnixSubprocessTransport) -> None:
     pid = transport.get_pid()
 
-    def reap() -> None:
+    def reap(pidfd: int | None = None) -> None:
+        """Collect the exit (``pidfd``: of this very process, never a reused pid)."""
         try:
-            _, status = os.waitpid(pid, 0)
-            code = os.waitstatus_to_exitcode(status)
+            if pidfd is not None:
+                info = os.waitid(os.P_PIDFD, pidfd, os.WEXITED | os.WNOHANG)
+                if info is None:  # not exited after all
+                    return
+                code = info.si_status if info.si_code == os.CLD_EXITED else -info.si_status
+            else:
+                _, status = os.waitpid(pid, os.WNOHANG)
+                code = os.waitstatus_to_exitcode(status)
         except ChildProcessError:  # reaped already: by the transport's close (Popen.poll)
             popen = transport.get_extra_info("subprocess")
             code = 255 if popen is None or popen.returncode is None else popen.returncode
@@ -115,10 +123,16 @@ def _watch_exit(loop: asyncio.AbstractEventLoop, transport: _UnixSubprocessTrans
 
     def exited() -> None:
         loop.remove_reader(pidfd)
-        os.close(pidfd)
-        reap()
+        try:
+            reap(pidfd)
+        finally:
+            os.close(pidfd)
 
-    loop.add_reader(pidfd, exited)
+    try:
+        loop.add_reader(pidfd, exited)
+    except BaseException:
+        os.close(pidfd)
+        raise
 
 
 def kill_group(pgid: int) -> None:

@@ -15,10 +15,10 @@ A handler process is started through two tiny exec wrappers, never through a
 ``subprocess`` starts a new session, so the whole tree can be killed with
 one ``killpg``. The switch to the run-as user is util-linux ``unshare``'s
 (``--setgid --setuid``, clearing supplementary groups), run as root after the
-wrappers that need root; only where there is no ``unshare`` does the loop's
-``subprocess_exec`` switch (``user=``, ``group=``, ``extra_groups=[]``: asyncio's
-loop, not uvloop's). When handlers get no network (the default when the daemon
-is root and ``unshare`` works), that first wrapper also puts the process in a
+wrappers that need root; only where there is no ``unshare`` does ``subprocess``
+switch (``user=``, ``group=``, ``extra_groups=[]``; ``process.start_process``).
+When handlers get no network (the default when the daemon is root and
+``unshare`` works), that first wrapper also puts the process in a
 new network namespace (only a loopback interface of its own: no route to the
 host's loopback or anywhere else):
 

@@ -203,6 +203,14 @@ class Adds:
         limits = self._limits.of(client)
         return self._rates.room(client, limits.rate, limits.burst) * RATE_UNIT_BYTES
 
+    def burst_bytes(self, client: str) -> float:
+        """Payload bytes ``client``'s add rate could ever take at once (infinite
+        without a rate): follow-on payloads past it never fit."""
+        limits = self._limits.of(client)
+        if limits.rate <= 0:
+            return math.inf
+        return max(limits.burst, 1.0) * RATE_UNIT_BYTES
+
     async def admit(self, client: str, n: int, size: int) -> None:
         """Take ``n`` jobs of ``size`` payload bytes in all from ``client``'s add
         rate, then its waiting limit (until they are stored, or given back by

@@ -16,6 +16,13 @@ Per run, in this order:
   time bound how often), as a client's add gets ``429``; when they could never
   fit (more than the burst, or than the waiting limit), they are dropped.
 
+What a context sends of ``ctx.emit`` is bounded before it leaves the context
+(``emit_limit``): by ``emit``, and by what the burst holds (its payload
+bytes), past which they are dropped as above; and while the tenant's add rate
+would take less than that now, by what it would take: what the context drops
+past that runs again later (``OVER_LIMITS``), as it would have been over the
+rate here, but the daemon never reads those megabytes only to refuse them.
+
 A dropped follow-on job is logged and counted, and the run's result ends with
 a line saying how many were dropped and why.
 """
@@ -82,22 +89,17 @@ class FollowOns:
         self._pending_bytes = 0
         self.failed = False  # a chunk could not be journaled: the batch runs again
         self._taken: set[str] = set()
-        # What a run's follow-on payloads may weigh: the tenant's emit limit, or
-        # less while its add rate would not take more. Contexts drop what is over
-        # before they send it, so a tenant over its rate does not make the daemon
-        # read megabytes a run only to refuse them; its runs are retried later,
-        # as runs whose follow-on jobs are over the rate always are.
-        self._room = adds.rate_room_bytes(spec.client)
-        self._rate_bound = False
+        self._rate_bound = False  # the last emit limit given was the rate's, not the tenant's
 
-    def emit_limit(self, runs: int = 1) -> int:
-        """The tenant's emit limit, or each run's share of what its add rate
-        would take now, when that is less."""
-        share = self._room / max(1, runs)
-        if share >= self._limits.emit:
-            return self._limits.emit
-        self._rate_bound = True
-        return int(share)
+    def emit_limit(self) -> int:
+        """Bytes of ``ctx.emit`` payloads a run of this batch may send (see the
+        module docstring): what the add rate would take now, when that is less
+        than the most the run could ever add."""
+        client = self._spec.client
+        most = min(self._limits.emit, self._adds.burst_bytes(client))
+        room = self._adds.rate_room_bytes(client)
+        self._rate_bound = room < most
+        return int(room) if self._rate_bound else int(most)
 
     def took(self, job_id: str) -> bool:
         """Whether the result of ``job_id`` was taken (as it arrived)."""
@@ -120,7 +122,7 @@ class FollowOns:
         if not self.wants(result):  # nothing to take: the result as it is
             return result
         if result.emit_over and self._rate_bound:  # dropped by its context for the rate
-            self._count(self._spec.client, "rate", max(1, len(result.emits)))
+            self._count(self._spec.client, "rate", result.emit_over)
             return replace(
                 result,
                 exitcode=OVER_LIMITS,

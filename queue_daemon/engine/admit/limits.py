@@ -14,7 +14,9 @@ The limits and where they bite:
 - ``result``: bytes of a job's result kept; a longer one is cut.
 - ``handlers``: live handlers (jobtypes with code); one more is ``409``.
 - ``follow_ons``: follow-on jobs one run may add; the rest are dropped.
-- ``emit``: bytes of follow-on payloads one run may add; the rest are dropped.
+- ``emit``: bytes of follow-on payloads one run may add; the rest are dropped
+  (contexts drop what ``ctx.emit`` adds past it, or past what the add rate
+  takes now: that run is retried, ``engine.admit.followons``).
 - ``blobs``: bytes of blobs the tenant holds; a put past it is ``413``.
 
 ``0`` means "no limit" for running, waiting, rate, handlers and blobs, and "none" for
