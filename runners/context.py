@@ -172,7 +172,8 @@ class Context:
         """
         results: list[JobResult] = []
         limit = None if sink is None else sink.emit_limit()
-        for frame, chunk in framing.batch_frames(jobs, limit, type or self.spec.type):
+        budget = None if sink is None else sink.emit_budget()
+        for frame, chunk in framing.batch_frames(jobs, limit, type or self.spec.type, budget):
             if self.broken:
                 results += [not_run(job, "the context stopped on an earlier job") for job in chunk]
                 continue

@@ -28,10 +28,12 @@ def encode(message: dict[str, Any]) -> bytes:
 
 
 def batch_frames(
-    jobs: Sequence[JobInput], emit_limit: int | None, type: str
+    jobs: Sequence[JobInput], emit_limit: int | None, type: str, emit_batch: int | None = None
 ) -> list[tuple[bytes, Sequence[JobInput]]]:
     """``batch`` frames of at most ``MAX_FRAME`` (a batch of big payloads is split),
-    for the handler of ``type``; each with the jobs it holds."""
+    for the handler of ``type``; each with the jobs it holds. ``emit_limit``:
+    bytes of follow-on payloads each job may send; ``emit_batch``: all its jobs
+    together (each frame's, when it is split)."""
     message: dict[str, object] = {
         "op": "batch",
         "type": type,
@@ -39,13 +41,17 @@ def batch_frames(
     }
     if emit_limit is not None:
         message["emit"] = emit_limit
+    if emit_batch is not None:
+        message["emit_batch"] = emit_batch
     try:
         return [(encode(message), jobs)]
     except FrameTooLarge:
         if len(jobs) == 1:
             raise
     half = len(jobs) // 2
-    return batch_frames(jobs[:half], emit_limit, type) + batch_frames(jobs[half:], emit_limit, type)
+    return batch_frames(jobs[:half], emit_limit, type, emit_batch) + batch_frames(
+        jobs[half:], emit_limit, type, emit_batch
+    )
 
 
 def decode(data: bytes | bytearray | memoryview) -> dict[str, Any]:

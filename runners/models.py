@@ -69,6 +69,9 @@ class JobResult:
     dropped: Sequence[str] = ()
     # follow-on jobs the context dropped itself, over the run's emit limit in bytes
     emit_over: int = 0
+    # of those, the ones dropped only because the batch's share of the add rate
+    # was spent (``ResultSink.emit_budget``): the run is retried later
+    emit_short: int = 0
     # False when the job never started (its context died or timed out on an
     # earlier job of the batch): the daemon puts it back without counting a run
     ran: bool = True
@@ -86,6 +89,11 @@ class ResultSink(Protocol):
     def emit_limit(self) -> int:
         """Bytes of follow-on payloads a run of the batch may add: a context drops
         the rest itself (``emit_over`` in its reply), so they never reach the daemon."""
+
+    def emit_budget(self) -> int | None:
+        """Bytes of follow-on payloads the batch's runs may add together, taken in
+        their order (None: no such bound): a context drops what is over
+        (``emit_short`` in its reply)."""
 
     def wants(self, result: JobResult) -> bool:
         """Whether ``take`` would change ``result`` (follow-on jobs to take out)."""

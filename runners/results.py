@@ -70,10 +70,15 @@ def job_result(
         emits=parsed.emits,
         log=parsed.log,
         dropped=parsed.dropped,
-        emit_over=over if isinstance(over, int) and not isinstance(over, bool) and over > 0 else 0,
+        emit_over=_count(over),
+        emit_short=_count(message.get("emit_short")),
         run_ms=run_ms,
         recycle=bool(message.get("recycle")),
     )
+
+
+def _count(value: object) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
 
 
 def failed(job: JobInput, exitcode: int, reason: str) -> JobResult:

@@ -78,9 +78,10 @@ function startText(id) {
 // backslashes (each pair is one escaped backslash of the text).
 const LONE_SURROGATE = /(?<!\\)((?:\\\\)*)\\ud[89a-f][0-9a-f]{2}/g;
 
-function resultText(id, exitcode, result, output, emits, emitOver = 0) {
+function resultText(id, exitcode, result, output, emits, emitOver = 0, emitShort = 0) {
   const message = { op: 'result', id, exitcode, result, output, emits };
   if (emitOver > 0) message.emit_over = emitOver;
+  if (emitShort > 0) message.emit_short = emitShort;
   const text = JSON.stringify(message);
   return text.includes('\\ud') ? text.replace(LONE_SURROGATE, '$1\\ufffd') : text;
 }
@@ -255,34 +256,44 @@ function select(type) {
 const EMITS = Symbol('emits');
 
 // A job's ctx.emit calls, up to `limit` bytes of payloads (the daemon's emit
-// limit for the tenant); the ones past it are counted, not kept.
+// limit for the tenant) and while the batch's `budget` ({left}, shared by its
+// jobs, or null) lasts; the ones past either are counted, not kept (`short`:
+// past the budget only).
 class Emits {
-  constructor(limit) {
+  constructor(limit, budget) {
     this.pairs = [];
     this.room = Number.isInteger(limit) ? limit : null;
+    this.budget = budget;
     this.over = 0;
+    this.short = 0;
   }
 
   add(type, text) {
-    if (this.room !== null) {
+    if (this.room !== null || this.budget !== null) {
       const size = Buffer.byteLength(text);
-      if (size > this.room) {
+      if (this.room !== null && size > this.room) {
         this.over += 1;
         return;
       }
-      this.room -= size;
+      if (this.budget !== null && size > this.budget.left) {
+        this.over += 1;
+        this.short += 1;
+        return;
+      }
+      if (this.room !== null) this.room -= size;
+      if (this.budget !== null) this.budget.left -= size;
     }
     this.pairs.push([type, text]);
   }
 }
 
 class Ctx {
-  constructor(job, emitLimit) {
+  constructor(job, emitLimit, budget) {
     this.id = job.id;
     this.attempt = job.attempt;
     this.type = handlerType;
     this.client = client;
-    this[EMITS] = new Emits(emitLimit);
+    this[EMITS] = new Emits(emitLimit, budget);
   }
 
   emit(type, payload) {
@@ -341,11 +352,11 @@ function awaitJob(promise) {
 // Runs one job; returns its result frame's JSON text. `pending`, the result
 // of the job before it, is written first: it tells the daemon that this job
 // starts (only a batch's first job has a start frame of its own).
-async function runJob(job, pending, emitLimit) {
+async function runJob(job, pending, emitLimit, budget) {
   const id = job.id;
   if (pending === null) send(startText(id));
   else send(pending);
-  const ctx = new Ctx(job, emitLimit);
+  const ctx = new Ctx(job, emitLimit, budget);
   let exitcode;
   let result;
   captured = '';
@@ -362,7 +373,7 @@ async function runJob(job, pending, emitLimit) {
   const output = captured;
   captured = '';
   const emits = ctx[EMITS];
-  let text = resultText(id, exitcode, result, output, emits.pairs, emits.over);
+  let text = resultText(id, exitcode, result, output, emits.pairs, emits.over, emits.short);
   if (text.length > MAX_FRAME / 4) {
     const size = Buffer.byteLength(text);
     if (size > MAX_FRAME - 1024 * 1024) {
@@ -393,7 +404,9 @@ async function batch(msg) {
     }
   }
   let pending = null;
-  for (const job of jobs) pending = await runJob(job, pending, msg.emit);
+  // what the batch's jobs may emit together, taken in their order
+  const budget = Number.isInteger(msg.emit_batch) ? { left: msg.emit_batch } : null;
+  for (const job of jobs) pending = await runJob(job, pending, msg.emit, budget);
   if (hooks.afterEach) {
     if (pending !== null) send(pending);
     pending = null;

@@ -164,30 +164,48 @@ class BoundedBuffer(io.BytesIO):
 class Ctx:
     """The ``ctx`` a handler gets: id, attempt, type, emit(type, payload). Its
     ``emit`` calls are kept up to ``limit`` bytes of payloads (the daemon's emit
-    limit for the tenant); the ones past it are counted, not kept."""
+    limit for the tenant) and while the batch's ``budget`` (a one-item list its
+    jobs share, or None) lasts; the ones past either are counted, not kept
+    (``_short``: past the budget only)."""
 
-    __slots__ = ("_over", "_pairs", "_room", "attempt", "client", "id", "type")
+    __slots__ = ("_budget", "_over", "_pairs", "_room", "_short", "attempt", "client", "id", "type")
 
-    def __init__(self, job: Message, type_: str, client: str, limit: int | None) -> None:
+    def __init__(
+        self,
+        job: Message,
+        type_: str,
+        client: str,
+        limit: int | None,
+        budget: list[int] | None = None,
+    ) -> None:
         self.id = job["id"]
         self.attempt = job.get("attempt", 1)
         self.type = type_
         self.client = client
         self._pairs: list[list[str]] = []
         self._room = limit
+        self._budget = budget
         self._over = 0
+        self._short = 0
 
     def emit(self, type: str, payload: Any) -> None:
         if not isinstance(type, str):
             raise TypeError("ctx.emit: type must be a string")
         if not isinstance(payload, str):
             payload = to_json(payload)
-        if self._room is not None:
+        if self._room is not None or self._budget is not None:
             size = len(payload) if payload.isascii() else len(payload.encode("utf-8", "replace"))
-            if size > self._room:
+            if self._room is not None and size > self._room:
                 self._over += 1
                 return
-            self._room -= size
+            if self._budget is not None and size > self._budget[0]:
+                self._over += 1
+                self._short += 1
+                return
+            if self._room is not None:
+                self._room -= size
+            if self._budget is not None:
+                self._budget[0] -= size
         self._pairs.append([type, payload])
 
     def __repr__(self) -> str:
@@ -246,9 +264,11 @@ class Handler:
             pair = self._capture = (data, text)
         return pair
 
-    def run_job(self, job: Message, emit_limit: int | None = None) -> Message:
+    def run_job(
+        self, job: Message, emit_limit: int | None = None, budget: list[int] | None = None
+    ) -> Message:
         """The job's ``result`` message (with the output the handler printed)."""
-        ctx = Ctx(job, self.type, self.client, emit_limit)
+        ctx = Ctx(job, self.type, self.client, emit_limit, budget)
         capture, out = self.capture()
         message: Message = {"op": "result", "id": job["id"]}
         sys.stdout = out
@@ -274,9 +294,14 @@ class Handler:
         message["emits"] = ctx._pairs
         if ctx._over:
             message["emit_over"] = ctx._over
+            if ctx._short:
+                message["emit_short"] = ctx._short
         return message
 
-    def run_batch(self, jobs: list[Message], emit_limit: int | None = None) -> None:
+    def run_batch(
+        self, jobs: list[Message], emit_limit: int | None = None, budget: int | None = None
+    ) -> None:
+        shared = None if budget is None else [budget]  # what the batch's jobs may emit together
         failed = None
         if self.before_each is not None:
             try:
@@ -297,7 +322,7 @@ class Handler:
                 held.flush(pending)
             began = monotonic()
             if failed is None:
-                message = self.run_job(job, emit_limit)
+                message = self.run_job(job, emit_limit, shared)
             else:
                 message = {"op": "result", "id": job["id"], "exitcode": 500, "result": failed}
             ended = monotonic()
@@ -343,8 +368,13 @@ def serve(reader: Reader, handlers: dict[str, Handler]) -> Message | None:
         op = message.get("op")
         if op == "batch":
             limit = message.get("emit")
+            budget = message.get("emit_batch")
             handler = handlers.get(str(message.get("type", "")), first)
-            handler.run_batch(message.get("jobs") or [], limit if isinstance(limit, int) else None)
+            handler.run_batch(
+                message.get("jobs") or [],
+                limit if isinstance(limit, int) else None,
+                budget if isinstance(budget, int) else None,
+            )
         elif op == "init":
             return message
         elif op == "exit":

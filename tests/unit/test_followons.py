@@ -188,33 +188,28 @@ async def test_over_the_add_rate_the_run_is_retried_and_nothing_is_added() -> No
 
 async def test_contexts_are_told_to_send_no_more_than_the_add_rate_takes() -> None:
     emit = 4 << 20
-    follow, _ = make(Journal(), limits=TenantLimits(emit=emit), rate=(0, 1))
-    assert follow.emit_limit() == emit  # no rate: the emit limit
+    follow, _ = make(Journal(), limits=TenantLimits(rate=0, emit=emit), rate=(0, 1))
+    assert (follow.emit_limit(), follow.emit_budget()) == (emit, None)  # no rate
     full = TenantLimits(rate=100, burst=200, emit=emit)
     follow, _ = make(Journal(), limits=full, rate=(100, 200))
-    assert follow.emit_limit() == emit  # 200 tokens hold 12.5 MiB: the emit limit
+    assert (follow.emit_limit(), follow.emit_budget()) == (emit, 200 * 65536)
     small = TenantLimits(rate=10, burst=20, emit=emit)
     follow, dropped = make(Journal(), limits=small, rate=(10, 20))
-    assert follow.emit_limit() == 20 * 65536  # the burst's bytes: never more fits
-    # over that, dropped as never fitting, not retried
+    assert follow.emit_limit() == 20 * 65536  # a run: the burst's bytes, never more fits
+    # over that (not short of the budget): dropped as never fitting, not retried
     kept = await follow.take(JobResult(id="j1", exitcode=200, emit_over=2))
     assert kept.exitcode == 200 and dropped == {"bytes": 2}
-    # the bucket spent: the context is told what the rate takes now, and what it
-    # dropped past that runs again later, as it would have been over the rate
-    follow, dropped = make(Journal(), limits=small, rate=(10, 20))
+    # the bucket spent: the batch's budget is what the rate takes now, and a run
+    # whose context dropped follow-on jobs short of it runs again later
     half = "x" * (9 * 65536)
     spent = await follow.take(result(("kid", half), ("kid", half)))  # 2 + 18 tokens: all
     assert spent.exitcode == 200
-    assert follow.emit_limit() < 65536
-    retried = await follow.take(JobResult(id="j2", exitcode=200, emit_over=3))
+    budget = follow.emit_budget()
+    assert budget is not None and budget < 65536
+    retried = await follow.take(JobResult(id="j2", exitcode=200, emit_over=3, emit_short=3))
     assert retried.exitcode == OVER_LIMITS
     assert retried.result == "its follow-on jobs are over this tenant's add rate; retried later"
-    assert dropped == {"rate": 3}
-    # over the emit limit itself (not the rate's): dropped, as before
-    follow, dropped = make(Journal(), limits=TenantLimits(emit=10), rate=(0, 1))
-    assert follow.emit_limit() == 10
-    kept = await follow.take(JobResult(id="j1", exitcode=200, emit_over=3))
-    assert kept.exitcode == 200 and dropped == {"bytes": 3}
+    assert dropped == {"bytes": 2, "rate": 3}
 
 
 async def test_over_the_waiting_limit_the_run_is_retried_and_nothing_is_added() -> None:

@@ -16,12 +16,13 @@ Per run, in this order:
   time bound how often), as a client's add gets ``429``; when they could never
   fit (more than the burst, or than the waiting limit), they are dropped.
 
-What a context sends of ``ctx.emit`` is bounded before it leaves the context
-(``emit_limit``): by ``emit``, and by what the burst holds (its payload
-bytes), past which they are dropped as above; and while the tenant's add rate
-would take less than that now, by what it would take: what the context drops
-past that runs again later (``OVER_LIMITS``), as it would have been over the
-rate here, but the daemon never reads those megabytes only to refuse them.
+What a context sends of ``ctx.emit`` is bounded before it leaves the context:
+each run by ``emit`` and by what the burst holds (its payload bytes,
+``emit_limit``), past which they are dropped as above; and the batch's runs
+together, in their order, by what the tenant's add rate would take now
+(``emit_budget``): a run whose context dropped some only for that
+(``emit_short``) runs again later (``OVER_LIMITS``), as it would have been over
+the rate here, but the daemon never reads those megabytes only to refuse them.
 
 A dropped follow-on job is logged and counted, and the run's result ends with
 a line saying how many were dropped and why.
@@ -30,6 +31,7 @@ a line saying how many were dropped and why.
 from __future__ import annotations
 
 import logging
+import math
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -89,17 +91,17 @@ class FollowOns:
         self._pending_bytes = 0
         self.failed = False  # a chunk could not be journaled: the batch runs again
         self._taken: set[str] = set()
-        self._rate_bound = False  # the last emit limit given was the rate's, not the tenant's
 
     def emit_limit(self) -> int:
-        """Bytes of ``ctx.emit`` payloads a run of this batch may send (see the
-        module docstring): what the add rate would take now, when that is less
-        than the most the run could ever add."""
-        client = self._spec.client
-        most = min(self._limits.emit, self._adds.burst_bytes(client))
-        room = self._adds.rate_room_bytes(client)
-        self._rate_bound = room < most
-        return int(room) if self._rate_bound else int(most)
+        """Bytes of ``ctx.emit`` payloads a run of this batch may send: the most it
+        could ever add (see the module docstring)."""
+        return int(min(self._limits.emit, self._adds.burst_bytes(self._spec.client)))
+
+    def emit_budget(self) -> int | None:
+        """Bytes of ``ctx.emit`` payloads the batch's runs may send together: what
+        the tenant's add rate would take now (None: it has no rate)."""
+        room = self._adds.rate_room_bytes(self._spec.client)
+        return None if math.isinf(room) else int(room)
 
     def took(self, job_id: str) -> bool:
         """Whether the result of ``job_id`` was taken (as it arrived)."""
@@ -121,8 +123,8 @@ class FollowOns:
         self._taken.add(result.id)
         if not self.wants(result):  # nothing to take: the result as it is
             return result
-        if result.emit_over and self._rate_bound:  # dropped by its context for the rate
-            self._count(self._spec.client, "rate", result.emit_over)
+        if result.emit_short:  # dropped by its context: the rate's room was spent
+            self._count(self._spec.client, "rate", result.emit_short)
             return replace(
                 result,
                 exitcode=OVER_LIMITS,
