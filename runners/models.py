@@ -70,8 +70,10 @@ class JobResult:
     # follow-on jobs the context dropped itself, over the run's emit limit in bytes
     emit_over: int = 0
     # of those, the ones dropped only because the batch's share of the add rate
-    # was spent (``ResultSink.emit_budget``): the run is retried later
+    # was spent (``ResultSink.emit_budget``): the run is retried later if what
+    # all its calls cost (``emit_cost``, bytes and 64 KiB a job) could ever fit
     emit_short: int = 0
+    emit_cost: int = 0
     # False when the job never started (its context died or timed out on an
     # earlier job of the batch): the daemon puts it back without counting a run
     ran: bool = True

@@ -71,7 +71,8 @@ def job_result(
         log=parsed.log,
         dropped=parsed.dropped,
         emit_over=_count(over),
-        emit_short=_count(message.get("emit_short")),
+        emit_short=min(_count(message.get("emit_short")), _count(over)),
+        emit_cost=_count(message.get("emit_cost")),
         run_ms=run_ms,
         recycle=bool(message.get("recycle")),
     )

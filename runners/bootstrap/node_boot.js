@@ -78,10 +78,13 @@ function startText(id) {
 // backslashes (each pair is one escaped backslash of the text).
 const LONE_SURROGATE = /(?<!\\)((?:\\\\)*)\\ud[89a-f][0-9a-f]{2}/g;
 
-function resultText(id, exitcode, result, output, emits, emitOver = 0, emitShort = 0) {
+function resultText(id, exitcode, result, output, emits, emitOver = 0, emitShort = 0, emitCost = 0) {
   const message = { op: 'result', id, exitcode, result, output, emits };
   if (emitOver > 0) message.emit_over = emitOver;
-  if (emitShort > 0) message.emit_short = emitShort;
+  if (emitShort > 0) {
+    message.emit_short = emitShort;
+    message.emit_cost = emitCost;
+  }
   const text = JSON.stringify(message);
   return text.includes('\\ud') ? text.replace(LONE_SURROGATE, '$1\\ufffd') : text;
 }
@@ -257,8 +260,13 @@ const EMITS = Symbol('emits');
 
 // A job's ctx.emit calls, up to `limit` bytes of payloads (the daemon's emit
 // limit for the tenant) and while the batch's `budget` ({left}, shared by its
-// jobs, or null) lasts; the ones past either are counted, not kept (`short`:
-// past the budget only).
+// jobs, or null) lasts, each payload costing it its bytes and 64 KiB more (a
+// job, as the add rate counts it); the ones past either are counted, not kept
+// (`short`: past the budget only). A job short of the budget runs again: what
+// it took is given back, its later calls take nothing, and `cost` says what
+// all its calls would have cost (the daemon drops what could never fit).
+const JOB_COST = 65536;
+
 class Emits {
   constructor(limit, budget) {
     this.pairs = [];
@@ -266,6 +274,8 @@ class Emits {
     this.budget = budget;
     this.over = 0;
     this.short = 0;
+    this.taken = 0;
+    this.cost = 0;
   }
 
   add(type, text) {
@@ -275,13 +285,20 @@ class Emits {
         this.over += 1;
         return;
       }
-      if (this.budget !== null && size > this.budget.left) {
-        this.over += 1;
-        this.short += 1;
-        return;
+      if (this.budget !== null) {
+        const cost = size + JOB_COST;
+        this.cost += cost;
+        if (this.short > 0 || cost > this.budget.left) {
+          this.over += 1;
+          this.short += 1;
+          this.budget.left += this.taken;
+          this.taken = 0;
+          return;
+        }
+        this.budget.left -= cost;
+        this.taken += cost;
       }
       if (this.room !== null) this.room -= size;
-      if (this.budget !== null) this.budget.left -= size;
     }
     this.pairs.push([type, text]);
   }
@@ -373,7 +390,7 @@ async function runJob(job, pending, emitLimit, budget) {
   const output = captured;
   captured = '';
   const emits = ctx[EMITS];
-  let text = resultText(id, exitcode, result, output, emits.pairs, emits.over, emits.short);
+  let text = resultText(id, exitcode, result, output, emits.pairs, emits.over, emits.short, emits.cost);
   if (text.length > MAX_FRAME / 4) {
     const size = Buffer.byteLength(text);
     if (size > MAX_FRAME - 1024 * 1024) {

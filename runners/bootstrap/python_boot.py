@@ -32,6 +32,7 @@ if TYPE_CHECKING:
 
 MAX_TEXT = 16 << 20  # characters of a job's output or result carried in one frame
 TOP_LEVEL_AWAIT = 0x2000  # ast.PyCF_ALLOW_TOP_LEVEL_AWAIT, without importing ast
+JOB_COST = 65536  # bytes of the batch's emit budget a follow-on job costs beyond its payload
 
 _real_stdout = sys.stdout
 _loop: Any = None
@@ -165,10 +166,24 @@ class Ctx:
     """The ``ctx`` a handler gets: id, attempt, type, emit(type, payload). Its
     ``emit`` calls are kept up to ``limit`` bytes of payloads (the daemon's emit
     limit for the tenant) and while the batch's ``budget`` (a one-item list its
-    jobs share, or None) lasts; the ones past either are counted, not kept
-    (``_short``: past the budget only)."""
+    jobs share, or None) lasts, each payload costing it its bytes and 64 KiB
+    more (a job, as the add rate counts it); the ones past either are counted,
+    not kept (``_short``: past the budget only). A job short of the budget runs
+    again: what it took is given back, and its later calls take nothing."""
 
-    __slots__ = ("_budget", "_over", "_pairs", "_room", "_short", "attempt", "client", "id", "type")
+    __slots__ = (
+        "_budget",
+        "_cost",
+        "_over",
+        "_pairs",
+        "_room",
+        "_short",
+        "_taken",
+        "attempt",
+        "client",
+        "id",
+        "type",
+    )
 
     def __init__(
         self,
@@ -187,6 +202,8 @@ class Ctx:
         self._budget = budget
         self._over = 0
         self._short = 0
+        self._taken = 0  # of the budget
+        self._cost = 0  # of all its calls, kept or not
 
     def emit(self, type: str, payload: Any) -> None:
         if not isinstance(type, str):
@@ -198,14 +215,20 @@ class Ctx:
             if self._room is not None and size > self._room:
                 self._over += 1
                 return
-            if self._budget is not None and size > self._budget[0]:
-                self._over += 1
-                self._short += 1
-                return
+            budget = self._budget
+            if budget is not None:
+                cost = size + JOB_COST
+                self._cost += cost
+                if self._short or cost > budget[0]:
+                    self._over += 1
+                    self._short += 1  # the daemon runs it again if it could ever fit
+                    budget[0] += self._taken
+                    self._taken = 0
+                    return
+                budget[0] -= cost
+                self._taken += cost
             if self._room is not None:
                 self._room -= size
-            if self._budget is not None:
-                self._budget[0] -= size
         self._pairs.append([type, payload])
 
     def __repr__(self) -> str:
@@ -296,6 +319,7 @@ class Handler:
             message["emit_over"] = ctx._over
             if ctx._short:
                 message["emit_short"] = ctx._short
+                message["emit_cost"] = ctx._cost
         return message
 
     def run_batch(
@@ -372,8 +396,8 @@ def serve(reader: Reader, handlers: dict[str, Handler]) -> Message | None:
             handler = handlers.get(str(message.get("type", "")), first)
             handler.run_batch(
                 message.get("jobs") or [],
-                limit if isinstance(limit, int) else None,
-                budget if isinstance(budget, int) else None,
+                limit if type(limit) is int else None,
+                budget if type(budget) is int else None,
             )
         elif op == "init":
             return message

@@ -14,6 +14,7 @@ from queue_daemon.runners.models import HandlerSpec, JobInput, JobResult
 from queue_daemon.runners.pool import RunnerPool, RunnerSettings
 
 pytestmark = pytest.mark.timeout(60)
+JOB = 65536  # what a follow-on job costs the budget beyond its payload
 
 BODIES = {
     "python": (
@@ -63,15 +64,16 @@ async def test_the_batch_budget_is_spent_in_order_and_short_drops_are_told_apart
     spec = HandlerSpec(version=f"v-{lang}", client="acme", type="t", lang=lang, body=BODIES[lang])
     payloads = ["40 40", "40", "10 500", "5"]
     jobs = [JobInput(id=f"j{i}", payload=p, attempt=1) for i, p in enumerate(payloads)]
-    results = await pool.run_batch(spec, jobs, Sink(limit=200, budget=100))
+    budget = 3 * JOB + 100  # each payload costs its bytes and a job's 64 KiB
+    results = await pool.run_batch(spec, jobs, Sink(limit=200, budget=budget))
     got = [(len(r.emits), r.emit_over, r.emit_short) for r in results]
-    # 80 of 100 spent; 40 is over the 20 left (short); 10 fits, 500 is over the
-    # run's own limit (over, not short); then 5 of the 10 left
-    assert got == [(2, 0, 0), (0, 1, 1), (1, 1, 0), (1, 0, 0)], got
+    # two kept (20 bytes and a job left short of 40 + a job: short); 10 fits (10
+    # left), 500 is over the run's own limit (over, not short); 5 is short
+    assert got == [(2, 0, 0), (0, 1, 1), (1, 1, 0), (0, 1, 1)], got
+    assert [r.emit_cost for r in results] == [0, 40 + JOB, 0, 5 + JOB]
+    # a job short of the budget gives back what it took: the next job has it
+    jobs = [JobInput(id="a", payload="40 40", attempt=1), JobInput(id="b", payload="10", attempt=1)]
+    results = await pool.run_batch(spec, jobs, Sink(limit=200, budget=(40 + JOB) + (10 + JOB)))
+    assert [(len(r.emits), r.emit_over, r.emit_short) for r in results] == [(1, 1, 1), (1, 0, 0)]
     unbounded = await pool.run_batch(spec, jobs, Sink(limit=200, budget=None))
-    assert [(len(r.emits), r.emit_over, r.emit_short) for r in unbounded] == [
-        (2, 0, 0),
-        (1, 0, 0),
-        (1, 1, 0),
-        (1, 0, 0),
-    ]
+    assert [(len(r.emits), r.emit_over, r.emit_short) for r in unbounded] == [(2, 0, 0), (1, 0, 0)]

@@ -206,10 +206,17 @@ async def test_contexts_are_told_to_send_no_more_than_the_add_rate_takes() -> No
     assert spent.exitcode == 200
     budget = follow.emit_budget()
     assert budget is not None and budget < 65536
-    retried = await follow.take(JobResult(id="j2", exitcode=200, emit_over=3, emit_short=3))
+    retried = await follow.take(
+        JobResult(id="j2", exitcode=200, emit_over=3, emit_short=3, emit_cost=3 * 65536)
+    )
     assert retried.exitcode == OVER_LIMITS
     assert retried.result == "its follow-on jobs are over this tenant's add rate; retried later"
     assert dropped == {"bytes": 2, "rate": 3}
+    # short, but what it wanted could never fit the burst: dropped, not retried
+    never = await follow.take(
+        JobResult(id="j3", exitcode=200, emit_over=1, emit_short=1, emit_cost=21 * 65536)
+    )
+    assert never.exitcode == 200 and dropped["bytes"] == 3
 
 
 async def test_over_the_waiting_limit_the_run_is_retried_and_nothing_is_added() -> None:

@@ -123,8 +123,10 @@ class FollowOns:
         self._taken.add(result.id)
         if not self.wants(result):  # nothing to take: the result as it is
             return result
-        if result.emit_short:  # dropped by its context: the rate's room was spent
-            self._count(self._spec.client, "rate", result.emit_short)
+        client = self._spec.client
+        if result.emit_short and result.emit_cost <= self._adds.burst_bytes(client):
+            # dropped by its context as the rate's room was spent; it fits another time
+            self._count(client, "rate", result.emit_short)
             return replace(
                 result,
                 exitcode=OVER_LIMITS,
