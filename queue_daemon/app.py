@@ -22,7 +22,7 @@ import logging
 import signal
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
@@ -48,7 +48,6 @@ from queue_daemon.engine.pull.pulls import Pulls
 from queue_daemon.engine.run.loop import RunLoop
 from queue_daemon.engine.schedule.ticker import Ticker
 from queue_daemon.observe.logfile import Rotation
-from queue_daemon.observe.mdns import Advertiser
 from queue_daemon.observe.metrics import Metrics
 from queue_daemon.observe.overview import Overview
 from queue_daemon.observe.queuelog import QueueLog
@@ -69,6 +68,9 @@ from queue_daemon.wiring.engine import EngineSettings, build_engine
 from queue_daemon.wiring.metrics import sources
 from queue_daemon.wiring.store import open_store
 from queue_daemon.wiring.tasks import Tasks
+
+if TYPE_CHECKING:
+    from queue_daemon.observe.mdns import Advertiser
 
 logger = logging.getLogger(__name__)
 
@@ -101,7 +103,7 @@ class Daemon:
         self.runner: AppRunner | None = None
         self.connections: ConnectionCaps | None = None
         self.url = ""
-        self.advertiser: Advertiser | None = None
+        self.advertiser: Advertiser | None = None  # serve --mdns
 
     async def start(self) -> None:
         settings = self.settings
@@ -294,6 +296,8 @@ class Daemon:
             "listening on %s as sysid %s", self.url, identity.sysid, extra={"action": "ready"}
         )
         if settings.mdns:
+            from queue_daemon.observe.mdns import Advertiser  # zeroconf only when asked
+
             self.advertiser = Advertiser(identity.sysid, settings.host, port)
             await self.advertiser.start()
 

@@ -17,5 +17,9 @@ class ContextFailed(RunnerError):
     """A context could not start: its handler failed to load (``fatal``) or it died."""
 
 
+class ModuleError(RunnerError, ValueError):
+    """A wasm module that cannot be read or is not a WASI command; the message says why."""
+
+
 class SandboxError(RunnerError):
     """The sandbox cannot be set up (work root, run-as user)."""

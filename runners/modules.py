@@ -22,14 +22,12 @@ from pathlib import Path
 
 import wasmtime
 
+from queue_daemon.runners.errors import ModuleError
+
 WASI = "wasi_snapshot_preview1"
 MAGIC = b"\0asm"
 MEMORY_CACHE = 16  # serialized modules kept in memory, at most
 MEMORY_BYTES = 128 << 20  # and at most this many bytes of them
-
-
-class ModuleError(ValueError):
-    """A module that cannot be read or is not a WASI command; the message says why."""
 
 
 def engine_config(memory: int = 256 << 20) -> wasmtime.Config:

@@ -12,10 +12,9 @@ from collections.abc import Sequence, Set
 from queue_daemon.runners.budget import OutputBudget
 from queue_daemon.runners.codes import ERROR, FORBIDDEN
 from queue_daemon.runners.context import Context
-from queue_daemon.runners.errors import SandboxError
+from queue_daemon.runners.errors import ModuleError, SandboxError
 from queue_daemon.runners.http import HttpRunner
 from queue_daemon.runners.models import LANGS, HandlerSpec, JobInput, JobResult, ResultSink
-from queue_daemon.runners.modules import ModuleError
 from queue_daemon.runners.output import OutputLimits
 from queue_daemon.runners.results import failed, not_run
 from queue_daemon.runners.sandbox import ProcessLimits, Sandbox, TenantUids

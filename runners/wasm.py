@@ -25,15 +25,17 @@ import dataclasses
 import os
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
+from functools import cache
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import wasmtime
-
+from queue_daemon.runners.errors import ModuleError
 from queue_daemon.runners.models import HandlerSpec
-from queue_daemon.runners.modules import CompiledModules, ModuleError, digest, module_bytes
 
-SHIM = (Path(__file__).parent / "bootstrap" / "wasm_shim.py").read_text()
-WASMTIME_DIR = os.path.dirname(os.path.dirname(os.path.abspath(wasmtime.__file__)))
+if TYPE_CHECKING:  # wasmtime is imported at the first wasm batch, not with the daemon
+    from queue_daemon.runners.modules import CompiledModules
+
+SHIM = Path(__file__).parent / "bootstrap" / "wasm_shim.py"
 BODIES = 32  # handler versions whose context body is kept in memory, at most
 BODY_BYTES = 256 << 20  # and at most this many bytes of them
 MAX_ARTIFACT = 32 << 20  # bytes of a compiled module: in base64 it fits one frame
@@ -49,8 +51,17 @@ class WasmModules:
     ) -> None:
         self.memory = memory  # the engine reserves this much: a module's most
         self._blobs = blobs
-        self.modules = CompiledModules(memory, cache_dir)
+        self._cache_dir = cache_dir
+        self._modules: CompiledModules | None = None
         self._bodies: OrderedDict[str, str] = OrderedDict()  # handler version -> body
+
+    @property
+    def modules(self) -> CompiledModules:
+        if self._modules is None:
+            from queue_daemon.runners.modules import CompiledModules
+
+            self._modules = CompiledModules(self.memory, self._cache_dir)
+        return self._modules
 
     async def context_spec(self, spec: HandlerSpec) -> HandlerSpec:
         """``spec`` as its context runs it: the shim with the compiled module as its
@@ -71,9 +82,9 @@ class WasmModules:
                 "memory": memory,
                 "timeout": spec.timeout,
                 "name": spec.type,
-                "wasmtime": WASMTIME_DIR,
+                "wasmtime": _wasmtime_dir(),
             }
-            body = f"QD_WASM = {settings!r}\n{SHIM}"
+            body = f"QD_WASM = {settings!r}\n{_shim()}"
             self._bodies[spec.version] = body
             while len(self._bodies) > BODIES or (
                 len(self._bodies) > 1 and sum(map(len, self._bodies.values())) > BODY_BYTES
@@ -85,6 +96,8 @@ class WasmModules:
 
     async def _read(self, spec: HandlerSpec) -> tuple[str, bytes | None]:
         """The module's cache key (its digest), and its binary unless cached."""
+        from queue_daemon.runners.modules import digest, module_bytes
+
         if spec.module:
             key = spec.module.removeprefix("sha256:")
             if self.modules.has(key):
@@ -95,3 +108,16 @@ class WasmModules:
             return key, await asyncio.to_thread(module_bytes, data)
         binary = await asyncio.to_thread(module_bytes, spec.body)
         return digest(binary), binary
+
+
+@cache
+def _shim() -> str:
+    return SHIM.read_text()
+
+
+@cache
+def _wasmtime_dir() -> str:
+    """Where wasmtime is imported from: the contexts import it from there too."""
+    import wasmtime
+
+    return os.path.dirname(os.path.dirname(os.path.abspath(wasmtime.__file__)))

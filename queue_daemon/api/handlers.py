@@ -15,7 +15,6 @@ from queue_daemon.api.web import SERVICES, jobtype_of, json_response, read_body
 from queue_daemon.domain.names import JobType
 from queue_daemon.engine.handlers import PULLED_LANG
 from queue_daemon.runners.check import check_handler
-from queue_daemon.runners.modules import check_module
 from queue_daemon.store.errors import LimitReached, NotFound
 
 
@@ -44,6 +43,8 @@ async def add_handler(request: web.Request) -> web.Response:
             blob = await services.blobs.read_blob(client, str(data["module"]))
             if blob is None:
                 raise bad_handler(f"this tenant has no blob {data['module']}")
+            from queue_daemon.runners.modules import check_module  # wasmtime when used
+
             problem = await asyncio.to_thread(check_module, blob)
     elif data["lang"] == PULLED_LANG:
         problem = None
