@@ -18,6 +18,7 @@ import time
 # the bootstrap's own modules, from its directory (``-I`` leaves it off sys.path);
 # off the path again before any handler runs
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from python_ctx import Ctx
 from python_frames import HELD, IN_FD, OUT_FD, Reader, frame, result_frame, to_json, write
 
 del sys.path[0]
@@ -32,7 +33,6 @@ if TYPE_CHECKING:
 
 MAX_TEXT = 16 << 20  # characters of a job's output or result carried in one frame
 TOP_LEVEL_AWAIT = 0x2000  # ast.PyCF_ALLOW_TOP_LEVEL_AWAIT, without importing ast
-JOB_COST = 65536  # bytes of the batch's emit budget a follow-on job costs beyond its payload
 
 _real_stdout = sys.stdout
 _loop: Any = None
@@ -160,79 +160,6 @@ class BoundedBuffer(io.BytesIO):
         self.truncate()
         self.dropped = 0
         return text
-
-
-class Ctx:
-    """The ``ctx`` a handler gets: id, attempt, type, emit(type, payload). Its
-    ``emit`` calls are kept up to ``limit`` bytes of payloads (the daemon's emit
-    limit for the tenant) and while the batch's ``budget`` (a one-item list its
-    jobs share, or None) lasts, each payload costing it its bytes and 64 KiB
-    more (a job, as the add rate counts it); the ones past either are counted,
-    not kept (``_short``: past the budget only). A job short of the budget runs
-    again: what it took is given back, and its later calls take nothing."""
-
-    __slots__ = (
-        "_budget",
-        "_cost",
-        "_over",
-        "_pairs",
-        "_room",
-        "_short",
-        "_taken",
-        "attempt",
-        "client",
-        "id",
-        "type",
-    )
-
-    def __init__(
-        self,
-        job: Message,
-        type_: str,
-        client: str,
-        limit: int | None,
-        budget: list[int] | None = None,
-    ) -> None:
-        self.id = job["id"]
-        self.attempt = job.get("attempt", 1)
-        self.type = type_
-        self.client = client
-        self._pairs: list[list[str]] = []
-        self._room = limit
-        self._budget = budget
-        self._over = 0
-        self._short = 0
-        self._taken = 0  # of the budget
-        self._cost = 0  # of all its calls, kept or not
-
-    def emit(self, type: str, payload: Any) -> None:
-        if not isinstance(type, str):
-            raise TypeError("ctx.emit: type must be a string")
-        if not isinstance(payload, str):
-            payload = to_json(payload)
-        if self._room is not None or self._budget is not None:
-            size = len(payload) if payload.isascii() else len(payload.encode("utf-8", "replace"))
-            if self._room is not None and size > self._room:
-                self._over += 1
-                return
-            budget = self._budget
-            if budget is not None:
-                cost = size + JOB_COST
-                self._cost += cost
-                if self._short or cost > budget[0]:
-                    self._over += 1
-                    self._short += 1  # the daemon runs it again if it could ever fit
-                    budget[0] += self._taken
-                    self._taken = 0
-                    return
-                budget[0] -= cost
-                self._taken += cost
-            if self._room is not None:
-                self._room -= size
-        self._pairs.append([type, payload])
-
-    def __repr__(self) -> str:
-        return f"<ctx id={self.id!r} attempt={self.attempt!r} type={self.type!r}>"
 
 
 # What the handlers of one eid share in their context (each has its own globals):
