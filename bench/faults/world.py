@@ -125,6 +125,7 @@ class World:
     _factory: DaemonFactory = field(init=False)
     _session: aiohttp.ClientSession = field(init=False)
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    _adders: list[asyncio.Task[None]] = field(default_factory=list)
     workers: list[Worker] = field(default_factory=list)
     _stop: asyncio.Event = field(default_factory=asyncio.Event)
     _tag: int = 0
@@ -167,9 +168,10 @@ class World:
                 await handlers.add(jobtype, "python", source, timeout=10, maxAttempts=MAX_ATTEMPTS)
         rng = random.Random(f"queue-daemon-faults/{self.seed}/{self.plan.number}/load")
         for tenant in TENANTS:
-            self._tasks.append(
+            self._adders.append(
                 asyncio.create_task(self._adder(tenant, random.Random(rng.random())))
             )
+        self._tasks += self._adders
         for slot in self.slots[:2]:
             worker = Worker(
                 slot.url,
@@ -314,7 +316,10 @@ class World:
     # --- end ------------------------------------------------------------------
 
     async def stop_load(self) -> None:
+        """Stop adding, and wait for the adds under way: an add answered after
+        ``drain`` read what was acknowledged would be judged without its wait."""
         self._stop.set()
+        await asyncio.wait(self._adders, timeout=ADD_TIMEOUT * 2)
 
     async def drain(self, within: float) -> None:
         """Wait until every acknowledged job (a journal fault's victims aside) is done."""
