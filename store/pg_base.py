@@ -69,6 +69,7 @@ def job_of(row: asyncpg.Record) -> Job:
         exitcode=row["exitcode"],
         result=row["result"],
         data=row["data"],
+        priority=row["priority"],
         runs=_runs(row),
     )
 

@@ -52,6 +52,7 @@ class GraphPart:
                         group.after,
                         group.resolve_any,
                         group.deadline,
+                        group.priority,
                     )
                     # its own ids may be inserted again (queries.intake, REMOVE_DONE)
                     gone = {r[0] for r in await conn.fetch(queries.intake.REMOVE_DONE, columns[0])}

@@ -6,7 +6,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
-from operator import attrgetter
 
 from queue_daemon.domain.jobs import Release
 from queue_daemon.domain.pulled import HeldJob, PulledJob
@@ -59,8 +58,7 @@ class PulledPart:
             )
             for id_, type_, data, attempts, create_dt, lease_until, due_ms in rows
         ]
-        jobs.sort(key=attrgetter("create_dt", "id"))
-        return jobs
+        return jobs  # in the order taken (queries.pulled.CLAIM)
 
     async def renew_pulled(
         self, claims: Sequence[Claim], *, client: str, worker: str

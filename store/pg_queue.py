@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from operator import attrgetter
 from typing import TYPE_CHECKING
 
 import asyncpg
@@ -100,9 +99,7 @@ class QueuePart:
             )
             for id_, data, attempts, created_ms, deadline, due_ms in rows
         ]
-        # in the order they were added (ids of one daemon are time-ordered)
-        jobs.sort(key=attrgetter("created_ms", "id"))
-        return jobs
+        return jobs  # in the order taken (queries.queue.CLAIM)
 
     async def unhandled_types(
         self, older_than: float, *, after: str = "", steps: int = 5_000

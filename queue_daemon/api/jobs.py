@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 import time
 from datetime import UTC, datetime
 from typing import Any
@@ -26,7 +27,7 @@ from queue_daemon.api.web import (
 )
 from queue_daemon.domain.jobs import Job, JobState
 from queue_daemon.domain.names import JobType, iso, valid_type
-from queue_daemon.domain.options import ID_RE, MAX_AFTER, NO_OPTIONS, JobOptions
+from queue_daemon.domain.options import ID_RE, MAX_AFTER, NO_OPTIONS, PRIORITIES, JobOptions
 from queue_daemon.domain.views import Paused, TypeStats
 from queue_daemon.engine.admit.ids import MAX_KEY
 from queue_daemon.engine.backoff import Backoff
@@ -93,14 +94,16 @@ async def _input(services: Services, client: str, addr: str, body: bytes) -> byt
 
 
 REQUIRES = {"all-completed": False, "all-resolved": True}
+_INTEGER = re.compile(r"[+-]?[0-9]{1,6}")
 
 
 def parse_options(query: Any, now_ms: int) -> JobOptions:
-    """``after``, ``requires`` and ``deadline`` of an add (docs/api.md), or ApiError."""
+    """``after``, ``requires``, ``deadline`` and ``priority`` of an add
+    (docs/api.md), or ApiError."""
     after: tuple[str, ...] = ()
     text = query.get("after")
     deadline = query.get("deadline")
-    if text is None and deadline is None and "requires" not in query:
+    if text is None and deadline is None and "requires" not in query and "priority" not in query:
         return NO_OPTIONS  # nearly every add
     if text is not None:
         after = tuple(dict.fromkeys(i for i in text.split(",") if i))
@@ -114,7 +117,17 @@ def parse_options(query: Any, now_ms: int) -> JobOptions:
     if "requires" in query and not after:
         raise errors.bad_request("requires applies to jobs added with after")
     deadline_ms = None if deadline is None else _deadline_ms(deadline, now_ms)
-    return JobOptions(after, REQUIRES[requires], deadline_ms)
+    return JobOptions(after, REQUIRES[requires], deadline_ms, _priority(query))
+
+
+def _priority(query: Any) -> int:
+    text = query.get("priority")
+    if text is None:
+        return 0
+    if _INTEGER.fullmatch(text) and int(text) in PRIORITIES:
+        return int(text)
+    first, last = PRIORITIES.start, PRIORITIES.stop - 1
+    raise errors.bad_request(f"priority must be an integer from {first} to {last}")
 
 
 def _deadline_ms(text: str, now_ms: int) -> int:
@@ -165,6 +178,7 @@ def job_body(job: Job) -> dict[str, Any]:
         "exitcode": job.exitcode,
         "result": job.result,
         "payload": job.data,
+        "priority": job.priority,
     }
     if job.runs is not None:
         body["runs"] = [_run(run) for run in job.runs]

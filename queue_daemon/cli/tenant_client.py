@@ -32,6 +32,7 @@ def add_parsers(sub: Any) -> None:
     add.add_argument("--after", help="ids of jobs these wait for, comma-separated")
     add.add_argument("--requires", choices=("all-completed", "all-resolved"))
     add.add_argument("--deadline", help="seconds from now, epoch ms or ISO-8601")
+    add.add_argument("--priority", type=int, help="-100 to 100: higher runs first (default 0)")
     get = jsub.add_parser("get", help="a job")
     get.add_argument("id")
     get.add_argument("--wait", type=float, help="hold up to this many seconds until it is done")
@@ -117,6 +118,7 @@ async def _job(args: argparse.Namespace, q: Client) -> None:
                     after=args.after.split(",") if args.after else (),
                     requires=args.requires,
                     deadline=args.deadline,
+                    priority=args.priority,
                 )
             }
         )

@@ -162,11 +162,14 @@ class Client:
         after: Sequence[str] = (),
         requires: str | None = None,
         deadline: float | str | None = None,
+        priority: int | None = None,
         json: bool | None = None,
     ) -> list[str]:
         """Add one job (a string, or any JSON value) or many (a list: one request,
         all or nothing); their ids, in order. Strings go as text lines unless
-        ``json`` is True; any other value as JSON (stored as compact JSON)."""
+        ``json`` is True; any other value as JSON (stored as compact JSON).
+        ``priority`` (-100 to 100, default 0): among due jobs of the type, a
+        higher one runs first."""
         items = payloads if isinstance(payloads, list) else [payloads]
         as_json = json if json is not None else not all(isinstance(i, str) for i in items)
         params: dict[str, str] = {}
@@ -180,6 +183,8 @@ class Client:
             params["requires"] = requires
         if deadline is not None:
             params["deadline"] = str(deadline)
+        if priority is not None:
+            params["priority"] = str(priority)
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
         if as_json:
             body = orjson.dumps(items)

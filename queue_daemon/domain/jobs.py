@@ -56,6 +56,7 @@ class Job:
     exitcode: int | None
     result: str | None
     data: str
+    priority: int = 0  # among due jobs of its type, a higher one runs first
     # its finished runs, oldest first (only ``get_job`` reads them; None elsewhere):
     # {"started", "ended" (epoch ms), "by", "exitcode", "code", "reason"}
     runs: list[dict[str, object]] | None = None

@@ -33,9 +33,10 @@ class HeldJob(NamedTuple):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class OptedJobs:
-    """Jobs of one add that asked for dependencies or a deadline."""
+    """Jobs of one add that asked for dependencies, a deadline or a priority."""
 
     jobs: list[NewJob]
     after: list[str]  # ids of the jobs they wait for
     resolve_any: bool = False  # all-resolved: any outcome of a dependency counts
     deadline: datetime | None = None
+    priority: int = 0

@@ -7,7 +7,7 @@ from queue_daemon.store.queries import counts, queue
 _JOB_COLUMNS = """
     id,
     substr(type, strpos(type, '-') + 1) AS type,
-    lock, dt, create_dt, done_dt, attempts, code, exitcode, result, data
+    lock, dt, create_dt, done_dt, attempts, code, exitcode, result, data, priority
 """
 
 GET_JOB = f"""
@@ -210,7 +210,7 @@ SELECT name FROM paused WHERE name = $1 OR (name >= $1 || '-' AND name < $1 || '
 """
 
 # Reruns: a done job waits again, due now, with fresh attempts (0), its outcome
-# and deadline cleared, its runs kept, and waiting for nothing: `deps` NULL,
+# and deadline cleared, its runs and priority kept, and waiting for nothing: `deps` NULL,
 # so that RESOLVE (graph.py: deps > 0) passes over the edges a job cancelled
 # while blocked still has (they go when their dependency is resolved). Not a
 # job with MAX_RUNS runs (a cancel and rerun loop would grow its runs without
@@ -243,8 +243,8 @@ WITH moved AS (
     WHERE id = ANY(ARRAY({{pick_done}}))
     RETURNING *
 ), back AS (
-    INSERT INTO jobs (id, type, dt, data, create_dt, attempts, runs)
-    SELECT m.id, m.type, now(), m.data, m.create_dt, 0, {_FINAL_RUN}
+    INSERT INTO jobs (id, type, dt, data, create_dt, attempts, runs, priority)
+    SELECT m.id, m.type, now(), m.data, m.create_dt, 0, {_FINAL_RUN}, m.priority
     FROM moved m
     RETURNING id, type
 ), here AS (

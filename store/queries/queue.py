@@ -105,17 +105,34 @@ ORDER BY t.type
 # One daemon at a time sweeps the waiting types (the others skip that round).
 UNHANDLED_LOCK = "SELECT pg_try_advisory_xact_lock(hashtext('qd_unhandled'))"
 
-# $1 type, $2 limit: the {columns} of the claimable jobs, locked, oldest dt
-# first, unless the type is paused, when {also} holds too. CLAIM_IDS is kept
-# apart so a test can EXPLAIN it: it must read jobs_waiting_idx.
+# $1 type, $2 limit: the {columns} of the claimable jobs, locked, the higher
+# priority first, then the oldest dt, unless the type is paused, when {also}
+# holds too. Three parts read in turn, each only if the ones before found
+# fewer than $2 (an Append under a Limit): the jobs of a positive priority
+# (jobs_priority_idx, migration 0018: empty unless priorities are used), those
+# of priority 0 (jobs_waiting_idx in dt order, nearly every job), those of a
+# negative priority (jobs_priority_idx again). CLAIM_IDS is kept apart so a
+# test can EXPLAIN it: it must read jobs_waiting_idx.
+_CLAIMABLE_PART = f"""
+SELECT * FROM (
+    SELECT {{{{columns}}}}, priority FROM jobs
+    WHERE type = $1 AND lock = '' AND {{part}} AND dt <= now()
+      AND (deadline IS NULL OR deadline > now())
+      AND {NOT_PAUSED.format(type="$1")}
+      AND {{{{also}}}}
+    ORDER BY {{order}}
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED
+) {{name}}"""
 CLAIMABLE = f"""
-SELECT {{columns}} FROM jobs
-WHERE type = $1 AND lock = '' AND dt <= now() AND (deadline IS NULL OR deadline > now())
-  AND {NOT_PAUSED.format(type="$1")}
-  AND {{also}}
-ORDER BY dt
+SELECT * FROM (
+{_CLAIMABLE_PART.format(part="priority > 0", order="priority DESC, dt", name="high")}
+UNION ALL
+{_CLAIMABLE_PART.format(part="priority = 0", order="dt", name="plain")}
+UNION ALL
+{_CLAIMABLE_PART.format(part="priority < 0", order="priority DESC, dt", name="low")}
+) claimable
 LIMIT $2
-FOR UPDATE SKIP LOCKED
 """
 CLAIM_IDS = CLAIMABLE.format(columns="id", also="true")
 
@@ -163,8 +180,9 @@ WITH picked AS MATERIALIZED ({_PICKED}), claimed AS (
     RETURNING id, data, attempts, floor(extract(epoch FROM create_dt) * 1000)::bigint AS created_ms,
               deadline
 )
-SELECT c.id, c.data, c.attempts, c.created_ms, c.deadline, p.due_ms
-FROM claimed c JOIN picked p ON p.id = c.id
+(SELECT c.id, c.data, c.attempts, c.created_ms, c.deadline, p.due_ms
+ FROM claimed c JOIN picked p ON p.id = c.id
+ ORDER BY p.priority DESC, p.due_ms, c.id)
 UNION ALL
 SELECT NULL, ({LIVE_HANDLER_ID}), NULL, NULL, NULL, NULL
 """

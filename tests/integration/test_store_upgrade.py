@@ -19,6 +19,7 @@ LISTING = 14  # the listing index without running jobs
 PAUSED = 15  # the paused types and tenants
 DISPATCHED = 16  # the early insert as a function
 BLOBS = 17  # blobs
+PRIORITY = 18  # job priorities
 LEASE = 600.0
 
 # The jobs of a store before 0013, written as its statements left them: w1
@@ -70,7 +71,7 @@ async def test_a_store_of_the_layout_before_0013_upgrades_in_place(pg_empty_dsn:
             "INSERT INTO sysids (sysid, holder, expires)"
             " VALUES ('s1', 'h', now() + interval '1 hour')"
         )
-        assert await migrate(conn) == [ARCHIVE, LISTING, PAUSED, DISPATCHED, BLOBS]
+        assert await migrate(conn) == [ARCHIVE, LISTING, PAUSED, DISPATCHED, BLOBS, PRIORITY]
     finally:
         await conn.close()
 

@@ -71,10 +71,11 @@ class Jobs(Tables):
                 if job.id in self.rows:
                     continue
                 row = Row(job.id, job.type, job.dt, job.data, job.create_dt)
-                row.deadline, row.resolve_any, row.deps_dt = (
+                row.deadline, row.resolve_any, row.deps_dt, row.priority = (
                     group.deadline,
                     group.resolve_any,
                     job.dt,
+                    group.priority,
                 )
                 self.rows[job.id] = row
                 added += 1

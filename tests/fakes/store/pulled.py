@@ -76,7 +76,7 @@ class Pulled(Queue):
                     due_ms=due_ms,
                 )
             )
-        return sorted(jobs, key=lambda job: (job.create_dt, job.id))
+        return jobs  # in the order taken, as the real claim returns them
 
     async def renew_pulled(
         self, claims: Sequence[Claim], *, client: str, worker: str

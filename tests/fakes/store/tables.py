@@ -62,6 +62,7 @@ class Row:
     resolve_any: bool | None = None
     dependents: bool = False
     deadline: datetime | None = None
+    priority: int = 0
 
     @property
     def running(self) -> bool:
@@ -90,6 +91,7 @@ def job_of(row: Row, *, runs: bool = False) -> Job:
         exitcode=row.exitcode,
         result=row.result,
         data=row.data,
+        priority=row.priority,
         runs=(row.runs or []) if runs else None,
     )
 
@@ -121,8 +123,8 @@ class Tables:
         return row.lock == "" and row.dt <= now
 
     def _claimable(self, type: str, now: datetime) -> list[Row]:
-        """``queries.queue.CLAIM_IDS``: eligible, deadline not passed, oldest dt
-        first; none while the type is paused."""
+        """``queries.queue.CLAIM_IDS``: eligible, deadline not passed, the higher
+        priority first, then the oldest dt; none while the type is paused."""
         if self._paused(type):
             return []
         return sorted(
@@ -131,7 +133,7 @@ class Tables:
                 for r in self.rows.values()
                 if r.type == type and self._due(r, now) and (r.deadline is None or r.deadline > now)
             ),
-            key=lambda r: (r.dt, r.create_dt, r.id),
+            key=lambda r: (-r.priority, r.dt, r.create_dt, r.id),
         )
 
     def _live_handler(self, type: str) -> HandlerRecord | None:
