@@ -61,6 +61,7 @@ async def _serve(
     *,
     connect_timeout: float,
     on_done: Callable[[set[str] | None], None] | None,
+    on_cancel: Callable[[str, str], None] | None,
 ) -> None:
     """Listen on ``conn`` until ``closed`` is set; raise when the connection is lost."""
     lost = asyncio.Event()
@@ -79,11 +80,18 @@ async def _serve(
             types = set(str(payload).split())
             _guarded("on_done", lambda: on_done(types or None))
 
+    def cancel_note(_conn: Any, _pid: int, _channel: str, payload: object, /) -> None:
+        sysid, _, job_id = str(payload).partition(" ")
+        if on_cancel is not None and job_id:
+            _guarded("on_cancel", lambda: on_cancel(sysid, job_id))
+
     conn.add_termination_listener(on_lost)
     await conn.add_listener(queries.queue.JOBS_CHANNEL, jobs_note)
     await conn.add_listener(queries.queue.HANDLERS_CHANNEL, handler_note)
     if on_done is not None:
         await conn.add_listener(queries.pulled.DONE_CHANNEL, done_note)
+    if on_cancel is not None:
+        await conn.add_listener(queries.jobs.CANCEL_CHANNEL, cancel_note)
     logger.info("listening for notifications", extra={"action": "listen_connected"})
     _guarded("on_jobs", lambda: on_jobs(None))
     if on_done is not None:
@@ -122,6 +130,7 @@ async def listen_forever(
     connect_timeout: float,
     retry: Delays,
     on_done: Callable[[set[str] | None], None] | None = None,
+    on_cancel: Callable[[str, str], None] | None = None,
 ) -> None:
     """Deliver notifications until ``closed`` is set or the task is cancelled.
 
@@ -149,6 +158,7 @@ async def listen_forever(
                     on_handler,
                     connect_timeout=connect_timeout,
                     on_done=on_done,
+                    on_cancel=on_cancel,
                 )
             except _CONNECTION_ERRORS as exc:
                 _log_failure("listen", exc, delay)

@@ -133,6 +133,7 @@ class PgStore:
         self.claim_pulled = pulled.claim_pulled
         self.renew_pulled = pulled.renew_pulled
         self.existing_jobs = pulled.existing_jobs
+        self.cancelled_jobs = pulled.cancelled_jobs
         self.complete_pulled = pulled.complete_pulled
         self.archive_pulled = pulled.archive_pulled
         self.hand_back = pulled.hand_back

@@ -305,15 +305,20 @@ class JobsPart:
                     row = await conn.fetchrow(queries.jobs.CANCEL_JOB, job_id, client)
                     if row is not None and row["dependents"]:
                         await self._graph.resolve([job_id], conn)
+                    holder = None if row is None else row["was"]
+                    if holder and not holder.startswith("w:"):
+                        # the daemon running it stops it (a pull worker hears at
+                        # its next renew or complete)
+                        await conn.execute(queries.jobs.NOTIFY_CANCELLED, holder, job_id)
                 if row is not None:
                     return job_of(row)
                 row = await conn.fetchrow(queries.jobs.GET_JOB, job_id, client)
                 if row is None:
                     raise NotFound(f"no job {job_id!r}")
                 lock = row["lock"]
-                if lock != "":
+                if lock == "__done":
                     break
-                # waiting now: ingested (or put back) between the two statements
+                # not done: ingested between the two statements
             raise Conflict(f"job {job_id!r} is {state_of(lock).value}")
 
     async def _rerun(self, query: str, *args: object) -> list[asyncpg.Record]:

@@ -71,6 +71,10 @@ class PulledPart:
         rows = await self._db.fetch(queries.pulled.EXISTING, list(ids), client)
         return {row["id"] for row in rows}
 
+    async def cancelled_jobs(self, ids: Sequence[str], *, client: str) -> set[str]:
+        rows = await self._db.fetch(queries.pulled.CANCELLED, list(ids), client)
+        return {row["id"] for row in rows}
+
     async def complete_pulled(
         self,
         claims: Sequence[Claim],

@@ -183,6 +183,7 @@ class QueuePart:
         *,
         retry: Delays,
         on_done: Callable[[set[str] | None], None] | None = None,
+        on_cancel: Callable[[str, str], None] | None = None,
     ) -> None:
         """Call ``on_jobs`` when jobs are added (and after each (re)connect) and
         ``on_handler(type)`` when a handler changes, until ``close`` or cancellation.
@@ -201,4 +202,5 @@ class QueuePart:
             connect_timeout=min(self._db.acquire_timeout, 10.0),
             retry=retry,
             on_done=on_done,
+            on_cancel=on_cancel,
         )

@@ -164,11 +164,13 @@ class JobQueue(Protocol):
         *,
         retry: Delays,
         on_done: Callable[[set[str] | None], None] | None = None,
+        on_cancel: Callable[[str, str], None] | None = None,
     ) -> None:
         """Call ``on_jobs`` on new jobs (with the due ones added per jobtype when
-        known, else None), ``on_handler(type)`` when a handler changes and
-        ``on_done`` when jobs are done (the stored types, None: any), until the
-        store is closed (a dedicated connection; reconnects)."""
+        known, else None), ``on_handler(type)`` when a handler changes,
+        ``on_done`` when jobs are done (the stored types, None: any) and
+        ``on_cancel(sysid, id)`` when a job that daemon runs was cancelled, until
+        the store is closed (a dedicated connection; reconnects)."""
 
 
 class JobQueries(Protocol):
@@ -303,6 +305,9 @@ class PulledJobs(Protocol):
 
     async def existing_jobs(self, ids: Sequence[str], *, client: str) -> set[str]:
         """Which of ``ids`` are ``client``'s jobs."""
+
+    async def cancelled_jobs(self, ids: Sequence[str], *, client: str) -> set[str]:
+        """Which of ``ids`` are ``client``'s jobs cancelled while they ran."""
 
     async def complete_pulled(
         self,

@@ -16,6 +16,7 @@ class ApiError(Exception):
         *,
         headers: dict[str, str] | None = None,
         close: bool = False,
+        reason: str | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
@@ -23,6 +24,7 @@ class ApiError(Exception):
         self.message = message
         self.headers = headers or {}
         self.close = close  # close the connection after the reply (the body was not read)
+        self.reason = reason  # a finer cause, in the body as "reason" (a cancelled job)
 
 
 def bad_name(message: str) -> ApiError:

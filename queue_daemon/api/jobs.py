@@ -268,7 +268,9 @@ async def cancel_job(request: web.Request) -> web.Response:
     except NotFound:
         raise errors.not_found("no such job (or not yet in the store)") from None
     except Conflict:
-        raise ApiError(409, "conflict", "only a waiting job can be cancelled") from None
+        raise ApiError(
+            409, "conflict", "the job is done: only a job not done can be cancelled"
+        ) from None
     services.queuelog.cancelled(JobType(client, job.type).stored, job.id)
     return json_response(job_body(job))
 

@@ -19,7 +19,14 @@ from queue_daemon.api.jobs import get_job_body, job_id_of
 from queue_daemon.api.web import SERVICES, jobtype_of, json_response, read_body
 from queue_daemon.domain.names import JobType, iso, valid_type
 from queue_daemon.domain.views import WorkerSeen
-from queue_daemon.engine.pull.pulls import MAX_ITEMS, Completion, FollowOnsNotWritten, NotPulled
+from queue_daemon.engine.pull.pulls import (
+    CANCELLED,
+    MAX_ITEMS,
+    NOT_FOUND,
+    Completion,
+    FollowOnsNotWritten,
+    NotPulled,
+)
 from queue_daemon.journal import JournalError
 from queue_daemon.runners.output import emit_problem
 
@@ -138,11 +145,20 @@ def _pairs(items: list[Any]) -> list[tuple[str, str]]:
     return pairs
 
 
-def _status(job_id: str, ok: bool, unknown: set[str], **extra: Any) -> dict[str, Any]:
+def _status(job_id: str, ok: bool, gone: dict[str, str], **extra: Any) -> dict[str, Any]:
     if ok:
         return {"id": job_id, "status": 200, **extra}
-    if job_id in unknown:
+    why = gone.get(job_id)
+    if why == NOT_FOUND:
         return {"id": job_id, "status": 404, "error": "not_found", "message": "no such job"}
+    if why == CANCELLED:
+        return {
+            "id": job_id,
+            "status": 409,
+            "error": "conflict",
+            "reason": "cancelled",
+            "message": "the job was cancelled: stop it, its outcome is not taken",
+        }
     return {"id": job_id, "status": 409, "error": "conflict", "message": _NOT_HELD}
 
 
@@ -155,7 +171,9 @@ _NOT_HELD = (
 def _one(result: dict[str, Any]) -> None:
     """Raise the error of a single-job route's only item."""
     if result["status"] != 200:
-        raise ApiError(result["status"], result["error"], result["message"])
+        raise ApiError(
+            result["status"], result["error"], result["message"], reason=result.get("reason")
+        )
 
 
 # --- routes -------------------------------------------------------------------
@@ -205,9 +223,9 @@ async def _renew(
     request: web.Request, client: str, fields: dict[str, Any], pairs: list[tuple[str, str]]
 ) -> list[dict[str, Any]]:
     services = request.app[SERVICES]
-    held, unknown = await services.pulls.renew(client, _worker(fields), pairs)
+    held, gone = await services.pulls.renew(client, _worker(fields), pairs)
     return [
-        _status(job_id, job_id in held, unknown, lease_until=iso(held.get(job_id)))
+        _status(job_id, job_id in held, gone, lease_until=iso(held.get(job_id)))
         for job_id, _ in pairs
     ]
 
@@ -246,12 +264,12 @@ async def _complete(
     if len({c.id for c in completions}) < len(completions):
         raise errors.bad_request("a job appears twice in one request")
     try:
-        applied, unknown = await services.pulls.complete(client, worker, completions)
+        applied, gone = await services.pulls.complete(client, worker, completions)
     except (FollowOnsNotWritten, JournalError):
         raise errors.unavailable(
             "the journal cannot take the follow-on jobs; nothing was changed"
         ) from None
-    return [_status(c.id, c.id in applied, unknown) for c in completions]
+    return [_status(c.id, c.id in applied, gone) for c in completions]
 
 
 async def complete_one(request: web.Request) -> web.Response:
@@ -279,8 +297,8 @@ async def _hand_back(
     request: web.Request, client: str, fields: dict[str, Any], pairs: list[tuple[str, str]]
 ) -> list[dict[str, Any]]:
     services = request.app[SERVICES]
-    back, unknown = await services.pulls.hand_back(client, _worker(fields), pairs)
-    return [_status(job_id, job_id in back, unknown) for job_id, _ in pairs]
+    back, gone = await services.pulls.hand_back(client, _worker(fields), pairs)
+    return [_status(job_id, job_id in back, gone) for job_id, _ in pairs]
 
 
 async def release_one(request: web.Request) -> web.Response:

@@ -107,9 +107,10 @@ def json_response(
 
 
 def error_response(exc: ApiError) -> web.Response:
-    response = json_response(
-        {"error": exc.kind, "message": exc.message}, status=exc.status, headers=exc.headers
-    )
+    body = {"error": exc.kind, "message": exc.message}
+    if exc.reason is not None:
+        body["reason"] = exc.reason
+    response = json_response(body, status=exc.status, headers=exc.headers)
     if exc.close:
         response.force_close()
     return response

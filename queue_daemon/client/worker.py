@@ -98,6 +98,7 @@ class Worker:
         self._lease = 60.0
         self.completed = 0  # jobs whose completes the daemon took
         self.lost = 0  # jobs whose claim no longer held them when renewed or completed
+        self.cancelled = 0  # jobs stopped because they were cancelled while running
 
     def stop(self) -> None:
         """Stop claiming; ``run`` returns once the running jobs are finished or handed back."""
@@ -279,6 +280,9 @@ class Worker:
             for answer in answers:
                 if answer["status"] == 200:
                     self.completed += 1
+                elif answer.get("reason") == "cancelled":
+                    self.cancelled += 1
+                    logger.info("job %s was cancelled: its outcome is dropped", answer["id"])
                 else:
                     self.lost += 1
                     logger.warning("job %s: %s", answer["id"], answer.get("message"))
@@ -334,6 +338,8 @@ class Worker:
                         job = running.get(job_id)
                         if job is not None:
                             job._lease_end = renewed[(job_id, job.claim)]
+                    elif answer.get("reason") == "cancelled":
+                        self._cancelled(job_id)
                     elif answer["status"] != 200:
                         logger.warning(
                             "job %s is no longer held: %s", job_id, answer.get("message")
@@ -341,6 +347,19 @@ class Worker:
             for entries in (self._sending, self._done):
                 for k, (end, item) in enumerate(entries):
                     entries[k] = (renewed.get((item["id"], item["claim"]), end), item)
+
+    def _cancelled(self, job_id: str) -> None:
+        """The job was cancelled while it ran: its task is cancelled (a function
+        run in a thread goes on, its result dropped) and its outcome not sent."""
+        logger.info("job %s was cancelled: stopping it", job_id)
+        job, task = self._running.pop(job_id, (None, None))
+        if task is not None:
+            task.cancel()
+        if job is not None:
+            self.cancelled += 1
+            self._room.set()
+            if not self._running:
+                self._emptied.set()
 
     async def _finish(self) -> None:
         """After a stop: hand back the jobs not started, let the running ones finish

@@ -126,7 +126,10 @@ def build_engine(
         store=store, handlers=handlers, releases=releases, queuelog=queuelog, metrics=metrics
     )
     notices = Notices(
-        jobs=[run_loop.on_jobs, pulls.waits.on_jobs], handlers=[run_loop.on_handler], done=done
+        jobs=[run_loop.on_jobs, pulls.waits.on_jobs],
+        handlers=[run_loop.on_handler],
+        done=done,
+        cancels=[run_loop.on_cancel],
     )
     services: list[Service] = [
         Renew(

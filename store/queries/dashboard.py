@@ -74,7 +74,7 @@ WITH types AS (
 ), done AS (
     SELECT type,
            sum(n) FILTER (WHERE code = 'ok') AS done_ok,
-           sum(n) FILTER (WHERE code = 'failed') AS done_failed,
+           sum(n) FILTER (WHERE code IN ('failed', 'cancelled')) AS done_failed,
            sum(n) FILTER (WHERE code = 'error') AS done_error
     FROM type_counts
     WHERE type IN (SELECT type FROM types) AND n <> 0

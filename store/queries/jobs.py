@@ -99,7 +99,7 @@ WITH states AS ({counts.STATE_SUMS.format(scope=_TENANT)}
 ), done AS (
     SELECT type,
            sum(n) FILTER (WHERE code = 'ok') AS done_ok,
-           sum(n) FILTER (WHERE code = 'failed') AS done_failed,
+           sum(n) FILTER (WHERE code IN ('failed', 'cancelled')) AS done_failed,
            sum(n) FILTER (WHERE code = 'error') AS done_error
     FROM type_counts
     WHERE {_TENANT} AND n <> 0
@@ -124,22 +124,48 @@ FULL JOIN done d USING (type)
 ORDER BY type
 """
 
-# Only a waiting job; a concurrent claim that wins the row lock makes this
-# update find lock <> '' on re-check, so the caller sees Conflict, not a race.
+# A job that is not done: a waiting or blocked one ends failed, 499, with a
+# run of reason cancelled that never started; a running one (a daemon's or a
+# pull worker's claim) ends with code cancelled, 499, its run (started at its
+# claim, by its holder) ended with reason cancelled; ``was`` is the lock it
+# had, so the caller can tell its holder. The row is locked first: a claim or
+# a release that holds it makes this wait, then see the row as it left it.
 CANCEL_JOB = f"""
-UPDATE jobs
-SET lock = '__done',
-    done_dt = now(),
-    dt = now() + interval '1000 years',
-    code = 'failed',
-    exitcode = 499,
-    result = 'cancelled',
-    runs = coalesce(runs, '[]'::jsonb) || jsonb_build_array(jsonb_build_object(
-        'started', NULL, 'ended', floor(extract(epoch FROM now()) * 1000)::bigint, 'by', NULL,
-        'exitcode', 499, 'code', 'failed', 'reason', 'cancelled'))
-WHERE id = $1 AND split_part(type, '-', 1) = $2 AND lock = ''
-RETURNING {_JOB_COLUMNS}, dependents
+WITH target AS MATERIALIZED (
+    SELECT id, lock FROM jobs
+    WHERE id = $1 AND split_part(type, '-', 1) = $2 AND lock <> '__done'
+    FOR UPDATE
+), ended AS (
+    UPDATE jobs j
+    SET lock = '__done',
+        done_dt = now(),
+        dt = now() + interval '1000 years',
+        code = CASE WHEN t.lock = '' THEN 'failed' ELSE 'cancelled' END,
+        exitcode = 499,
+        result = 'cancelled',
+        runs = coalesce(j.runs, '[]'::jsonb) || CASE WHEN t.lock = ''
+            THEN jsonb_build_array(jsonb_build_object(
+                'started', NULL, 'ended', floor(extract(epoch FROM now()) * 1000)::bigint,
+                'by', NULL, 'exitcode', 499, 'code', 'failed', 'reason', 'cancelled'))
+            ELSE {
+    queue.RUN_ENTRY.format(
+        by=queue.BY_OF.format(lock="t.lock"),
+        exitcode="499",
+        code="'cancelled'",
+        reason="'cancelled'",
+    )
+} END
+    FROM target t
+    WHERE j.id = t.id
+    RETURNING j.id, substr(j.type, strpos(j.type, '-') + 1) AS type, j.lock, j.dt, j.create_dt,
+              j.done_dt, j.attempts, j.code, j.exitcode, j.result, j.data, j.priority,
+              j.dependents, t.lock AS was
+)
+SELECT * FROM ended
 """
+# The daemon $1 that runs the job $2 is told to stop it (engine.run.loop).
+CANCEL_CHANNEL = "qd_cancel"
+NOTIFY_CANCELLED = "SELECT pg_notify('qd_cancel', $1 || ' ' || $2)"
 
 # A tenant's done jobs deleted early, at most $4 a statement (both tables):
 # $1 client, $2 stored type or NULL, $3 done before. Through the client's

@@ -90,6 +90,10 @@ FOR UPDATE OF j
 EXISTING = f"""
 SELECT id FROM all_jobs WHERE {_BY_IDS.format(row="", client="$2")}
 """
+# Of those, the ones cancelled while they ran (queries.jobs.CANCEL_JOB).
+CANCELLED = f"""
+SELECT id FROM all_jobs WHERE {_BY_IDS.format(row="", client="$2")} AND code = 'cancelled'
+"""
 
 # The worker's completes by code: $1 client, $2 worker, $3..$6 ok, failed, error, retry.
 COUNT_DONE = """

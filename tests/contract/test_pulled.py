@@ -169,3 +169,17 @@ async def test_daemons_lists_sysids_with_the_jobs_they_run(rig: Rig) -> None:
     await s.claim_pulled("a-t", 1, lock=LOCK, lease=30, client="a", worker="w1")
     seen = {d.sysid: (d.host, d.state, d.running) for d in await s.daemons()}
     assert seen == {one: ("x", "live", 1), two: ("y", "released", 0)}
+
+
+async def test_a_pulled_job_cancelled_while_held_is_told_apart(rig: Rig) -> None:
+    s = rig.store
+    await s.add_jobs([new("c"), new("k")])
+    claimed = await s.claim_pulled("a-t", 2, lock=LOCK, lease=30, client="a", worker="w1")
+    assert {j.id for j in claimed} == {"c", "k"}
+    job = await s.cancel_job("a", "c")
+    assert (job.code, job.exitcode) == ("cancelled", 499)
+    [run] = (await s.get_job("a", "c")).runs or []
+    assert (run["reason"], run["by"]) == ("cancelled", "worker:w1")
+    assert set(await s.renew_pulled([("c", LOCK), ("k", LOCK)], client="a", worker="w1")) == {"k"}
+    assert await s.cancelled_jobs(["c", "k", "nope"], client="a") == {"c"}
+    assert await s.cancelled_jobs(["c"], client="b") == set()

@@ -77,7 +77,7 @@ async def test_stats_count_each_state_per_type(rig: Rig) -> None:
     assert await s.count_waiting("b") == 1
 
 
-async def test_cancel_ends_a_waiting_job_only(rig: Rig) -> None:
+async def test_cancel_ends_a_waiting_or_running_job(rig: Rig) -> None:
     s = rig.store
     await s.add_jobs([new("w"), new("r")])
     await s.claim("a-t", 1, sysid="1", lease=30)  # one of the two (the same dt)
@@ -91,10 +91,19 @@ async def test_cancel_ends_a_waiting_job_only(rig: Rig) -> None:
         "cancelled",
     )
     assert [r["reason"] for r in (await s.get_job("a", waiting)).runs or []] == ["cancelled"]
-    with pytest.raises(Conflict):
-        await s.cancel_job("a", running)
-    with pytest.raises(Conflict):
-        await s.cancel_job("a", waiting)  # done now
+    stopped = await s.cancel_job("a", running)
+    assert (stopped.state, stopped.code, stopped.exitcode) == (JobState.DONE, "cancelled", 499)
+    [run] = (await s.get_job("a", running)).runs or []
+    assert (run["reason"], run["by"], run["code"]) == ("cancelled", "sysid:1", "cancelled")
+    assert isinstance(run["started"], int) and isinstance(run["ended"], int)
+    # its holder's release finds it done: refused
+    release = Release(id=running, how=ReleaseHow.ARCHIVE, code="ok", exitcode=200, result="r")
+    assert await s.release([release], sysid="1") == set()
+    assert (await s.get_job("a", running)).code == "cancelled"
+    assert (await s.stats("a"))["t"].done_failed == 2  # a cancel is counted as failed
+    for job_id in (waiting, running):  # done now
+        with pytest.raises(Conflict):
+            await s.cancel_job("a", job_id)
     with pytest.raises(NotFound):
         await s.cancel_job("b", waiting)
     with pytest.raises(NotFound):

@@ -271,7 +271,9 @@ async def test_cancel_job(store: PgStore, conn: asyncpg.Connection) -> None:
     assert job.dt - job.done_dt > timedelta(days=365 * 999)
     assert (await store.get_job("a", "w")).state is JobState.DONE
 
-    for job_id in ["w", "r", "d"]:  # done (cancelled or not) or running
+    stopped = await store.cancel_job("a", "r")  # running: stopped
+    assert (stopped.code, stopped.exitcode) == ("cancelled", 499)
+    for job_id in ["w", "r", "d"]:  # done (cancelled or not)
         with pytest.raises(Conflict):
             await store.cancel_job("a", job_id)
     for client, job_id in [("a", "missing"), ("a", "b"), ("ab", "r"), ("b", "w")]:

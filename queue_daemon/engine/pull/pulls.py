@@ -34,6 +34,7 @@ from queue_daemon.runners.output import clip
 from queue_daemon.store.ports import Claim, PulledJobs
 
 MAX_ITEMS = 1000  # jobs per claim, and items per batch request
+NOT_FOUND, CANCELLED = "not_found", "cancelled"  # why a claim's job is gone (Pulls._gone)
 FINAL = (2, 4)  # exit-code classes (ok, failed) archived whatever the job's attempts and age
 
 
@@ -129,29 +130,29 @@ class Pulls:
 
     async def renew(
         self, client: str, worker: str, claims: Sequence[tuple[str, str]]
-    ) -> tuple[dict[str, datetime], set[str]]:
-        """The new end of the lease of each job still held, and the ids that are
-        not ``client``'s jobs at all (the rest: no longer held)."""
+    ) -> tuple[dict[str, datetime], dict[str, str]]:
+        """The new end of the lease of each job still held, and why some are not
+        (``_gone``)."""
         held = await self._store.renew_pulled(_locks(claims, worker), client=client, worker=worker)
-        return held, await self._unknown(client, claims, held)
+        return held, await self._gone(client, claims, held)
 
     async def hand_back(
         self, client: str, worker: str, claims: Sequence[tuple[str, str]]
-    ) -> tuple[set[str], set[str]]:
-        """Held jobs made waiting again, their attempt not counted; and the ids that
-        are not ``client``'s jobs."""
+    ) -> tuple[set[str], dict[str, str]]:
+        """Held jobs made waiting again, their attempt not counted; and why some
+        are not (``_gone``)."""
         back = await self._store.hand_back(_locks(claims, worker), client=client, worker=worker)
         for jobtype in set(back.values()):
             self.waits.on_jobs({jobtype: 1})
         self._metrics.pulled(client, "handed_back", len(back))
-        return set(back), await self._unknown(client, claims, back)
+        return set(back), await self._gone(client, claims, back)
 
     async def complete(
         self, client: str, worker: str, completions: Sequence[Completion]
-    ) -> tuple[set[str], set[str]]:
+    ) -> tuple[set[str], dict[str, str]]:
         """Apply each completion whose claim still holds its job; the ids applied,
-        and the ids that are not ``client``'s jobs. FollowOnsNotWritten when the
-        journal refused the follow-on jobs (nothing changed)."""
+        and why some were not (``_gone``). FollowOnsNotWritten when the journal
+        refused the follow-on jobs (nothing changed)."""
         claims = [(c.id, c.claim) for c in completions]
         if all(not c.jobs and c.exitcode // 100 in FINAL for c in completions):
             applied = await self._archive(client, worker, completions)
@@ -164,9 +165,9 @@ class Pulls:
             applied = await self._decided(client, worker, completions)
         self._metrics.pulled(client, "completed", len(applied))
         stale = len(completions) - len(applied)
-        unknown = await self._unknown(client, claims, applied)
-        self._metrics.pulled(client, "stale", stale - len(unknown))
-        return applied, unknown
+        gone = await self._gone(client, claims, applied)
+        self._metrics.pulled(client, "stale", stale - sum(g == NOT_FOUND for g in gone.values()))
+        return applied, gone
 
     async def _archive(
         self, client: str, worker: str, completions: Sequence[Completion]
@@ -253,13 +254,21 @@ class Pulls:
             logged.append((stored, mine, {job.id: job.attempts for job in jobs}))
         return releases
 
-    async def _unknown(
+    async def _gone(
         self, client: str, claims: Sequence[tuple[str, str]], answered: Container[str]
-    ) -> set[str]:
+    ) -> dict[str, str]:
+        """Of the claims not ``answered``: the ids that are not ``client``'s jobs
+        (NOT_FOUND) and those cancelled while they ran (CANCELLED); the others
+        are held by no claim of theirs any more (a lease ran out, or done)."""
         missing = [job_id for job_id, _ in claims if job_id not in answered]
         if not missing:
-            return set()
-        return set(missing) - await self._store.existing_jobs(missing, client=client)
+            return {}
+        found = await self._store.existing_jobs(missing, client=client)
+        gone = {job_id: NOT_FOUND for job_id in missing if job_id not in found}
+        if found:
+            cancelled = await self._store.cancelled_jobs(list(found), client=client)
+            gone.update(dict.fromkeys(cancelled, CANCELLED))
+        return gone
 
 
 def _locks(claims: Sequence[tuple[str, str]], worker: str) -> list[Claim]:

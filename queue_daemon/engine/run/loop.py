@@ -94,7 +94,8 @@ class RunLoop:
         self._sysid = sysid
         self._settings = settings
         self._running: dict[str, ClaimedJob] = {}
-        self._batches: set[asyncio.Task[None]] = set()
+        self._batches: dict[asyncio.Task[None], list[ClaimedJob]] = {}
+        self._stopped: set[str] = set()  # running jobs the store cancelled
         self._wake = asyncio.Event()
         self._stopping = False
         self._no_handler: dict[str, float] = {}  # types without a handler -> when last checked
@@ -120,6 +121,16 @@ class RunLoop:
         client, name = JobType.parse(jobtype)
         self._pool.retire(client, name)
         self._wake.set()
+
+    def on_cancel(self, sysid: str, job_id: str) -> None:
+        """The store ended a job this daemon runs (cancelled): its batch is
+        stopped, the context killed, and the batch's other jobs run again."""
+        if sysid != self._sysid or job_id not in self._running:
+            return
+        for task, jobs in self._batches.items():
+            if any(job.id == job_id for job in jobs):
+                self._stopped.add(job_id)
+                task.cancel()
 
     @property
     def running(self) -> int:
@@ -321,8 +332,8 @@ class RunLoop:
         self.started += len(jobs)
         self._queuelog.started(jobtype, jobs)
         task = asyncio.create_task(self._run_batch(jobtype, jobs, start_by))
-        self._batches.add(task)
-        task.add_done_callback(self._batches.discard)
+        self._batches[task] = jobs
+        task.add_done_callback(self._batches.pop)
 
     async def _run_batch(self, jobtype: str, jobs: list[ClaimedJob], start_by: float) -> None:
         releases: list[Release] = []
@@ -335,7 +346,8 @@ class RunLoop:
         except TimeoutError:
             releases = [put_back(job) for job in jobs]
         except asyncio.CancelledError:
-            releases = [put_back(job) for job in jobs]  # shutdown: another daemon runs them
+            # shutdown (another daemon runs them) or a job cancelled (ended already)
+            releases = [put_back(job) for job in jobs if job.id not in self._stopped]
             raise
         finally:
             await asyncio.shield(self._finish(jobtype, jobs, releases, run_ms))
@@ -378,6 +390,7 @@ class RunLoop:
         for job in jobs:
             if self._running.get(job.id) is job:
                 del self._running[job.id]
+            self._stopped.discard(job.id)
         put_back = sum(r.how == ReleaseHow.UNGET for r in releases)
         if put_back:  # due again at once: claimable without a read of the store
             self._waiting.noted({jobtype: put_back})

@@ -8,9 +8,7 @@ from queue_daemon.domain.tenants import HandlerRecord
 from queue_daemon.domain.views import DaemonLease, FailedJob, QueueDepth, RunningJob, RunningJobs
 from queue_daemon.store.errors import LimitReached, NotFound
 from tests.fakes.store.queue import Queue, Sysid
-from tests.fakes.store.tables import BLOCKED_DT, DONE, Row, client_of
-
-_DONE_FIELDS = {"ok": "done_ok", "failed": "done_failed", "error": "done_error"}
+from tests.fakes.store.tables import BLOCKED_DT, DONE, DONE_FIELDS, Row, client_of
 
 
 class Handlers(Queue):
@@ -67,10 +65,10 @@ class Handlers(Queue):
                 waiting = queued - scheduled
             else:
                 waiting = min(cap, sum(1 for r in rows if r.lock == "" and r.dt <= now))
-            done = {f: 0 for f in _DONE_FIELDS.values()}
+            done = {f: 0 for f in DONE_FIELDS.values()}
             for r in rows:
-                if r.lock == DONE and r.code in _DONE_FIELDS:
-                    done[_DONE_FIELDS[r.code]] += 1
+                if r.lock == DONE and r.code in DONE_FIELDS:
+                    done[DONE_FIELDS[r.code]] += 1
             depths.append(
                 QueueDepth(
                     type=type,

@@ -15,6 +15,7 @@ from queue_daemon.store.queries.jobs import MAX_RUNS
 from tests.fakes.store.tables import (
     BLOCKED_DT,
     DONE,
+    DONE_FIELDS,
     Row,
     Tables,
     by_of,
@@ -224,9 +225,7 @@ class Jobs(Tables):
                     else "waiting"
                 )
             elif row.lock == DONE:
-                key = {"ok": "done_ok", "failed": "done_failed", "error": "done_error"}.get(
-                    row.code or "", "done_other"
-                )
+                key = DONE_FIELDS.get(row.code or "", "done_other")
             else:
                 key = "running"
             c[key] = c.get(key, 0) + 1
@@ -238,20 +237,26 @@ class Jobs(Tables):
     async def cancel_job(self, client: str, job_id: str) -> Job:
         self._call("cancel_job")
         row = self._owned(client, job_id)
-        if row.lock != "":
+        if row.lock == DONE:
             raise Conflict(f"job {job_id!r} is {state_of(row).value}")
-        now = self.now()
-        self._archive(row, now, "failed", 499, "cancelled")
+        now, holder = self.now(), row.lock
+        code = "cancelled" if holder else "failed"
+        started = None if not holder or row.run_dt is None else epoch_ms(row.run_dt)
+        self._archive(row, now, code, 499, "cancelled")
         row.ran(
             {
-                "started": None,
+                "started": started,
                 "ended": epoch_ms(now),
-                "by": None,
+                "by": by_of(holder) if holder else None,
                 "exitcode": 499,
-                "code": "failed",
+                "code": code,
                 "reason": "cancelled",
             }
         )
+        if holder and not holder.startswith("w:"):
+            self.cancel_notes.append((holder, row.id))
+            for told in self.cancel_listeners:
+                told(holder, row.id)
         if row.dependents:
             self.resolve([row.id])
         return job_of(row)

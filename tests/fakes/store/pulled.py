@@ -96,6 +96,11 @@ class Pulled(Queue):
         self._call("existing_jobs")
         return {i for i in ids if i in self.rows and client_of(self.rows[i].type) == client}
 
+    async def cancelled_jobs(self, ids: Sequence[str], *, client: str) -> set[str]:
+        self._call("cancelled_jobs")
+        mine = await self.existing_jobs(ids, client=client)
+        return {i for i in mine if self.rows[i].code == "cancelled"}
+
     async def complete_pulled(
         self,
         claims: Sequence[Claim],

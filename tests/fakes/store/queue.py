@@ -320,6 +320,9 @@ class Queue(Tables):
         *,
         retry: Delays,
         on_done: Callable[[set[str] | None], None] | None = None,
+        on_cancel: Callable[[str, str], None] | None = None,
     ) -> None:
+        if on_cancel is not None:
+            self.cancel_listeners.append(on_cancel)
         on_jobs(None)
         await asyncio.Event().wait()  # until cancelled

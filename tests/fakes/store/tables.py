@@ -16,6 +16,14 @@ from queue_daemon.store.errors import StoreUnavailable
 DONE = "__done"
 BLOCKED_DT = datetime.max.replace(tzinfo=UTC)  # PostgreSQL's 'infinity', as asyncpg reads it
 LEASE_EXPIRED_EXIT = 500
+# a done job's code -> the stats field that counts it (a cancelled run is a failure)
+DONE_FIELDS = {
+    "ok": "done_ok",
+    "failed": "done_failed",
+    "cancelled": "done_failed",
+    "error": "done_error",
+}
+
 DEFAULT_MAX_ATTEMPTS = 5
 
 
@@ -106,6 +114,8 @@ class Tables:
         self.edges: set[tuple[str, str]] = set()  # job_deps: (dep, job)
         self.handlers: dict[str, HandlerRecord] = {}  # type -> its live version
         self.pauses: set[str] = set()  # stored types and tenants (0015)
+        self.cancel_notes: list[tuple[str, str]] = []  # qd_cancel: (sysid, job id)
+        self.cancel_listeners: list[Callable[[str, str], None]] = []
         self.archived: dict[str, int] = {}  # type -> jobs ever archived (0006)
         self.fail: dict[str, int] = {}  # method -> failures still to raise
         self.calls: dict[str, int] = {}
