@@ -43,6 +43,7 @@ class QueueDepth:
     done_ok: int = 0
     done_failed: int = 0
     done_error: int = 0
+    paused: bool = False  # the type, or its whole tenant (migration 0015)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

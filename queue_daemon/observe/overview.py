@@ -100,6 +100,7 @@ class Overview:
             "done_ok": depth.done_ok,
             "done_failed": depth.done_failed,
             "done_error": depth.done_error,
+            "paused": depth.paused,
             "per_s": per_s,
             "throughput": series,
         }

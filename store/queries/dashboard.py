@@ -93,7 +93,9 @@ SELECT type,
        coalesce(r.running, 0) AS running,
        coalesce(d.done_ok, 0)::bigint AS done_ok,
        coalesce(d.done_failed, 0)::bigint AS done_failed,
-       coalesce(d.done_error, 0)::bigint AS done_error
+       coalesce(d.done_error, 0)::bigint AS done_error,
+       EXISTS (SELECT 1 FROM paused p WHERE p.name IN (type, split_part(type, '-', 1)))
+           AS paused
 FROM waiting w
 FULL JOIN running r USING (type)
 FULL JOIN done d USING (type)

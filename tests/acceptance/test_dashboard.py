@@ -15,10 +15,11 @@ Without the browser the test is skipped, with the reason, except under
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
@@ -257,3 +258,84 @@ async def test_dashboard_in_chromium(
     left = [e for e in severe(driver.get_log("browser")) if "401" not in e.get("message", "")]
     assert left == [], left
     print(f"browser test took {time.monotonic() - started:.1f} s")
+
+
+async def test_dashboard_buttons_rerun_cancel_pause_and_resume(
+    driver: Any, deployment: Deployment, session: aiohttp.ClientSession
+) -> None:
+    from selenium.webdriver.common.by import By
+
+    acme: Api = deployment.api(session, "acme")
+    handlers = Handlers(acme)
+    await handlers.add(
+        "bad", "python", "def handler(payload, ctx):\n    return 400, payload\n", maxAttempts=1
+    )
+    await handlers.add(
+        "sleep", "python", "import time\ndef handler(p, ctx):\n    time.sleep(60)\n", timeout=120
+    )
+    [failed] = await acme.add("bad", ["<b>dead letter</b>"], params={"priority": "7"})
+    open_as(driver, deployment.url, "acme", deployment.tokens["acme"])
+    wait_for("the failed job", lambda: cell(driver, "acme/bad", "done_failed") == "1")
+
+    def click(css: str, text: str | None = None) -> bool:
+        """Find and click in one step: the tables are drawn anew every 2 s, so an
+        element found in one call may be gone by the next."""
+        return bool(
+            driver.execute_script(
+                "const el = document.querySelector(arguments[0]);"
+                "if (!el || (arguments[1] !== null && el.textContent !== arguments[1]))"
+                "  return false;"
+                "el.click(); return true;",
+                css,
+                text,
+            )
+        )
+
+    # a dead letter: its page shows payload, result and priority; rerun runs it again
+    wait_for("the failure's row", lambda: click(f'#failures tr[data-job="{failed}"] td'))
+    wait_for("the job's page", lambda: driver.find_element(By.ID, "job-rerun").is_displayed())
+    assert driver.find_element(By.ID, "job-payload").text == "<b>dead letter</b>"
+    assert driver.find_element(By.ID, "job-priority").text == "7"
+    assert not driver.find_element(By.ID, "job-cancel").is_displayed()
+    driver.find_element(By.ID, "job-rerun").click()
+
+    async def ran_twice() -> bool:
+        job = (await acme.get_job(failed)).json
+        return job["state"] == "done" and len(job["runs"]) == 2
+
+    await until_true("the rerun to run and fail again", ran_twice)
+
+    # pause and resume a type from its row
+    button = '#queues tr[data-queue="acme/bad"] button[data-action]'
+
+    async def paused(value: bool) -> bool:
+        return bool((await acme.stats()).json["types"]["bad"]["paused"] is value)
+
+    wait_for("the pause button", lambda: click(button, "pause"))
+    await until_true("the type paused", lambda: paused(True))
+    wait_for("the paused state", lambda: "paused" in (cell(driver, "acme/bad", "state") or ""))
+    wait_for("the resume button", lambda: click(button, "resume"))
+    await until_true("the type resumed", lambda: paused(False))
+
+    # a running job cancelled from its page
+    [running] = await acme.add("sleep", ["x"])
+    wait_for("the running job", lambda: click(f'#running tr[data-job="{running}"] td'))
+    wait_for("the cancel button", lambda: driver.find_element(By.ID, "job-cancel").is_displayed())
+    driver.find_element(By.ID, "job-cancel").click()
+
+    async def cancelled() -> bool:
+        return bool((await acme.get_job(running)).json["code"] == "cancelled")
+
+    await until_true("the job cancelled", cancelled)
+    wait_for("the rerun button", lambda: driver.find_element(By.ID, "job-rerun").is_displayed())
+    assert driver.find_element(By.ID, "error").text == ""
+    assert severe(driver.get_log("browser")) == []
+
+
+async def until_true(what: str, probe: Callable[[], Awaitable[bool]]) -> None:
+    """Poll the API with a deadline."""
+    deadline = time.monotonic() + WITHIN
+    while not await probe():
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"{what}: not within {WITHIN:.0f} s")
+        await asyncio.sleep(0.1)

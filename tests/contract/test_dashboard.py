@@ -41,6 +41,10 @@ async def test_queue_depths_per_type(rig: Rig) -> None:
     capped = await s.queue_depths("a", 10, 1)
     assert [(d.type, d.waiting, d.scheduled, d.capped) for d in capped][1] == ("a-t", 1, 1, True)
     assert await s.queue_depths("nobody", 10, 100) == []
+    await s.pause_type("a", "a-t", paused=True, most=10)
+    await s.pause_tenant("b", paused=True, known=False)
+    paused = {d.type: d.paused for d in await s.queue_depths(None, 10, 100)}
+    assert paused == {"a-p": False, "a-t": True, "a-u": False, "b-t": True}
 
 
 async def test_running_jobs_oldest_first_with_the_total(rig: Rig) -> None:

@@ -77,6 +77,7 @@ class Handlers(Queue):
                     blocked=blocked,
                     capped=waiting >= cap or scheduled >= cap,
                     running=sum(1 for r in rows if r.running),
+                    paused=self._paused(type),
                     **done,
                 )
             )
