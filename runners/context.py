@@ -212,6 +212,11 @@ class Context:
                     break
                 op = message.get("op")
                 job_id = message.get("id")
+                if op == "progress":
+                    # a report of one of the batch's jobs (its start may be held
+                    # back): no step of the batch, so no move of its clock
+                    _report(sink, jobs, job_id, [message.get("fraction"), message.get("message")])
+                    continue
                 if (
                     op == "result"
                     and running is None
@@ -234,6 +239,8 @@ class Context:
                     if running is None or job_id != running.id:
                         raise ProtocolError(f"unexpected result of job {job_id!r}")
                     now = loop.time()
+                    # the last report, when it was not sent on its own
+                    _report(sink, jobs, job_id, message.get("progress"))
                     result = job_result(running, message, (now - began) * 1000, self._limits)
                     printed = _length(message.get("output"))  # (the text itself is freed)
                     self.broken = self.broken or result.recycle  # e.g. after a MemoryError
@@ -343,3 +350,17 @@ class Context:
 
 def _length(text: object) -> int:
     return len(text) if isinstance(text, str) else 0
+
+
+def _report(
+    sink: ResultSink | None, jobs: Sequence[JobInput], job_id: object, report: object
+) -> None:
+    """A job's progress, ``[fraction, message]``, to the batch's sink, if the job
+    is one of the batch's (anything else is ignored)."""
+    if (
+        sink is not None
+        and isinstance(report, list)
+        and len(report) == 2
+        and any(job.id == job_id for job in jobs)
+    ):
+        sink.progress(str(job_id), report[0], report[1])

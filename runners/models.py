@@ -81,6 +81,8 @@ class JobResult:
     run_ms: float | None = None
     # the context said it may be in a bad state (e.g. after a MemoryError): recycle it
     recycle: bool = False
+    # the last ``P:`` line of its output: (fraction, message)
+    progress: tuple[float, str] | None = None
 
 
 class ResultSink(Protocol):
@@ -99,6 +101,9 @@ class ResultSink(Protocol):
 
     def wants(self, result: JobResult) -> bool:
         """Whether ``take`` would change ``result`` (follow-on jobs to take out)."""
+
+    def progress(self, job_id: str, fraction: object, message: object) -> None:
+        """A running job's progress as its context reported it (unchecked)."""
 
     async def take(self, result: JobResult) -> JobResult:
         """The result to keep."""

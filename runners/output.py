@@ -5,6 +5,7 @@ its own for a line that cannot change the outcome.
   own tenant: the daemon prefixes the job's client, so a line such as
   ``J: othertenant-x|p`` names this tenant's type ``othertenant-x``.
 - ``S: <exitcode> [result]`` sets the exitcode (and the result, when given).
+- ``P: <fraction> [message]`` reports progress (the last valid one counts).
 - Anything else is a log line, bounded in count and bytes.
 
 Pure functions: no I/O, unit-tested.
@@ -12,6 +13,7 @@ Pure functions: no I/O, unit-tested.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -20,6 +22,7 @@ from queue_daemon.runners.codes import valid_exitcode
 
 TYPE_RE = re.compile(r"[A-Za-z0-9_.:-]{1,100}")
 MAX_LINE_CHARS = 2000  # one log line longer than this is cut
+MAX_PROGRESS_MESSAGE = 200  # characters of a P: line's message kept
 STATUS_TRIES = 100  # S: lines past the log's room looked at, from the last, for a good one
 
 
@@ -40,6 +43,7 @@ class Parsed:
     result: str | None = None
     result_set: bool = False  # an ``S:`` line gave a result
     dropped: list[str] = field(default_factory=list)  # why each rejected follow-on job was
+    progress: tuple[float, str] | None = None  # from the last valid ``P:`` line
 
 
 def emit_problem(type_: object, payload: object, payload_limit: int) -> str | None:
@@ -187,6 +191,11 @@ def parse_output(
     at = _line_by_line(output, parsed, log, follow)
     if at < len(output):
         _in_bulk(output, at, parsed, log, follow)
+        last = output.rfind("\nP: ", at - 1)  # the last report, past the lines taken
+        if last >= 0:
+            stop = output.find("\n", last + 1)
+            line = output[last + 1 : stop if stop >= 0 else len(output)]
+            parsed.progress = progress_line(line) or parsed.progress
     if follow.over:
         log.add(f"dropped {follow.over} follow-on jobs over the limit of {limits.max_emits}")
     for line in extra_log:
@@ -218,9 +227,24 @@ def _line_by_line(output: str, parsed: Parsed, log: _Log, follow: _FollowOns) ->
                 log.add(f"ignored a bad status line: {line[:200]}")
             else:
                 _set_status(parsed, status)
+        elif line.startswith("P: "):
+            parsed.progress = progress_line(line) or parsed.progress
         else:
             log.add(line)
     return min(at, end)
+
+
+def progress_line(line: str) -> tuple[float, str] | None:
+    """The fraction (0 to 1) and message of a ``P: <fraction> [message]`` line;
+    None if the fraction is not a number."""
+    fraction_text, _, message = line[3:].rstrip("\r").lstrip(" ").partition(" ")
+    try:
+        fraction = float(fraction_text)
+    except ValueError:
+        return None
+    if not math.isfinite(fraction):
+        return None
+    return min(1.0, max(0.0, fraction)), message[:MAX_PROGRESS_MESSAGE]
 
 
 def _in_bulk(output: str, at: int, parsed: Parsed, log: _Log, follow: _FollowOns) -> None:

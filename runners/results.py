@@ -75,6 +75,7 @@ def job_result(
         emit_cost=_count(message.get("emit_cost")),
         run_ms=run_ms,
         recycle=bool(message.get("recycle")),
+        progress=parsed.progress,
     )
 
 

@@ -155,4 +155,5 @@ class ShellRunner:
             emits=parsed.emits,
             log=parsed.log,
             dropped=parsed.dropped,
+            progress=parsed.progress,
         )

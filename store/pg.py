@@ -70,6 +70,7 @@ class PgStore:
         self.unhandled_types = queue.unhandled_types
         self.expire_waiting = queue.expire_waiting
         self.renew = queue.renew
+        self.note_progress = queue.note_progress
         self.release = queue.release
         self.expire_locks = queue.expire_locks
         self.purge = queue.purge

@@ -70,6 +70,7 @@ def job_of(row: asyncpg.Record) -> Job:
         result=row["result"],
         data=row["data"],
         priority=row["priority"],
+        progress=None if row["progress"] is None else orjson.loads(row["progress"]),
         runs=_runs(row),
     )
 

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import asyncpg
 
-from queue_daemon.domain.jobs import ClaimedJob, ExpiredLock, Release, UnhandledRound
+from queue_daemon.domain.jobs import ClaimedJob, ExpiredLock, Progress, Release, UnhandledRound
 from queue_daemon.store import queries
 from queue_daemon.store.errors import StoreError, SysidTaken
 from queue_daemon.store.listen import Delays, listen_forever
@@ -127,6 +127,14 @@ class QueuePart:
             await self._graph.resolve([row["id"] for row in rows if row["dependents"]])
             if len(rows) < PURGE_CHUNK:
                 return expired
+
+    async def note_progress(self, notes: Sequence[Progress]) -> set[str]:
+        if not notes:
+            return set()
+        ordered = sorted(notes)  # concurrent updates of the same rows lock them in one order
+        columns = [list(c) for c in zip(*ordered, strict=True)]
+        rows = await self._db.fetch(queries.jobs.NOTE_PROGRESS, *columns)
+        return {row["id"] for row in rows}
 
     async def renew(self, ids: Sequence[str], *, sysid: str, lease: float) -> int:
         if not ids:

@@ -35,6 +35,7 @@ from queue_daemon.domain.jobs import (
     JobPage,
     JobState,
     NewJob,
+    Progress,
     Release,
     UnhandledRound,
 )
@@ -126,6 +127,10 @@ class JobQueue(Protocol):
 
     async def renew(self, ids: Sequence[str], *, sysid: str, lease: float) -> int:
         """dt = now + lease for those of ``ids`` locked by ``sysid``; return how many."""
+
+    async def note_progress(self, notes: Sequence[Progress]) -> set[str]:
+        """Each note's progress on its job, if its lock still holds the job (now
+        as ``at``); the ids written."""
 
     async def release(self, releases: Sequence[Release], *, sysid: str) -> set[str]:
         """Apply each release to its job if locked by ``sysid``; return the ids it

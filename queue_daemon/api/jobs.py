@@ -179,6 +179,7 @@ def job_body(job: Job) -> dict[str, Any]:
         "result": job.result,
         "payload": job.data,
         "priority": job.priority,
+        "progress": job.progress,
     }
     if job.runs is not None:
         body["runs"] = [_run(run) for run in job.runs]

@@ -223,11 +223,38 @@ async def _renew(
     request: web.Request, client: str, fields: dict[str, Any], pairs: list[tuple[str, str]]
 ) -> list[dict[str, Any]]:
     services = request.app[SERVICES]
-    held, gone = await services.pulls.renew(client, _worker(fields), pairs)
+    reports = _reports(fields, pairs)
+    held, gone = await services.pulls.renew(client, _worker(fields), pairs, reports)
     return [
         _status(job_id, job_id in held, gone, lease_until=iso(held.get(job_id)))
         for job_id, _ in pairs
     ]
+
+
+def _reports(fields: dict[str, Any], pairs: list[tuple[str, str]]) -> dict[str, tuple[float, str]]:
+    """The ``progress`` of a renew's items (docs/workers.md): job id -> (fraction,
+    message); checked before anything is renewed."""
+    items = fields.get("claims")
+    if not isinstance(items, list):
+        items = [{**fields, "id": pairs[0][0]}]
+    reports: dict[str, tuple[float, str]] = {}
+    for item in items:
+        report = item.get("progress") if isinstance(item, dict) else None
+        if report is None:
+            continue
+        if not isinstance(report, dict):
+            raise errors.bad_request("progress must be an object {fraction, message}")
+        fraction, message = report.get("fraction"), report.get("message", "")
+        if (
+            isinstance(fraction, bool)
+            or not isinstance(fraction, int | float)
+            or not 0 <= fraction <= 1
+        ):
+            raise errors.bad_request("progress.fraction must be a number from 0 to 1")
+        if not isinstance(message, str):
+            raise errors.bad_request("progress.message must be a string")
+        reports[str(item["id"])] = (float(fraction), message)
+    return reports
 
 
 Act = Callable[

@@ -15,6 +15,7 @@ class Job:
     __slots__ = (
         "_emits",
         "_lease_end",
+        "_progress",
         "attempts",
         "claim",
         "id",
@@ -31,6 +32,7 @@ class Job:
         self.lease_until: str = item["lease_until"]
         self.claim: str = item["claim"]
         self._emits: list[dict[str, Any]] = []
+        self._progress: dict[str, Any] | None = None  # sent with the next renewal
         # moved on by each renewal; given when the claim's jobs share one lease
         self._lease_end = epoch(self.lease_until) if lease_end is None else lease_end
 
@@ -47,6 +49,17 @@ class Job:
         """Add a follow-on job of this tenant when this one completes (a string,
         or any JSON value)."""
         self._emits.append({"type": type, "payload": payload})
+
+    def progress(self, fraction: float, message: str = "") -> None:
+        """Report how far the job is (0 to 1) and what it does: sent with the
+        claim's next renewal (every third of its lease), shown by a GET of the job."""
+        if isinstance(fraction, bool) or not isinstance(fraction, int | float):
+            raise TypeError("progress: fraction must be a number from 0 to 1")
+        if not 0 <= fraction <= 1:
+            raise ValueError("progress: fraction must be a number from 0 to 1")
+        if not isinstance(message, str):
+            raise TypeError("progress: message must be a string")
+        self._progress = {"fraction": float(fraction), "message": message[:200]}
 
     def __repr__(self) -> str:
         return f"<Job {self.id} {self.type} attempt {self.attempts}>"

@@ -321,7 +321,12 @@ class Worker:
             # their claims too: renewed, they are not run again elsewhere meanwhile
             held = {item["id"]: item["claim"] for _, item in self._sending + self._done}
             held.update((job.id, job.claim) for job in running.values())
-            claims = [{"id": job_id, "claim": claim} for job_id, claim in held.items()]
+            claims: list[dict[str, Any]] = []
+            for job_id, claim in held.items():
+                job = running.get(job_id)
+                report = None if job is None else job._progress
+                item = {"id": job_id, "claim": claim}
+                claims.append(item if report is None else {**item, "progress": report})
             renewed: dict[tuple[str, str], float] = {}
             for start in range(0, len(claims), MAX_ITEMS):
                 try:

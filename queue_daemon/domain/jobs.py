@@ -57,6 +57,8 @@ class Job:
     result: str | None
     data: str
     priority: int = 0  # among due jobs of its type, a higher one runs first
+    # the last progress reported: {"fraction", "message", "at"} (None: none)
+    progress: dict[str, object] | None = None
     # its finished runs, oldest first (only ``get_job`` reads them; None elsewhere):
     # {"started", "ended" (epoch ms), "by", "exitcode", "code", "reason"}
     runs: list[dict[str, object]] | None = None
@@ -110,6 +112,15 @@ class ClaimedJob:
     @property
     def create_dt(self) -> datetime:
         return datetime.fromtimestamp(self.created_ms / 1000, UTC)
+
+
+class Progress(NamedTuple):
+    """A running job's progress as its holder (``lock``) reported it."""
+
+    id: str
+    lock: str
+    fraction: float  # 0 to 1
+    message: str
 
 
 def epoch_ms(moment: datetime) -> int:

@@ -11,7 +11,7 @@ whose follow-on jobs could not be made durable is never released as run.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime
 
 from queue_daemon.domain.jobs import Attempt, Release
@@ -34,16 +34,20 @@ class Releases:
         limits: Limits,
         metrics: Metrics,
         job_ttl: float,
+        progress: Callable[[str, object, object], None] | None = None,
     ) -> None:
         self._adds = adds
         self._limits = limits
         self._metrics = metrics
         self._job_ttl = job_ttl
+        self._progress = progress  # a running job's report (engine.progress)
 
     def of(self, spec: HandlerSpec) -> BatchReleases:
         """The step for one batch of ``spec``'s jobs (one object a batch, none a job)."""
         limits = self._limits.of(spec.client)
-        follow = FollowOns(spec, limits, self._adds, self._metrics.follow_ons_dropped)
+        follow = FollowOns(
+            spec, limits, self._adds, self._metrics.follow_ons_dropped, self._progress
+        )
         policy = Policy(max_attempts=spec.max_attempts, job_ttl=self._job_ttl)
         return BatchReleases(follow, policy, limits.result)
 

@@ -12,6 +12,7 @@ from queue_daemon.engine.admit.adds import Adds
 from queue_daemon.engine.admit.limits import Limits
 from queue_daemon.engine.handlers import HandlerCache
 from queue_daemon.engine.notices import Notices, OnDone
+from queue_daemon.engine.progress import ProgressBoard
 from queue_daemon.engine.pull.pulls import Pulls
 from queue_daemon.engine.releases import Releases
 from queue_daemon.engine.run.batch import BatchRunner, EnsureUid, Runners
@@ -81,11 +82,13 @@ def build_engine(
 ) -> Engine:
     """The engine's parts, wired; ``done``: told of done jobs (held GETs)."""
     run = settings.run
+    progress = ProgressBoard(store=store, sysid=sysid)
     releases = Releases(
         adds=adds,
         limits=limits,
         metrics=metrics,
         job_ttl=settings.job_ttl,
+        progress=progress.ran,
     )
     scheduler = Scheduler(
         concurrency=run.concurrency, tenant_running=run.tenant_running, max_batch=run.max_batch
@@ -114,6 +117,7 @@ def build_engine(
             queuelog=queuelog,
             metrics=metrics,
             sizes=sizes,
+            progress=progress,
         ),
         pool=pool,
         handlers=handlers,
@@ -123,7 +127,12 @@ def build_engine(
         settings=run,
     )
     pulls = Pulls(
-        store=store, handlers=handlers, releases=releases, queuelog=queuelog, metrics=metrics
+        store=store,
+        handlers=handlers,
+        releases=releases,
+        queuelog=queuelog,
+        metrics=metrics,
+        progress=progress,
     )
     notices = Notices(
         jobs=[run_loop.on_jobs, pulls.waits.on_jobs],
@@ -155,5 +164,6 @@ def build_engine(
         ),
         Purge(store=store, queuelog=queuelog, settings=PurgeSettings(retention=settings.retention)),
         BusyMarking(pool=pool, tenants=tenants, settings=BusySettings()),
+        progress,
     ]
     return Engine(run_loop=run_loop, pulls=pulls, notices=notices, upkeep=Supervisor(services))

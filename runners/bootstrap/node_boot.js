@@ -78,8 +78,9 @@ function startText(id) {
 // backslashes (each pair is one escaped backslash of the text).
 const LONE_SURROGATE = /(?<!\\)((?:\\\\)*)\\ud[89a-f][0-9a-f]{2}/g;
 
-function resultText(id, exitcode, result, output, emits, emitOver = 0, emitShort = 0, emitCost = 0) {
+function resultText(id, exitcode, result, output, emits, emitOver = 0, emitShort = 0, emitCost = 0, progress = null) {
   const message = { op: 'result', id, exitcode, result, output, emits };
+  if (progress !== null) message.progress = progress;
   if (emitOver > 0) message.emit_over = emitOver;
   if (emitShort > 0) {
     message.emit_short = emitShort;
@@ -257,6 +258,9 @@ function select(type) {
 // ---------------------------------------------------------------- jobs
 
 const EMITS = Symbol('emits');
+const PROGRESS = Symbol('progress');  // the last report not sent yet
+const SENT = Symbol('sent');  // when the last progress frame was written (ms)
+const PROGRESS_EVERY_MS = 100;  // between progress frames of a job; the last one is kept
 
 // A job's ctx.emit calls, up to `limit` bytes of payloads (the daemon's emit
 // limit for the tenant) and while the batch's `budget` ({left}, shared by its
@@ -311,6 +315,27 @@ class Ctx {
     this.type = handlerType;
     this.client = client;
     this[EMITS] = new Emits(emitLimit, budget);
+    this[PROGRESS] = null;
+    this[SENT] = -Infinity;
+  }
+
+  // how far the job is (0 to 1) and what it does: at most one report every
+  // 0.1 s leaves at once, the last one always does (with the result)
+  progress(fraction, message = '') {
+    if (typeof fraction !== 'number' || !Number.isFinite(fraction)) {
+      throw new TypeError('ctx.progress: fraction must be a number from 0 to 1');
+    }
+    if (typeof message !== 'string') throw new TypeError('ctx.progress: message must be a string');
+    const report = [Math.min(1, Math.max(0, fraction)), message.slice(0, 200)];
+    const now = performance.now();
+    if (now - this[SENT] < PROGRESS_EVERY_MS) {
+      this[PROGRESS] = report;
+      return;
+    }
+    this[SENT] = now;
+    this[PROGRESS] = null;
+    const text = JSON.stringify({ op: 'progress', id: this.id, fraction: report[0], message: report[1] });
+    send(text.includes('\\ud') ? text.replace(LONE_SURROGATE, '$1\\ufffd') : text);
   }
 
   emit(type, payload) {
@@ -390,7 +415,7 @@ async function runJob(job, pending, emitLimit, budget) {
   const output = captured;
   captured = '';
   const emits = ctx[EMITS];
-  let text = resultText(id, exitcode, result, output, emits.pairs, emits.over, emits.short, emits.cost);
+  let text = resultText(id, exitcode, result, output, emits.pairs, emits.over, emits.short, emits.cost, ctx[PROGRESS]);
   if (text.length > MAX_FRAME / 4) {
     const size = Buffer.byteLength(text);
     if (size > MAX_FRAME - 1024 * 1024) {

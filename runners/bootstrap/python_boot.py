@@ -242,6 +242,8 @@ class Handler:
         message["result"] = None if result is None else result[:MAX_TEXT]
         message["output"] = output[:MAX_TEXT]
         message["emits"] = ctx._pairs
+        if ctx._progress is not None:
+            message["progress"] = ctx._progress
         if ctx._over:
             message["emit_over"] = ctx._over
             if ctx._short:

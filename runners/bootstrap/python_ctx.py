@@ -4,7 +4,10 @@ shared emit budget. Standalone and stdlib only, beside ``python_boot.py``."""
 
 from __future__ import annotations
 
-from python_frames import to_json
+from math import isfinite
+from time import monotonic
+
+from python_frames import frame, to_json, write
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -13,6 +16,8 @@ if TYPE_CHECKING:
     Message = dict[str, Any]
 
 JOB_COST = 65536  # bytes of the batch's emit budget a follow-on job costs beyond its payload
+PROGRESS_EVERY = 0.1  # seconds between progress frames of a job; the last one is kept
+MAX_MESSAGE = 200  # characters of a progress message sent
 
 
 class Ctx:
@@ -29,7 +34,9 @@ class Ctx:
         "_cost",
         "_over",
         "_pairs",
+        "_progress",
         "_room",
+        "_sent",
         "_short",
         "_taken",
         "attempt",
@@ -57,6 +64,8 @@ class Ctx:
         self._short = 0
         self._taken = 0  # of the budget
         self._cost = 0  # of all its calls, kept or not
+        self._progress: list[Any] | None = None  # the last report not sent yet
+        self._sent = 0.0  # when the last progress frame was written
 
     def emit(self, type: str, payload: Any) -> None:
         if not isinstance(type, str):
@@ -83,6 +92,24 @@ class Ctx:
             if self._room is not None:
                 self._room -= size
         self._pairs.append([type, payload])
+
+    def progress(self, fraction: float, message: str = "") -> None:
+        """Report how far the job is (0 to 1) and what it does: shown by a GET of
+        the job while it runs, the last one kept. Frequent calls are cheap: at
+        most one report every 0.1 s leaves, the last one always does."""
+        if isinstance(fraction, bool) or not isinstance(fraction, int | float):
+            raise TypeError("ctx.progress: fraction must be a number from 0 to 1")
+        if not isfinite(fraction):
+            raise ValueError("ctx.progress: fraction must be a number from 0 to 1")
+        if not isinstance(message, str):
+            raise TypeError("ctx.progress: message must be a string")
+        report = [min(1.0, max(0.0, float(fraction))), message[:MAX_MESSAGE]]
+        now = monotonic()
+        if now - self._sent < PROGRESS_EVERY:
+            self._progress = report  # sent with the result, unless a later one leaves first
+            return
+        self._sent, self._progress = now, None
+        write(frame({"op": "progress", "id": self.id, "fraction": report[0], "message": report[1]}))
 
     def __repr__(self) -> str:
         return f"<ctx id={self.id!r} attempt={self.attempt!r} type={self.type!r}>"

@@ -7,7 +7,7 @@ from queue_daemon.store.queries import counts, queue
 _JOB_COLUMNS = """
     id,
     substr(type, strpos(type, '-') + 1) AS type,
-    lock, dt, create_dt, done_dt, attempts, code, exitcode, result, data, priority
+    lock, dt, create_dt, done_dt, attempts, code, exitcode, result, data, priority, progress
 """
 
 GET_JOB = f"""
@@ -159,7 +159,7 @@ WITH target AS MATERIALIZED (
     WHERE j.id = t.id
     RETURNING j.id, substr(j.type, strpos(j.type, '-') + 1) AS type, j.lock, j.dt, j.create_dt,
               j.done_dt, j.attempts, j.code, j.exitcode, j.result, j.data, j.priority,
-              j.dependents, t.lock AS was
+              j.progress, j.dependents, t.lock AS was
 )
 SELECT * FROM ended
 """
@@ -236,7 +236,7 @@ SELECT name FROM paused WHERE name = $1 OR (name >= $1 || '-' AND name < $1 || '
 """
 
 # Reruns: a done job waits again, due now, with fresh attempts (0), its outcome
-# and deadline cleared, its runs and priority kept, and waiting for nothing: `deps` NULL,
+# deadline and progress cleared, its runs and priority kept, and waiting for nothing: `deps` NULL,
 # so that RESOLVE (graph.py: deps > 0) passes over the edges a job cancelled
 # while blocked still has (they go when their dependency is resolved). Not a
 # job with MAX_RUNS runs (a cancel and rerun loop would grow its runs without
@@ -277,7 +277,7 @@ WITH moved AS (
     UPDATE jobs
     SET lock = '', dt = now(), done_dt = NULL, attempts = 0, code = NULL, exitcode = NULL,
         result = NULL, run_dt = NULL, deadline = NULL, deps = NULL, deps_dt = NULL,
-        resolve_any = NULL
+        resolve_any = NULL, progress = NULL
     WHERE id = ANY(ARRAY({{pick_live}}))
     RETURNING id, type
 ), rerun AS (
@@ -319,3 +319,16 @@ RERUN_DONE = _RERUN.format(
           AND {_RERUNNABLE_LIVE}
           LIMIT greatest(0, $5 - (SELECT count(*) FROM moved)) FOR UPDATE SKIP LOCKED""",
 )
+
+# Progress (migration 0019): $1 ids, $2 their holders' locks, $3 fractions,
+# $4 messages; each job still held by that lock gets the value, with now().
+# Returns the ids written.
+NOTE_PROGRESS = """
+UPDATE jobs j
+SET progress = jsonb_build_object(
+    'fraction', p.fraction, 'message', p.message,
+    'at', to_char(now() AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'))
+FROM unnest($1::text[], $2::text[], $3::float8[], $4::text[]) AS p(id, lock, fraction, message)
+WHERE j.id = p.id AND j.lock = p.lock
+RETURNING j.id
+"""

@@ -46,6 +46,9 @@ class Sink:
     def wants(self, result: JobResult) -> bool:
         return False
 
+    def progress(self, job_id: str, fraction: object, message: object) -> None:
+        pass
+
     async def take(self, result: JobResult) -> JobResult:
         return result
 

@@ -20,6 +20,7 @@ PAUSED = 15  # the paused types and tenants
 DISPATCHED = 16  # the early insert as a function
 BLOBS = 17  # blobs
 PRIORITY = 18  # job priorities
+PROGRESS = 19  # a running job's progress
 LEASE = 600.0
 
 # The jobs of a store before 0013, written as its statements left them: w1
@@ -71,7 +72,15 @@ async def test_a_store_of_the_layout_before_0013_upgrades_in_place(pg_empty_dsn:
             "INSERT INTO sysids (sysid, holder, expires)"
             " VALUES ('s1', 'h', now() + interval '1 hour')"
         )
-        assert await migrate(conn) == [ARCHIVE, LISTING, PAUSED, DISPATCHED, BLOBS, PRIORITY]
+        assert await migrate(conn) == [
+            ARCHIVE,
+            LISTING,
+            PAUSED,
+            DISPATCHED,
+            BLOBS,
+            PRIORITY,
+            PROGRESS,
+        ]
     finally:
         await conn.close()
 

@@ -97,6 +97,21 @@ def test_bad_status_lines_are_logged(line: str) -> None:
     assert parsed.log == [f"ignored a bad status line: {line}"]
 
 
+def test_progress_lines_keep_the_last_valid_one_clamped() -> None:
+    parsed = parse_output("P: 0.2 a\nP: 7 too far\nP: nan\nP: x y\nlog", LIMITS)
+    assert parsed.progress == (1.0, "too far")
+    assert parsed.log == ["log"]  # P: lines are not logged
+    assert parse_output("P: -1\r\n", LIMITS).progress == (0.0, "")
+    assert parse_output("P: 0.5 " + "m" * 500, LIMITS).progress == (0.5, "m" * 200)
+    assert parse_output("no report", LIMITS).progress is None
+
+
+def test_the_last_progress_line_counts_past_the_log_room() -> None:
+    limits = OutputLimits(max_log_lines=2, max_emits=1)
+    lines = ["P: 0.1 early"] + [f"line {n}" for n in range(5000)] + ["P: 0.9 late", "tail"]
+    assert parse_output("\n".join(lines), limits).progress == (0.9, "late")
+
+
 def test_plain_lines_are_log_lines_and_bounded_by_count() -> None:
     parsed = parse_output("\n".join(f"line {i}" for i in range(150)), LIMITS)
     assert parsed.log[:2] == ["line 0", "line 1"]

@@ -82,8 +82,10 @@ class FollowOns:
         limits: TenantLimits,
         adds: Adds,
         count: Count,
+        progress: Callable[[str, object, object], None] | None = None,
     ) -> None:
         self._spec = spec
+        self._progress = progress
         self._limits = limits
         self._adds = adds
         self._count = count
@@ -102,6 +104,11 @@ class FollowOns:
         the tenant's add rate would take now (None: it has no rate)."""
         room = self._adds.rate_room_bytes(self._spec.client)
         return None if math.isinf(room) else int(room)
+
+    def progress(self, job_id: str, fraction: object, message: object) -> None:
+        """The batch's runs' progress, to the daemon's board (engine.progress)."""
+        if self._progress is not None:
+            self._progress(job_id, fraction, message)
 
     def took(self, job_id: str) -> bool:
         """Whether the result of ``job_id`` was taken (as it arrived)."""

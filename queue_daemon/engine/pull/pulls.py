@@ -25,6 +25,7 @@ from queue_daemon.domain.names import JobType
 from queue_daemon.domain.outcomes import code_of
 from queue_daemon.domain.pulled import HeldJob, PulledJob
 from queue_daemon.engine.handlers import PULLED_LANG, HandlerCache
+from queue_daemon.engine.progress import ProgressBoard, progress_of
 from queue_daemon.engine.pull.holds import RECHECK_S, JobWaits
 from queue_daemon.engine.releases import Releases
 from queue_daemon.observe.metrics import Metrics
@@ -70,8 +71,10 @@ class Pulls:
         releases: Releases,
         queuelog: QueueLog,
         metrics: Metrics,
+        progress: ProgressBoard | None = None,
     ) -> None:
         self._store = store
+        self._progress = progress
         self._handlers = handlers
         self._releases = releases
         self._queuelog = queuelog
@@ -129,11 +132,21 @@ class Pulls:
         return claim, spec.timeout, jobs
 
     async def renew(
-        self, client: str, worker: str, claims: Sequence[tuple[str, str]]
+        self,
+        client: str,
+        worker: str,
+        claims: Sequence[tuple[str, str]],
+        reports: dict[str, tuple[float, str]] | None = None,
     ) -> tuple[dict[str, datetime], dict[str, str]]:
         """The new end of the lease of each job still held, and why some are not
-        (``_gone``)."""
-        held = await self._store.renew_pulled(_locks(claims, worker), client=client, worker=worker)
+        (``_gone``); ``reports``: the progress of some (job id -> fraction, message),
+        kept for those still held."""
+        locks = _locks(claims, worker)
+        held = await self._store.renew_pulled(locks, client=client, worker=worker)
+        if reports and self._progress is not None:
+            for job_id, lock in locks:
+                if job_id in reports and job_id in held:
+                    self._progress.note(progress_of(job_id, lock, *reports[job_id]))
         return held, await self._gone(client, claims, held)
 
     async def hand_back(

@@ -13,6 +13,7 @@ from typing import Protocol
 from queue_daemon.domain.jobs import ClaimedJob, Release
 from queue_daemon.domain.outcomes import put_back
 from queue_daemon.engine.handlers import HandlerCache
+from queue_daemon.engine.progress import ProgressBoard
 from queue_daemon.engine.releases import Releases
 from queue_daemon.engine.run.sizes import BatchSizes, ran_seconds
 from queue_daemon.observe.metrics import Metrics
@@ -66,7 +67,9 @@ class BatchRunner:
         queuelog: QueueLog,
         metrics: Metrics,
         sizes: BatchSizes,
+        progress: ProgressBoard | None = None,
     ) -> None:
+        self._progress = progress
         self._pool = pool
         self._handlers = handlers
         self._releases = releases
@@ -125,6 +128,8 @@ class BatchRunner:
             by_id: dict[str, JobResult] = {}
             took, wants = batch.follow.took, batch.follow.wants
             for ran in results:
+                if ran.progress is not None and self._progress is not None:
+                    self._progress.ran(ran.id, *ran.progress)  # its last P: line
                 if ran.ran:
                     run_ms[ran.id] = share if ran.run_ms is None else ran.run_ms
                 # taken as they arrived, or nothing to take (most results): no
@@ -139,6 +144,10 @@ class BatchRunner:
                 if result is not None and result.ran and result.log:
                     self._queuelog.log(job.type, job.id, result.log)
             flushed = await batch.flush()
+            board = self._progress
+            ids = [job.id for job in jobs]
+            if board is not None and board.pending(ids):
+                await board.flush(ids)  # the last one is kept with the done job
         except BaseException:
             # cancelled (a deadline, a drain) or failed before the flush: its
             # follow-on jobs will never be journaled

@@ -266,6 +266,7 @@ class Jobs(Tables):
         waiting for nothing."""
         row.lock, row.dt, row.done_dt, row.attempts = "", self.now(), None, 0
         row.code = row.result = None
+        row.progress = None
         row.exitcode = row.run_dt = row.deadline = None
         row.deps = row.deps_dt = row.resolve_any = None
 

@@ -13,11 +13,13 @@ from queue_daemon.domain.jobs import (
     Dispatch,
     ExpiredLock,
     NewJob,
+    Progress,
     Release,
     ReleaseHow,
     UnhandledRound,
     epoch_ms,
 )
+from queue_daemon.domain.names import iso
 from queue_daemon.store.errors import SysidTaken
 from queue_daemon.store.listen import Delays
 from tests.fakes.store.tables import (
@@ -216,6 +218,17 @@ class Queue(Tables):
             self._archive(row, now, "error", 503, result)
         self.resolve([r.id for r in rows if r.dependents])
         return [r.id for r in rows]
+
+    async def note_progress(self, notes: Sequence[Progress]) -> set[str]:
+        self._call("note_progress")
+        at = iso(self.now())
+        written = set()
+        for note in notes:
+            row = self.rows.get(note.id)
+            if row is not None and row.lock == note.lock:
+                row.progress = {"fraction": note.fraction, "message": note.message, "at": at}
+                written.add(note.id)
+        return written
 
     async def renew(self, ids: Sequence[str], *, sysid: str, lease: float) -> int:
         self._call("renew")

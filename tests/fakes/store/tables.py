@@ -71,6 +71,7 @@ class Row:
     dependents: bool = False
     deadline: datetime | None = None
     priority: int = 0
+    progress: dict[str, object] | None = None
 
     @property
     def running(self) -> bool:
@@ -100,6 +101,7 @@ def job_of(row: Row, *, runs: bool = False) -> Job:
         result=row.result,
         data=row.data,
         priority=row.priority,
+        progress=row.progress,
         runs=(row.runs or []) if runs else None,
     )
 
