@@ -319,7 +319,9 @@ class World:
         """Stop adding, and wait for the adds under way: an add answered after
         ``drain`` read what was acknowledged would be judged without its wait."""
         self._stop.set()
-        await asyncio.wait(self._adders, timeout=ADD_TIMEOUT * 2)
+        _, pending = await asyncio.wait(self._adders, timeout=ADD_TIMEOUT * 2)
+        if pending:
+            self.problems.append(f"{len(pending)} adders still adding after the load stopped")
 
     async def drain(self, within: float) -> None:
         """Wait until every acknowledged job (a journal fault's victims aside) is done."""

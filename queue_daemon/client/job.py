@@ -13,6 +13,7 @@ class Job:
     """A claimed job, as the worker's function gets it."""
 
     __slots__ = (
+        "_cancelled",
         "_emits",
         "_lease_end",
         "_progress",
@@ -33,6 +34,7 @@ class Job:
         self.claim: str = item["claim"]
         self._emits: list[dict[str, Any]] = []
         self._progress: dict[str, Any] | None = None  # sent with the next renewal
+        self._cancelled = False  # cancelled while held: its outcome is not sent
         # moved on by each renewal; given when the claim's jobs share one lease
         self._lease_end = epoch(self.lease_until) if lease_end is None else lease_end
 

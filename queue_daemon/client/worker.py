@@ -112,7 +112,7 @@ class Worker:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, self.stop)
         if not self._is_async:
-            self._lanes = Lanes(self.concurrency, self.function, self._finished, loop)
+            self._lanes = Lanes(self.concurrency, self._in_lane, self._finished, loop)
         flusher = asyncio.create_task(self._flush_loop())
         renewer = asyncio.create_task(self._renew_loop())
         for task in (flusher, renewer):
@@ -224,8 +224,12 @@ class Worker:
             self._emptied.set()
 
     def _result(self, job: Job, value: Any, error: BaseException | None) -> None:
-        if self._running.pop(job.id, None) is None:
-            return  # handed back meanwhile: its outcome is not ours to give
+        entry = self._running.get(job.id)
+        if entry is None or entry[0] is not job:
+            return  # handed back meanwhile (or claimed again): not ours to give
+        del self._running[job.id]
+        if job._cancelled:
+            return  # cancelled while it ran: the daemon takes no outcome
         if error is None and value is not None and inspect.isawaitable(value):
             if inspect.iscoroutine(value):
                 value.close()
@@ -353,15 +357,26 @@ class Worker:
                 for k, (end, item) in enumerate(entries):
                     entries[k] = (renewed.get((item["id"], item["claim"]), end), item)
 
+    def _in_lane(self, job: Job) -> Any:
+        """A plain function's run, in a lane's thread; not run for a job
+        cancelled while it waited for a lane (its result is dropped anyway)."""
+        return None if job._cancelled else self.function(job)
+
     def _cancelled(self, job_id: str) -> None:
-        """The job was cancelled while it ran: its task is cancelled (a function
-        run in a thread goes on, its result dropped) and its outcome not sent."""
+        """The job was cancelled while held: an async function's task is
+        cancelled; a plain function, run in a thread, cannot be stopped: it keeps
+        its lane (and its place in ``concurrency``) until it returns, and its
+        result is dropped, as is that of one that had not started yet."""
+        entry = self._running.get(job_id)
+        if entry is None or entry[0]._cancelled:
+            return
+        job, task = entry
         logger.info("job %s was cancelled: stopping it", job_id)
-        job, task = self._running.pop(job_id, (None, None))
+        job._cancelled = True
+        self.cancelled += 1
         if task is not None:
+            del self._running[job_id]
             task.cancel()
-        if job is not None:
-            self.cancelled += 1
             self._room.set()
             if not self._running:
                 self._emptied.set()
@@ -371,7 +386,7 @@ class Worker:
         within ``grace``, hand back the rest."""
         back = self._lanes.take_waiting() if self._lanes is not None else []
         for job in back:
-            del self._running[job.id]
+            self._running.pop(job.id, None)
         await self._release(back)
         if self._running:
             self._emptied.clear()

@@ -55,7 +55,7 @@ WITH {_HEARTBEAT.format(client="$5", worker="$6", lease="$4::float8")}
 )
 SELECT c.id, c.type, c.data, c.attempts, c.create_dt, c.lease_until, p.due_ms
 FROM claimed c JOIN picked p ON p.id = c.id
-ORDER BY p.priority DESC, p.due_ms, c.id
+ORDER BY p.priority DESC, p.picked_dt, c.id
 """
 
 # The lease of a pulled type: its live handler's timeout ($fallback without one).

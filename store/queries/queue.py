@@ -115,7 +115,7 @@ UNHANDLED_LOCK = "SELECT pg_try_advisory_xact_lock(hashtext('qd_unhandled'))"
 # test can EXPLAIN it: it must read jobs_waiting_idx.
 _CLAIMABLE_PART = f"""
 SELECT * FROM (
-    SELECT {{{{columns}}}}, priority FROM jobs
+    SELECT {{{{columns}}}}, priority, dt AS picked_dt FROM jobs
     WHERE type = $1 AND lock = '' AND {{part}} AND dt <= now()
       AND (deadline IS NULL OR deadline > now())
       AND {NOT_PAUSED.format(type="$1")}
@@ -153,7 +153,8 @@ LIMIT 1
 # then updated by primary key: `= ANY(ARRAY(...))` rather than a join or
 # `IN (...)`, with which the planner sometimes joined against a scan of the
 # whole table (docs/architecture.md). The rows come back joined to what was
-# picked (a hash join of the batch, not a lookup of each job again), without
+# picked (a hash join of the batch, not a lookup of each job again), in the
+# order they were picked (priority, then dt before the claim, then id), without
 # their type (the one asked for); one more row, its id NULL, carries the
 # type's live handler version in its second column (read once, not per job).
 #
@@ -182,7 +183,7 @@ WITH picked AS MATERIALIZED ({_PICKED}), claimed AS (
 )
 (SELECT c.id, c.data, c.attempts, c.created_ms, c.deadline, p.due_ms
  FROM claimed c JOIN picked p ON p.id = c.id
- ORDER BY p.priority DESC, p.due_ms, c.id)
+ ORDER BY p.priority DESC, p.picked_dt, c.id)
 UNION ALL
 SELECT NULL, ({LIVE_HANDLER_ID}), NULL, NULL, NULL, NULL
 """

@@ -6,6 +6,7 @@ reason cancelled, and the client library's Worker cancels its task."""
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from pathlib import Path
 
@@ -113,3 +114,44 @@ async def test_the_worker_cancels_the_task_of_a_cancelled_job(
             await asyncio.wait_for(task, 30)
         assert worker.cancelled == 1 and worker.completed == 0
         assert (await q.get(job_id))["code"] == "cancelled"
+
+
+async def test_a_cancelled_plain_function_keeps_its_lane_until_it_returns(
+    daemons: DaemonFactory, pg_dsn: str, tmp_path: Path
+) -> None:
+    token = add_tenant("t", store=pg_dsn, data_dir=tmp_path, cwd=tmp_path)
+    url = daemons.start(tmp_path, pg_dsn).url
+    running, release = threading.Event(), threading.Event()
+    ran: list[str] = []
+
+    def work(job: Job) -> str:  # a plain function: run in a thread, not stoppable
+        ran.append(job.payload)
+        if job.payload == "first":
+            running.set()
+            release.wait(60)
+        return f"done {job.payload}"
+
+    async with Client(url, "t", token) as q:
+        await q.add_handler("plain", "worker", timeout=3)  # renewed every second
+        [first] = await q.add("plain", ["first"])
+        worker = Worker(q, "plain", work, name="w1", concurrency=1, wait=1)
+        task = asyncio.create_task(worker.run(handle_signals=False))
+        try:
+            assert await asyncio.to_thread(running.wait, 30)
+            [second] = await q.add("plain", ["second"])
+            await q.cancel(first)
+
+            async def counted() -> bool | None:
+                return True if worker.cancelled == 1 else None
+
+            await until(counted, 30, "the worker to hear of the cancel")
+            assert ran == ["first"]  # the lane is still taken: nothing else started
+            release.set()
+            job = await q.wait(second, timeout=30)
+            assert (job["code"], job["result"]) == ("ok", "done second"), job
+        finally:
+            release.set()
+            worker.stop()
+            await asyncio.wait_for(task, 30)
+        assert (await q.get(first))["code"] == "cancelled"
+        assert worker.completed == 1 and worker.lost == 0

@@ -18,6 +18,7 @@ from prometheus_client import generate_latest
 from queue_daemon.domain.jobs import NewJob
 from queue_daemon.domain.names import JobType
 from queue_daemon.engine.ingest.ingester import Ingester
+from queue_daemon.engine.run.cancels import Cancels, started
 from queue_daemon.engine.run.fairness import BusyMarks, TenantBatches
 from queue_daemon.engine.run.loop import RunLoop, RunSettings
 from queue_daemon.engine.run.pick import NO_HANDLER_RECHECK_S, READ_CAP, WaitingTypes, claimable
@@ -253,6 +254,61 @@ async def test_never_more_claimed_than_free_slots(running: Running) -> None:
     assert sum(1 for r in store.rows.values() if r.lock == "s1") == 3
     pool.gate.set()
     await until(lambda: len(store.done()) == 8, "every job to run")
+
+
+async def test_a_cancelled_running_job_stops_its_batch(
+    running: Running,
+) -> None:
+    store, pool, _, loop = running
+    store.set_handler("acme-t", "...")
+    pool.gate.clear()  # the batch hangs until the cancel stops it
+    first, second = store.add("acme-t", "a", "b")
+    loop.on_jobs({"acme-t": 2})
+    await until(lambda: loop.running == 2, "both running")
+    job = await store.cancel_job("acme", first)  # the store tells the holder (s1)
+    assert job.code == "cancelled"
+    await until(lambda: first not in loop.running_ids(), "its batch stopped")
+    assert pool.ran == []  # stopped, never finished
+    pool.gate.set()
+    await until(lambda: store.rows[second].lock == DONE, "the other job done")
+    assert pool.ran == [second]
+    assert (store.rows[first].code, store.rows[second].code) == ("cancelled", "ok")
+    await until(lambda: loop.running == 0, "nothing left running")
+
+
+async def test_a_cancel_heard_before_its_batch_starts_leaves_the_job_out(
+    running: Running,
+) -> None:
+    store, pool, _, loop = running
+    store.set_handler("acme-t", "...")
+    first, second = store.add("acme-t", "a", "b")
+    loop.on_cancel("s1", first)  # the notice before the claim's reply
+    loop.on_cancel("s2", second)  # another daemon's: not this one's business
+    loop.on_jobs({"acme-t": 2})
+    await until(lambda: store.rows[second].lock == DONE, "the other job done")
+    assert pool.ran == [second]
+    await until(lambda: loop.running == 0, "the batch finished")
+
+
+async def test_cancels_are_kept_for_a_while_and_tasks_known_as_started() -> None:
+    now = [100.0]
+    cancels = Cancels(keep=10.0, clock=lambda: now[0])
+    cancels.hear("a")
+    assert "a" in cancels and "b" not in cancels
+    now[0] += 11
+    cancels.hear("b")  # prunes what is older than keep
+    assert "a" not in cancels and "b" in cancels
+    cancels.forget(["b"])
+    assert "b" not in cancels
+
+    async def step() -> None:
+        await asyncio.sleep(0)
+
+    task = asyncio.create_task(step())
+    assert not started(task)
+    await asyncio.sleep(0)
+    assert started(task)
+    await task
 
 
 async def test_a_type_without_a_handler_waits_and_its_expired_jobs_end_503(

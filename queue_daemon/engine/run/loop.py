@@ -30,6 +30,7 @@ from queue_daemon.domain.outcomes import put_back
 from queue_daemon.engine.backoff import Backoff
 from queue_daemon.engine.handlers import PULLED_LANG, HandlerCache
 from queue_daemon.engine.run.batch import BatchRunner, Runners, seconds_left
+from queue_daemon.engine.run.cancels import Cancels, started
 from queue_daemon.engine.run.fairness import TenantBatches
 from queue_daemon.engine.run.pick import POLL_S, WaitingTypes, claimable
 from queue_daemon.engine.run.sizes import BatchSizes
@@ -95,7 +96,7 @@ class RunLoop:
         self._settings = settings
         self._running: dict[str, ClaimedJob] = {}
         self._batches: dict[asyncio.Task[None], list[ClaimedJob]] = {}
-        self._stopped: set[str] = set()  # running jobs the store cancelled
+        self._cancels = Cancels(keep=2 * settings.lease)  # cancelled while running here
         self._wake = asyncio.Event()
         self._stopping = False
         self._no_handler: dict[str, float] = {}  # types without a handler -> when last checked
@@ -123,13 +124,14 @@ class RunLoop:
         self._wake.set()
 
     def on_cancel(self, sysid: str, job_id: str) -> None:
-        """The store ended a job this daemon runs (cancelled): its batch is
-        stopped, the context killed, and the batch's other jobs run again."""
-        if sysid != self._sysid or job_id not in self._running:
+        """The store ended a job this daemon runs, or is about to (cancelled): its
+        batch is stopped, the context killed, and the batch's other jobs run
+        again; a batch not begun yet leaves it out."""
+        if sysid != self._sysid:
             return
+        self._cancels.hear(job_id)
         for task, jobs in self._batches.items():
-            if any(job.id == job_id for job in jobs):
-                self._stopped.add(job_id)
+            if started(task) and any(job.id == job_id for job in jobs):
                 task.cancel()
 
     @property
@@ -341,13 +343,15 @@ class RunLoop:
         try:
             # stopped when a job's deadline passes: the store ends that job (408)
             # and the batch's other jobs run again, their attempt not counted
-            async with asyncio.timeout(seconds_left(jobs)):
-                releases = await self._runner.releases(jobtype, jobs, run_ms, start_by=start_by)
+            run = [job for job in jobs if job.id not in self._cancels]
+            async with asyncio.timeout(seconds_left(run)):
+                if run:
+                    releases = await self._runner.releases(jobtype, run, run_ms, start_by=start_by)
         except TimeoutError:
             releases = [put_back(job) for job in jobs]
         except asyncio.CancelledError:
             # shutdown (another daemon runs them) or a job cancelled (ended already)
-            releases = [put_back(job) for job in jobs if job.id not in self._stopped]
+            releases = [put_back(job) for job in jobs if job.id not in self._cancels]
             raise
         finally:
             await asyncio.shield(self._finish(jobtype, jobs, releases, run_ms))
@@ -390,7 +394,6 @@ class RunLoop:
         for job in jobs:
             if self._running.get(job.id) is job:
                 del self._running[job.id]
-            self._stopped.discard(job.id)
         put_back = sum(r.how == ReleaseHow.UNGET for r in releases)
         if put_back:  # due again at once: claimable without a read of the store
             self._waiting.noted({jobtype: put_back})
@@ -401,6 +404,8 @@ class RunLoop:
         attempts = {job.id: job.attempts for job in jobs}
         self._queuelog.finished(jobtype, releases, attempts=attempts, run_ms=run_ms)
         self._metrics.finished(jobtype, releases)
+        lost = [r for r in lost if r.id not in self._cancels]  # not a lease lost: cancelled
+        self._cancels.forget(by_id)
         if lost:
             logger.warning(
                 "%d job(s) of %s finished after this daemon lost their lease; outcome discarded",

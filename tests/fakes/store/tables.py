@@ -145,7 +145,7 @@ class Tables:
                 for r in self.rows.values()
                 if r.type == type and self._due(r, now) and (r.deadline is None or r.deadline > now)
             ),
-            key=lambda r: (-r.priority, r.dt, r.create_dt, r.id),
+            key=lambda r: (-r.priority, r.dt, r.id),
         )
 
     def _live_handler(self, type: str) -> HandlerRecord | None:
