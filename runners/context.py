@@ -201,6 +201,7 @@ class Context:
         clock = self._clock
         clock.start(timeout)
         began = loop.time()  # of the running job (a job without a start: since the last result)
+        reports = _Reports(sink, jobs, began)
         # once the pipe ends, the results the context held (read when called)
         reader.on_end = lambda: self._held_back(running, jobs, index)
         try:
@@ -215,7 +216,7 @@ class Context:
                 if op == "progress":
                     # a report of one of the batch's jobs (its start may be held
                     # back): no step of the batch, so no move of its clock
-                    _report(sink, jobs, job_id, [message.get("fraction"), message.get("message")])
+                    reports.frame(job_id, message, loop.time())
                     continue
                 if (
                     op == "result"
@@ -240,7 +241,7 @@ class Context:
                         raise ProtocolError(f"unexpected result of job {job_id!r}")
                     now = loop.time()
                     # the last report, when it was not sent on its own
-                    _report(sink, jobs, job_id, message.get("progress"))
+                    reports.report(job_id, message.get("progress"))
                     result = job_result(running, message, (now - began) * 1000, self._limits)
                     printed = _length(message.get("output"))  # (the text itself is freed)
                     self.broken = self.broken or result.recycle  # e.g. after a MemoryError
@@ -352,15 +353,39 @@ def _length(text: object) -> int:
     return len(text) if isinstance(text, str) else 0
 
 
-def _report(
-    sink: ResultSink | None, jobs: Sequence[JobInput], job_id: object, report: object
-) -> None:
-    """A job's progress, ``[fraction, message]``, to the batch's sink, if the job
-    is one of the batch's (anything else is ignored)."""
-    if (
-        sink is not None
-        and isinstance(report, list)
-        and len(report) == 2
-        and any(job.id == job_id for job in jobs)
-    ):
-        sink.progress(str(job_id), report[0], report[1])
+PROGRESS_BURST = 50  # progress frames a chunk may send at once,
+PROGRESS_RATE = 20.0  # and then a second (a bootstrap sends at most 10 a second)
+PROGRESS_MOST = 4096  # characters of a progress frame's message (200 are kept)
+
+
+class _Reports:
+    """A chunk's progress reports, to the batch's sink when they name one of its
+    jobs. The bootstraps pace them; a context that does not (its handler writes
+    frames of its own) is stopped as a broken one, so that no context can keep
+    the daemon's loop decoding reports."""
+
+    def __init__(self, sink: ResultSink | None, jobs: Sequence[JobInput], now: float) -> None:
+        self._sink = sink
+        self._jobs = jobs
+        self._ids: set[str] | None = None
+        self._began = now
+        self._frames = 0
+
+    def frame(self, job_id: object, message: dict[str, Any], now: float) -> None:
+        """A ``progress`` frame."""
+        self._frames += 1
+        if self._frames > PROGRESS_BURST + PROGRESS_RATE * (now - self._began):
+            raise ProtocolError(f"progress frames faster than {PROGRESS_RATE:g} a second")
+        text = message.get("message")
+        if isinstance(text, str) and len(text) > PROGRESS_MOST:
+            raise ProtocolError(f"a progress message over {PROGRESS_MOST} characters")
+        self.report(job_id, [message.get("fraction"), text])
+
+    def report(self, job_id: object, report: object) -> None:
+        """``[fraction, message]`` of a job (anything else is ignored)."""
+        if self._sink is None or not isinstance(report, list) or len(report) != 2:
+            return
+        if self._ids is None:
+            self._ids = {job.id for job in self._jobs}
+        if job_id in self._ids:
+            self._sink.progress(str(job_id), report[0], report[1])

@@ -223,7 +223,7 @@ async def _renew(
     request: web.Request, client: str, fields: dict[str, Any], pairs: list[tuple[str, str]]
 ) -> list[dict[str, Any]]:
     services = request.app[SERVICES]
-    reports = _reports(fields, pairs)
+    reports = _reports(fields, pairs, one="id" in request.match_info)
     held, gone = await services.pulls.renew(client, _worker(fields), pairs, reports)
     return [
         _status(job_id, job_id in held, gone, lease_until=iso(held.get(job_id)))
@@ -231,12 +231,13 @@ async def _renew(
     ]
 
 
-def _reports(fields: dict[str, Any], pairs: list[tuple[str, str]]) -> dict[str, tuple[float, str]]:
-    """The ``progress`` of a renew's items (docs/workers.md): job id -> (fraction,
-    message); checked before anything is renewed."""
-    items = fields.get("claims")
-    if not isinstance(items, list):
-        items = [{**fields, "id": pairs[0][0]}]
+def _reports(
+    fields: dict[str, Any], pairs: list[tuple[str, str]], *, one: bool
+) -> dict[str, tuple[float, str]]:
+    """The ``progress`` of a renew (``one``: the path's job) or of its ``claims``
+    (docs/workers.md): job id -> (fraction, message); checked before anything
+    is renewed."""
+    items = [{**fields, "id": pairs[0][0]}] if one else _items(fields, "claims")
     reports: dict[str, tuple[float, str]] = {}
     for item in items:
         report = item.get("progress") if isinstance(item, dict) else None
@@ -253,7 +254,7 @@ def _reports(fields: dict[str, Any], pairs: list[tuple[str, str]]) -> dict[str, 
             raise errors.bad_request("progress.fraction must be a number from 0 to 1")
         if not isinstance(message, str):
             raise errors.bad_request("progress.message must be a string")
-        reports[str(item["id"])] = (float(fraction), message)
+        reports[_item_id(item)] = (float(fraction), message)
     return reports
 
 

@@ -331,6 +331,8 @@ class Worker:
                 report = None if job is None else job._progress
                 item = {"id": job_id, "claim": claim}
                 claims.append(item if report is None else {**item, "progress": report})
+                if job is not None:
+                    job._progress = None  # sent once: a renewal after it says nothing new
             renewed: dict[tuple[str, str], float] = {}
             for start in range(0, len(claims), MAX_ITEMS):
                 try:

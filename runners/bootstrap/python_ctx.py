@@ -5,6 +5,7 @@ shared emit budget. Standalone and stdlib only, beside ``python_boot.py``."""
 from __future__ import annotations
 
 from math import isfinite
+from threading import current_thread, main_thread
 from time import monotonic
 
 from python_frames import frame, to_json, write
@@ -105,8 +106,10 @@ class Ctx:
             raise TypeError("ctx.progress: message must be a string")
         report = [min(1.0, max(0.0, float(fraction))), message[:MAX_MESSAGE]]
         now = monotonic()
-        if now - self._sent < PROGRESS_EVERY:
-            self._progress = report  # sent with the result, unless a later one leaves first
+        if now - self._sent < PROGRESS_EVERY or current_thread() is not main_thread():
+            # sent with the result, unless a later one leaves first; another
+            # thread never writes: its frame could land inside a result's
+            self._progress = report
             return
         self._sent, self._progress = now, None
         write(frame({"op": "progress", "id": self.id, "fraction": report[0], "message": report[1]}))

@@ -103,6 +103,9 @@ async def test_a_pull_worker_reports_progress_with_its_renewals(
     ):
         reply = await post_json(api, f"/job/{job_id}/renew", {**held, "progress": bad})
         assert_error(reply, 400, "bad_request")
+    # a single renew takes its own progress, never a "claims" list's
+    odd = {**held, "claims": [{"progress": {"fraction": 0.5}}]}
+    assert (await post_json(api, f"/job/{job_id}/renew", odd)).status == 200
     reply = await post_json(
         api, f"/job/{job_id}/renew", {**held, "progress": {"fraction": 0.4, "message": "m" * 500}}
     )
@@ -122,3 +125,25 @@ async def test_a_pull_worker_reports_progress_with_its_renewals(
         return found if found and found["fraction"] == 0.9 else None
 
     assert (await until(later, 30, "the batch renewal's progress"))["message"] == ""
+
+
+# a handler that writes progress frames of its own, past its bootstrap's pace
+FLOOD = """
+from python_frames import frame, write
+def handler(payload, ctx):
+    for n in range(20000):
+        write(frame({"op": "progress", "id": ctx.id, "fraction": 0.5, "message": "x"}))
+    return "not stopped"
+"""
+
+
+async def test_a_context_that_floods_progress_frames_is_stopped(
+    daemons: DaemonFactory, pg_dsn: str, open_tmp: Path, session: aiohttp.ClientSession
+) -> None:
+    token = add_tenant("t", store=pg_dsn, data_dir=open_tmp, cwd=open_tmp)
+    api = Api(session, daemons.start(open_tmp, pg_dsn).url, "t", token)
+    await Handlers(api).add("flood", "python", FLOOD, maxAttempts=1)
+    [job_id] = await api.add("flood", ["x"])
+    done = await wait_done(api, job_id, within=60)
+    assert done["result"] != "not stopped", done
+    assert "progress frames faster than" in (done["result"] or ""), done

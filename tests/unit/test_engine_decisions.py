@@ -276,18 +276,22 @@ async def test_a_cancelled_running_job_stops_its_batch(
     await until(lambda: loop.running == 0, "nothing left running")
 
 
-async def test_a_cancel_heard_before_its_batch_starts_leaves_the_job_out(
+async def test_a_cancel_heard_before_its_batch_starts_leaves_the_job_out_once(
     running: Running,
 ) -> None:
     store, pool, _, loop = running
     store.set_handler("acme-t", "...")
     first, second = store.add("acme-t", "a", "b")
-    loop.on_cancel("s1", first)  # the notice before the claim's reply
+    loop.on_cancel("s1", first)  # a notice before the claim's reply
     loop.on_cancel("s2", second)  # another daemon's: not this one's business
     loop.on_jobs({"acme-t": 2})
     await until(lambda: store.rows[second].lock == DONE, "the other job done")
-    assert pool.ran == [second]
-    await until(lambda: loop.running == 0, "the batch finished")
+    # left out of the batch that claimed it and put back; the store had not
+    # ended it (a notice of an earlier run, heard late): it runs after all,
+    # once, the notice spent
+    await until(lambda: store.rows[first].lock == DONE, "the job run after all")
+    assert pool.ran.count(first) == 1 and store.rows[first].code == "ok"
+    assert store.calls["claim"] >= 2
 
 
 async def test_cancels_are_kept_for_a_while_and_tasks_known_as_started() -> None:

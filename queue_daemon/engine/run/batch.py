@@ -4,9 +4,11 @@ run's time measured for the batch sizes and the queue log."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence, Set
+from collections.abc import Awaitable, Callable, Collection, Sequence, Set
 from datetime import UTC, datetime
 from typing import Protocol
 
@@ -26,6 +28,8 @@ logger = logging.getLogger(__name__)
 # check (every engine.upkeep.deadlines.CHECK_S, 1 s) has ended that job (with its
 # run), so its outcome is refused, not put back
 DEADLINE_GRACE_S = 1.5
+
+PROGRESS_WAIT_S = 2.0  # the longest a release waits for its batch's progress to be written
 
 # gives a client its uid slot before its first run (``api.auth.TokenCache``)
 EnsureUid = Callable[[str], Awaitable[None]]
@@ -144,10 +148,6 @@ class BatchRunner:
                 if result is not None and result.ran and result.log:
                     self._queuelog.log(job.type, job.id, result.log)
             flushed = await batch.flush()
-            board = self._progress
-            ids = [job.id for job in jobs]
-            if board is not None and board.pending(ids):
-                await board.flush(ids)  # the last one is kept with the done job
         except BaseException:
             # cancelled (a deadline, a drain) or failed before the flush: its
             # follow-on jobs will never be journaled
@@ -157,6 +157,16 @@ class BatchRunner:
             # follow-on jobs could not be made durable: run the jobs again later
             releases = [put_back(job) for job in jobs]
         return releases
+
+    async def flush_progress(self, ids: Collection[str]) -> None:
+        """The batch's last progress reports, written before its release (so the
+        done jobs keep them), within PROGRESS_WAIT_S: advice never holds a
+        release up for long."""
+        board = self._progress
+        if board is not None and board.pending(ids):
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(PROGRESS_WAIT_S):
+                    await board.flush(ids)
 
 
 def seconds_left(jobs: list[ClaimedJob]) -> float | None:

@@ -23,11 +23,14 @@ class Cancels:
 
     def hear(self, job_id: str) -> None:
         now = self._clock()
-        for old, when in list(self._heard.items()):
-            if now - when < self._keep and len(self._heard) < MOST:
+        heard = self._heard
+        heard.pop(job_id, None)  # heard again: the newest
+        while heard:
+            oldest = next(iter(heard))
+            if now - heard[oldest] < self._keep and len(heard) < MOST:
                 break
-            del self._heard[old]
-        self._heard[job_id] = now
+            del heard[oldest]
+        heard[job_id] = now
 
     def __contains__(self, job_id: object) -> bool:
         return job_id in self._heard

@@ -344,14 +344,18 @@ class RunLoop:
             # stopped when a job's deadline passes: the store ends that job (408)
             # and the batch's other jobs run again, their attempt not counted
             run = [job for job in jobs if job.id not in self._cancels]
+            # those left out are put back: refused for a job the store ended, due
+            # again for one a notice named too late (a run before, now rerun)
+            releases = [put_back(job) for job in jobs if job.id in self._cancels]
             async with asyncio.timeout(seconds_left(run)):
                 if run:
-                    releases = await self._runner.releases(jobtype, run, run_ms, start_by=start_by)
+                    releases += await self._runner.releases(jobtype, run, run_ms, start_by=start_by)
         except TimeoutError:
             releases = [put_back(job) for job in jobs]
         except asyncio.CancelledError:
-            # shutdown (another daemon runs them) or a job cancelled (ended already)
-            releases = [put_back(job) for job in jobs if job.id not in self._cancels]
+            # shutdown (another daemon runs them) or a job cancelled: its put-back
+            # is refused (the store ended it), and not reported as a lease lost
+            releases = [put_back(job) for job in jobs]
             raise
         finally:
             await asyncio.shield(self._finish(jobtype, jobs, releases, run_ms))
@@ -366,6 +370,7 @@ class RunLoop:
         backoff = Backoff(RETRY_FIRST_S, RETRY_MAX_S)
         by_id = {job.id: job for job in jobs}
         lost: list[Release] = []
+        await self._runner.flush_progress(by_id)  # kept with the done jobs
         while releases:
             # a job this daemon claimed again while this run of it went on (this
             # run's claim lapsed: its lease ran out, also while a release was
