@@ -69,6 +69,14 @@ async def test_a_wasm_handler_runs_its_jobs(api: Api) -> None:
     assert (job["code"], job["result"]) == ("ok", "binary")
 
 
+async def test_a_wasm_job_reports_progress_with_p_lines(api: Api) -> None:
+    await Handlers(api).add("echo_progress", "wasm", wat.echo(), timeout=5)
+    [job_id] = await api.add("echo_progress", ["P: 0.6 sixty"])
+    job = await wait_done(api, job_id, within=20)
+    assert job["code"] == "ok" and job["progress"]["fraction"] == 0.6, job
+    assert job["progress"]["message"] == "sixty", job
+
+
 async def test_a_module_that_loops_or_grows_is_stopped(api: Api) -> None:
     handlers = Handlers(api)
     await handlers.add("spin", "wasm", wat.spins(), timeout=0.5, maxAttempts=1)
