@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 
 from queue_daemon.domain.jobs import ClaimedJob, NewJob
+from queue_daemon.engine.run import pick
 from queue_daemon.engine.run.loop import RunLoop
 from queue_daemon.observe.queuelog import QueueLog
 from queue_daemon.runners.models import HandlerSpec, JobInput, JobResult, ResultSink
@@ -156,8 +157,13 @@ async def test_another_tenants_job_overtakes_a_claim_in_flight(
 
 
 async def test_jobs_noted_during_a_read_of_the_waiting_types_are_claimed_without_another(
-    store: PgStore, running: tuple[GatedStore, InstantPool, RunLoop]
+    store: PgStore,
+    running: tuple[GatedStore, InstantPool, RunLoop],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    # a read held open past POLL_S is stale when it returns and is rightly made
+    # again: on a slow machine the steps below can take that long
+    monkeypatch.setattr(pick, "POLL_S", 600.0)
     gated, pool, loop = running
     await _until(lambda: gated.reads >= 1, "the first read of the waiting types")
     await _until(lambda: loop._waiting._reading is None, "that read to end")
