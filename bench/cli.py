@@ -9,6 +9,7 @@ Sections (``--only`` picks some, comma-separated):
   add1000  (4b) 1000-line POSTs through the real daemon, jobs/s; ratio vs the 100k/s target
   ingest   (5) journal → store rows/s with the daemon's Ingester; ratio vs (2)
   claim    claim + archive cost (ms per batch of 100) at 10k, 100k, 1M waiting; ratio 1M/10k
+  keys     claim + archive cost (us a job) of types with concurrency keys; ratio to none
   coldstart  spawn → ready of a python and a node context (RunnerPool, in-process)
   latency  add → start of one job at a time on an idle daemon, p50/p99 (python handler)
   flood    the same for one tenant, idle and while another floods the daemon with a deep
@@ -48,7 +49,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 
-from bench import abuse, adds, capacity, depth, graph, pulled, runs
+from bench import abuse, adds, capacity, depth, graph, keys, pulled, runs
 from bench.http_load import Load, generator_name
 from bench.pg import Databases, PrivatePostgres
 from bench.procs import BenchError
@@ -63,6 +64,7 @@ SECTIONS = (
     "add1000",
     "ingest",
     "claim",
+    "keys",
     "coldstart",
     "latency",
     "flood",
@@ -312,6 +314,7 @@ SECTION_RUNNERS: dict[str, Callable[[Run], None]] = {
     "add1000": adds.section_add1000,
     "ingest": adds.section_ingest,
     "claim": runs.section_claim,
+    "keys": keys.section_keys,
     "coldstart": runs.section_coldstart,
     "latency": runs.section_latency,
     "flood": runs.section_flood,

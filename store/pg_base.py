@@ -51,6 +51,23 @@ def state_of(lock: str, dt: datetime | None = None) -> JobState:
     return JobState.RUNNING
 
 
+class KeyTurns:
+    """Where each capped type's next claim starts (queries.queue.KEY_CURSOR): the
+    last key the claim before visited, so that the keys are served in turn."""
+
+    def __init__(self) -> None:
+        self._after: dict[str, str] = {}
+
+    def get(self, type: str) -> str | None:
+        return self._after.get(type) if self._after else None
+
+    def turn(self, type: str, after: str | None) -> None:
+        if after is not None:
+            self._after[type] = after
+        elif self._after:
+            self._after.pop(type, None)  # no key visited: the next starts at the first
+
+
 def row_as(cls: type[R], row: asyncpg.Record) -> R:
     """A dataclass whose every field is a column of ``row`` by the same name."""
     return cls(**{f.name: row[f.name] for f in fields(cls)})
@@ -70,6 +87,7 @@ def job_of(row: asyncpg.Record) -> Job:
         result=row["result"],
         data=row["data"],
         priority=row["priority"],
+        key=row["ckey"],
         progress=None if row["progress"] is None else orjson.loads(row["progress"]),
         runs=_runs(row),
     )

@@ -53,6 +53,7 @@ class GraphPart:
                         group.resolve_any,
                         group.deadline,
                         group.priority,
+                        group.key,
                     )
                     # its own ids may be inserted again (queries.intake, REMOVE_DONE)
                     gone = {r[0] for r in await conn.fetch(queries.intake.REMOVE_DONE, columns[0])}

@@ -12,7 +12,7 @@ from queue_daemon.domain.pulled import HeldJob, PulledJob
 from queue_daemon.domain.views import DaemonSeen, WorkerSeen
 from queue_daemon.store import queries
 from queue_daemon.store.errors import StoreError
-from queue_daemon.store.pg_base import Db, row_as, status_count
+from queue_daemon.store.pg_base import Db, KeyTurns, row_as, status_count
 from queue_daemon.store.pg_graph import GraphPart
 from queue_daemon.store.pg_release import write_releases
 
@@ -36,13 +36,29 @@ class PulledPart:
     def __init__(self, db: Db, graph: GraphPart) -> None:
         self._db = db
         self._graph = graph  # resolves the dependents of the jobs it ends
+        self._keys = KeyTurns()  # where each capped type's next claim starts
 
     async def claim_pulled(
         self, type: str, limit: int, *, lock: str, lease: float, client: str, worker: str
     ) -> list[PulledJob]:
         rows = await self._db.fetch(
-            queries.pulled.CLAIM, type, limit, lock, float(lease), client, worker
+            queries.pulled.CLAIM,
+            type,
+            limit,
+            lock,
+            float(lease),
+            client,
+            worker,
+            self._keys.get(type),
         )
+        # the row with a NULL id: where the next claim starts (an append of the
+        # parts puts it last)
+        if rows[-1][0] is None:
+            last = rows.pop()
+        else:
+            last = next(row for row in rows if row[0] is None)
+            rows = [row for row in rows if row[0] is not None]
+        self._keys.turn(type, last[7])
         # rows read by position (the columns of queries.pulled.CLAIM, in order), as
         # the run loop's claim: a Record's lookup by name costs about as much as
         # the object it fills
@@ -55,8 +71,9 @@ class PulledPart:
                 create_dt=create_dt,
                 lease_until=lease_until,
                 due_ms=due_ms,
+                key=key,
             )
-            for id_, type_, data, attempts, create_dt, lease_until, due_ms in rows
+            for id_, type_, data, attempts, create_dt, lease_until, due_ms, key in rows
         ]
         return jobs  # in the order taken (queries.pulled.CLAIM)
 

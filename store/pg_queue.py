@@ -12,7 +12,7 @@ from queue_daemon.domain.jobs import ClaimedJob, ExpiredLock, Progress, Release,
 from queue_daemon.store import queries
 from queue_daemon.store.errors import StoreError, SysidTaken
 from queue_daemon.store.listen import Delays, listen_forever
-from queue_daemon.store.pg_base import Db, status_count
+from queue_daemon.store.pg_base import Db, KeyTurns, status_count
 from queue_daemon.store.pg_graph import GraphPart
 from queue_daemon.store.pg_release import write_releases
 
@@ -31,6 +31,7 @@ class QueuePart:
     def __init__(self, db: Db, graph: GraphPart) -> None:
         self._db = db
         self._graph = graph  # resolves the dependents of the jobs it ends
+        self._keys = KeyTurns()  # where each capped type's next claim starts
 
     # --- sysids -----------------------------------------------------------
 
@@ -77,15 +78,19 @@ class QueuePart:
     async def claim(self, type: str, limit: int, *, sysid: str, lease: float) -> list[ClaimedJob]:
         if limit < 1:
             return []
-        rows = await self._db.fetch(queries.queue.CLAIM, type, limit, sysid, float(lease))
+        rows = await self._db.fetch(
+            queries.queue.CLAIM, type, limit, sysid, float(lease), self._keys.get(type)
+        )
         # the handler's row (id NULL), then by position (the columns of
         # queries.queue.CLAIM, in order): a Record's lookup by name costs a job
         # about as much as the object it fills
         if rows[-1][0] is None:  # where an append of the two parts puts it
-            handler = rows.pop()[1]
+            last = rows.pop()
         else:
-            handler = next(row[1] for row in rows if row[0] is None)
+            last = next(row for row in rows if row[0] is None)
             rows = [row for row in rows if row[0] is not None]
+        handler = last[1]
+        self._keys.turn(type, last[6])
         jobs = [
             ClaimedJob(
                 id=id_,
@@ -96,8 +101,9 @@ class QueuePart:
                 deadline=deadline,
                 due_ms=due_ms,
                 handler=handler,
+                key=key,
             )
-            for id_, data, attempts, created_ms, deadline, due_ms in rows
+            for id_, data, attempts, created_ms, deadline, due_ms, key in rows
         ]
         return jobs  # in the order taken (queries.queue.CLAIM)
 

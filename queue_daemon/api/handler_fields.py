@@ -17,6 +17,7 @@ from queue_daemon.settings import DEFAULTS
 
 MAX_TIMEOUT_S = 3600.0
 MAX_ATTEMPTS = 100
+MAX_KEY_CONCURRENCY = 10_000  # jobs of one key running at once
 _TEXT_FIELDS = ("body", "before", "beforeEach", "afterEach")
 _WASM_FIELDS = ("module", "memory")
 MIN_MEMORY = 1 << 16  # one WebAssembly page
@@ -42,7 +43,16 @@ def parse_handler(fields: Any, *, handler_limit: int = DEFAULTS.handler_limit) -
     """The stored ``data`` of a handler from the fields a tenant sent, or ApiError."""
     if not isinstance(fields, dict):
         raise bad_handler("a JSON handler must be an object")
-    known = {*_TEXT_FIELDS, "lang", "eid", "timeout", "then", "maxAttempts", *_WASM_FIELDS}
+    known = {
+        *_TEXT_FIELDS,
+        "lang",
+        "eid",
+        "timeout",
+        "then",
+        "maxAttempts",
+        "keyConcurrency",
+        *_WASM_FIELDS,
+    }
     unknown = set(fields) - known
     if unknown:
         raise bad_handler(f"unknown fields: {', '.join(sorted(unknown))}")
@@ -89,15 +99,22 @@ def parse_handler(fields: Any, *, handler_limit: int = DEFAULTS.handler_limit) -
             f"timeout must be a number of seconds, above 0 and at most {MAX_TIMEOUT_S:g}"
         )
     data["timeout"] = timeout
-    attempts = fields.get("maxAttempts", 5)
-    if (
-        isinstance(attempts, bool)
-        or not isinstance(attempts, int)
-        or not 1 <= attempts <= MAX_ATTEMPTS
-    ):
-        raise bad_handler(f"maxAttempts must be an integer from 1 to {MAX_ATTEMPTS}")
-    data["maxAttempts"] = attempts
+    data["maxAttempts"] = _count(fields, "maxAttempts", 5, MAX_ATTEMPTS)
+    # absent: keys cap nothing (docs/api.md, "Concurrency keys")
+    cap = _count(fields, "keyConcurrency", None, MAX_KEY_CONCURRENCY)
+    if cap is not None:
+        data["keyConcurrency"] = cap
     return data
+
+
+def _count(fields: dict[str, Any], name: str, default: int | None, most: int) -> int | None:
+    """The integer field ``name``, 1 to ``most``, or ``default`` when absent."""
+    if name not in fields or (default is None and fields[name] is None):
+        return default
+    value = fields[name]
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= most:
+        raise bad_handler(f"{name} must be an integer from 1 to {most}")
+    return value
 
 
 def _wasm(fields: dict[str, Any], data: dict[str, object]) -> dict[str, object]:

@@ -27,7 +27,15 @@ from queue_daemon.api.web import (
 )
 from queue_daemon.domain.jobs import Job, JobState
 from queue_daemon.domain.names import JobType, iso, valid_type
-from queue_daemon.domain.options import ID_RE, MAX_AFTER, NO_OPTIONS, PRIORITIES, JobOptions
+from queue_daemon.domain.options import (
+    ID_RE,
+    MAX_AFTER,
+    NO_OPTIONS,
+    PRIORITIES,
+    JobOptions,
+    valid_key,
+)
+from queue_daemon.domain.options import MAX_KEY as MAX_CKEY
 from queue_daemon.domain.views import Paused, TypeStats
 from queue_daemon.engine.admit.ids import MAX_KEY
 from queue_daemon.engine.backoff import Backoff
@@ -98,12 +106,18 @@ _INTEGER = re.compile(r"[+-]?[0-9]{1,6}")
 
 
 def parse_options(query: Any, now_ms: int) -> JobOptions:
-    """``after``, ``requires``, ``deadline`` and ``priority`` of an add
+    """``after``, ``requires``, ``deadline``, ``priority`` and ``key`` of an add
     (docs/api.md), or ApiError."""
     after: tuple[str, ...] = ()
     text = query.get("after")
     deadline = query.get("deadline")
-    if text is None and deadline is None and "requires" not in query and "priority" not in query:
+    if (
+        text is None
+        and deadline is None
+        and "requires" not in query
+        and "priority" not in query
+        and "key" not in query
+    ):
         return NO_OPTIONS  # nearly every add
     if text is not None:
         after = tuple(dict.fromkeys(i for i in text.split(",") if i))
@@ -117,7 +131,16 @@ def parse_options(query: Any, now_ms: int) -> JobOptions:
     if "requires" in query and not after:
         raise errors.bad_request("requires applies to jobs added with after")
     deadline_ms = None if deadline is None else _deadline_ms(deadline, now_ms)
-    return JobOptions(after, REQUIRES[requires], deadline_ms, _priority(query))
+    return JobOptions(after, REQUIRES[requires], deadline_ms, _priority(query), _key(query))
+
+
+def _key(query: Any) -> str | None:
+    key = query.get("key")
+    if key is None:
+        return None
+    if not valid_key(key):
+        raise errors.bad_request(f"key must be 1 to {MAX_CKEY} printable characters")
+    return str(key)
 
 
 def _priority(query: Any) -> int:
@@ -179,6 +202,7 @@ def job_body(job: Job) -> dict[str, Any]:
         "result": job.result,
         "payload": job.data,
         "priority": job.priority,
+        "key": job.key,
         "progress": job.progress,
     }
     if job.runs is not None:

@@ -209,6 +209,7 @@ async def claim(request: web.Request) -> web.Response:
                     "type": jobtype.name,
                     "payload": job.data,
                     "attempts": job.attempts,
+                    "key": job.key,
                     "lease_until": until[job.lease_until],
                     "lease_s": lease,
                     "claim": token,

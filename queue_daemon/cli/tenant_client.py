@@ -33,6 +33,10 @@ def add_parsers(sub: Any) -> None:
     add.add_argument("--requires", choices=("all-completed", "all-resolved"))
     add.add_argument("--deadline", help="seconds from now, epoch ms or ISO-8601")
     add.add_argument("--priority", type=int, help="-100 to 100: higher runs first (default 0)")
+    add.add_argument(
+        "--concurrency-key",
+        help="the jobs' concurrency key: a handler's keyConcurrency caps how many run at once",
+    )
     get = jsub.add_parser("get", help="a job")
     get.add_argument("id")
     get.add_argument("--wait", type=float, help="hold up to this many seconds until it is done")
@@ -119,6 +123,7 @@ async def _job(args: argparse.Namespace, q: Client) -> None:
                     requires=args.requires,
                     deadline=args.deadline,
                     priority=args.priority,
+                    key=args.concurrency_key,
                 )
             }
         )

@@ -163,13 +163,16 @@ class Client:
         requires: str | None = None,
         deadline: float | str | None = None,
         priority: int | None = None,
+        key: str | None = None,
         json: bool | None = None,
     ) -> list[str]:
         """Add one job (a string, or any JSON value) or many (a list: one request,
         all or nothing); their ids, in order. Strings go as text lines unless
         ``json`` is True; any other value as JSON (stored as compact JSON).
         ``priority`` (-100 to 100, default 0): among due jobs of the type, a
-        higher one runs first."""
+        higher one runs first. ``key``: the jobs' concurrency key (1 to 200
+        printable characters); a handler's ``keyConcurrency`` caps how many
+        jobs of one key run at once."""
         items = payloads if isinstance(payloads, list) else [payloads]
         as_json = json if json is not None else not all(isinstance(i, str) for i in items)
         params: dict[str, str] = {}
@@ -185,6 +188,8 @@ class Client:
             params["deadline"] = str(deadline)
         if priority is not None:
             params["priority"] = str(priority)
+        if key is not None:
+            params["key"] = key
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
         if as_json:
             body = orjson.dumps(items)

@@ -20,6 +20,7 @@ class Job:
         "attempts",
         "claim",
         "id",
+        "key",
         "lease_until",
         "payload",
         "type",
@@ -30,6 +31,7 @@ class Job:
         self.type: str = item["type"]
         self.payload: str = item["payload"]
         self.attempts: int = item["attempts"]
+        self.key: str | None = item.get("key")  # its concurrency key, if it has one
         self.lease_until: str = item["lease_until"]
         self.claim: str = item["claim"]
         self._emits: list[dict[str, Any]] = []

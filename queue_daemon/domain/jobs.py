@@ -57,6 +57,7 @@ class Job:
     result: str | None
     data: str
     priority: int = 0  # among due jobs of its type, a higher one runs first
+    key: str | None = None  # its concurrency key
     # the last progress reported: {"fraction", "message", "at"} (None: none)
     progress: dict[str, object] | None = None
     # its finished runs, oldest first (only ``get_job`` reads them; None elsewhere):
@@ -108,6 +109,7 @@ class ClaimedJob:
     # the type's live handler version when it was claimed (None: it had none)
     handler: str | None = None
     deadline: datetime | None = None  # it ends (408) if not done by then
+    key: str | None = None  # its concurrency key (docs/api.md, "Concurrency keys")
 
     @property
     def create_dt(self) -> datetime:

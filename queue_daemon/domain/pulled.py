@@ -20,6 +20,7 @@ class PulledJob:
     create_dt: datetime
     lease_until: datetime
     due_ms: int | None = None  # as ClaimedJob's, for the queue log
+    key: str | None = None  # its concurrency key
 
 
 class HeldJob(NamedTuple):
@@ -33,10 +34,11 @@ class HeldJob(NamedTuple):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class OptedJobs:
-    """Jobs of one add that asked for dependencies, a deadline or a priority."""
+    """Jobs of one add that asked for dependencies, a deadline, a priority or a key."""
 
     jobs: list[NewJob]
     after: list[str]  # ids of the jobs they wait for
     resolve_any: bool = False  # all-resolved: any outcome of a dependency counts
     deadline: datetime | None = None
     priority: int = 0
+    key: str | None = None

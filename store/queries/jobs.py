@@ -7,7 +7,7 @@ from queue_daemon.store.queries import counts, queue
 _JOB_COLUMNS = """
     id,
     substr(type, strpos(type, '-') + 1) AS type,
-    lock, dt, create_dt, done_dt, attempts, code, exitcode, result, data, priority, progress
+    lock, dt, create_dt, done_dt, attempts, code, exitcode, result, data, priority, progress, ckey
 """
 
 GET_JOB = f"""
@@ -159,7 +159,7 @@ WITH target AS MATERIALIZED (
     WHERE j.id = t.id
     RETURNING j.id, substr(j.type, strpos(j.type, '-') + 1) AS type, j.lock, j.dt, j.create_dt,
               j.done_dt, j.attempts, j.code, j.exitcode, j.result, j.data, j.priority,
-              j.progress, j.dependents, t.lock AS was
+              j.progress, j.ckey, j.dependents, t.lock AS was
 )
 SELECT * FROM ended
 """
@@ -235,8 +235,9 @@ PAUSED = """
 SELECT name FROM paused WHERE name = $1 OR (name >= $1 || '-' AND name < $1 || '.')
 """
 
-# Reruns: a done job waits again, due now, with fresh attempts (0), its outcome
-# deadline and progress cleared, its runs and priority kept, and waiting for nothing: `deps` NULL,
+# Reruns: a done job waits again, due now, with fresh attempts (0), its
+# outcome, deadline and progress cleared, its runs, priority and key kept, and
+# waiting for nothing: `deps` NULL,
 # so that RESOLVE (graph.py: deps > 0) passes over the edges a job cancelled
 # while blocked still has (they go when their dependency is resolved). Not a
 # job with MAX_RUNS runs (a cancel and rerun loop would grow its runs without
@@ -269,8 +270,8 @@ WITH moved AS (
     WHERE id = ANY(ARRAY({{pick_done}}))
     RETURNING *
 ), back AS (
-    INSERT INTO jobs (id, type, dt, data, create_dt, attempts, runs, priority)
-    SELECT m.id, m.type, now(), m.data, m.create_dt, 0, {_FINAL_RUN}, m.priority
+    INSERT INTO jobs (id, type, dt, data, create_dt, attempts, runs, priority, ckey)
+    SELECT m.id, m.type, now(), m.data, m.create_dt, 0, {_FINAL_RUN}, m.priority, m.ckey
     FROM moved m
     RETURNING id, type
 ), here AS (

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from queue_daemon.store.queries.queue import (
     CLAIMABLE,
+    CLAIMABLE_CTES,
+    KEY_CURSOR,
     PICKED_COLUMNS,
 )
 
@@ -41,9 +43,12 @@ heartbeat AS (
 )
 """
 
-# $1 type, $2 limit, $3 lock, $4 lease seconds, $5 client, $6 worker
+# $1 type, $2 limit, $3 lock, $4 lease seconds, $5 client, $6 worker, $7 the
+# key after which a keyed claim starts; the last row, its id NULL, carries in
+# its last column where the next one starts (queue.KEY_CURSOR)
 CLAIM = f"""
-WITH {_HEARTBEAT.format(client="$5", worker="$6", lease="$4::float8")}
+WITH {_HEARTBEAT.format(client="$5", worker="$6", lease="$4::float8")},
+{CLAIMABLE_CTES.format(after="$7", also="true")}
 -- as queue.CLAIM: picked and locked, then updated by primary key
 , picked AS MATERIALIZED ({CLAIMABLE.format(columns=PICKED_COLUMNS, also="true")}
 ), claimed AS (
@@ -51,11 +56,13 @@ WITH {_HEARTBEAT.format(client="$5", worker="$6", lease="$4::float8")}
     SET lock = $3, dt = now() + make_interval(secs => $4), attempts = attempts + 1,
         run_dt = now()
     WHERE id = ANY(ARRAY(SELECT id FROM picked))
-    RETURNING id, type, data, attempts, create_dt, dt AS lease_until
+    RETURNING id, type, data, attempts, create_dt, dt AS lease_until, ckey
 )
-SELECT c.id, c.type, c.data, c.attempts, c.create_dt, c.lease_until, p.due_ms
-FROM claimed c JOIN picked p ON p.id = c.id
-ORDER BY p.priority DESC, p.picked_dt, c.id
+(SELECT c.id, c.type, c.data, c.attempts, c.create_dt, c.lease_until, p.due_ms, c.ckey
+ FROM claimed c JOIN picked p ON p.id = c.id
+ ORDER BY p.priority DESC, p.picked_dt, c.id)
+UNION ALL
+SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, {KEY_CURSOR}
 """
 
 # The lease of a pulled type: its live handler's timeout ($fallback without one).

@@ -111,14 +111,30 @@ UNHANDLED_LOCK = "SELECT pg_try_advisory_xact_lock(hashtext('qd_unhandled'))"
 # fewer than $2 (an Append under a Limit): the jobs of a positive priority
 # (jobs_priority_idx, migration 0018: empty unless priorities are used), those
 # of priority 0 (jobs_waiting_idx in dt order, nearly every job), those of a
-# negative priority (jobs_priority_idx again). CLAIM_IDS is kept apart so a
-# test can EXPLAIN it: it must read jobs_waiting_idx.
+# negative priority (jobs_priority_idx again). A type whose live handler sets
+# keyConcurrency (migration 0020) reads none of them (a one-time filter): its
+# jobs come from qd_claim_keyed, called in the CTE ``keyed`` of
+# CLAIMABLE_CTES (only for such a type: another pays one probe of the
+# handler's index), starting after the key {after}. CLAIM_IDS is kept apart
+# so a test can EXPLAIN it: it must read jobs_waiting_idx.
+KEYS_CAPPED = "(SELECT n FROM cap) IS NOT NULL"
+CLAIMABLE_CTES = """
+cap AS MATERIALIZED (
+    SELECT (h.data->>'keyConcurrency')::int AS n FROM handlers h
+    WHERE h.type = $1 AND h.deleted_at IS NULL
+    ORDER BY h.dt DESC, h.id DESC
+    LIMIT 1
+), keyed AS MATERIALIZED (
+    SELECT k.id, k.ckey FROM qd_claim_keyed($1, $2::int, (SELECT n FROM cap), {after}) k
+    WHERE (SELECT n FROM cap) IS NOT NULL AND {also}
+)"""
 _CLAIMABLE_PART = f"""
 SELECT * FROM (
-    SELECT {{{{columns}}}}, priority, dt AS picked_dt FROM jobs
+    SELECT {{{{columns}}}}, priority, dt AS picked_dt, ckey FROM jobs
     WHERE type = $1 AND lock = '' AND {{part}} AND dt <= now()
       AND (deadline IS NULL OR deadline > now())
       AND {NOT_PAUSED.format(type="$1")}
+      AND NOT {KEYS_CAPPED}
       AND {{{{also}}}}
     ORDER BY {{order}}
     LIMIT $2
@@ -131,10 +147,20 @@ UNION ALL
 {_CLAIMABLE_PART.format(part="priority = 0", order="dt", name="plain")}
 UNION ALL
 {_CLAIMABLE_PART.format(part="priority < 0", order="priority DESC, dt", name="low")}
+UNION ALL
+SELECT {{columns}}, priority, dt AS picked_dt, ckey FROM jobs
+WHERE id = ANY(ARRAY(SELECT id FROM keyed WHERE id IS NOT NULL))
 ) claimable
 LIMIT $2
 """
-CLAIM_IDS = CLAIMABLE.format(columns="id", also="true")
+CLAIM_IDS = (
+    "WITH "
+    + CLAIMABLE_CTES.format(after="NULL", also="true")
+    + CLAIMABLE.format(columns="id", also="true")
+)
+# The last key a keyed claim visited (NULL for any other): where the claimer's
+# next one starts, so that the keys are served in turn.
+KEY_CURSOR = "(SELECT ckey FROM keyed WHERE id IS NULL)"
 
 # The type's live handler version (evaluated once per statement): the claim
 # reads it in the snapshot that found the jobs, so a job added after a handler
@@ -155,8 +181,9 @@ LIMIT 1
 # whole table (docs/architecture.md). The rows come back joined to what was
 # picked (a hash join of the batch, not a lookup of each job again), in the
 # order they were picked (priority, then dt before the claim, then id), without
-# their type (the one asked for); one more row, its id NULL, carries the
-# type's live handler version in its second column (read once, not per job).
+# their type (the one asked for), with their key; one more row, its id NULL,
+# carries the type's live handler version in its second column (read once, not
+# per job) and in its last the key where the next claim starts (KEY_CURSOR).
 #
 # Nothing is claimed under a sysid whose lease ran out or was released: every
 # daemon's expiry (EXPIRE_LOCKS) takes the jobs of such a sysid back at once,
@@ -166,26 +193,25 @@ LIMIT 1
 # holds, no row is read or locked.)
 # what a claim picks: each job's id and since when it was due, in epoch ms
 PICKED_COLUMNS = "id, floor(extract(epoch FROM greatest(dt, create_dt)) * 1000)::bigint AS due_ms"
-_PICKED = CLAIMABLE.format(
-    columns=PICKED_COLUMNS,
-    also="""NOT EXISTS (
+_SYSID_LIVE = """NOT EXISTS (
         SELECT 1 FROM sysids s
-        WHERE s.sysid = $3 AND (s.expires < now() OR s.released_at IS NOT NULL))""",
-)
+        WHERE s.sysid = $3 AND (s.expires < now() OR s.released_at IS NOT NULL))"""
+# $5 the key after which a keyed claim starts
 CLAIM = f"""
-WITH picked AS MATERIALIZED ({_PICKED}), claimed AS (
+WITH {CLAIMABLE_CTES.format(after="$5", also=_SYSID_LIVE)},
+picked AS MATERIALIZED ({CLAIMABLE.format(columns=PICKED_COLUMNS, also=_SYSID_LIVE)}), claimed AS (
     UPDATE jobs
     SET lock = $3, dt = now() + make_interval(secs => $4), attempts = attempts + 1,
         run_dt = now()
     WHERE id = ANY(ARRAY(SELECT id FROM picked))
     RETURNING id, data, attempts, floor(extract(epoch FROM create_dt) * 1000)::bigint AS created_ms,
-              deadline
+              deadline, ckey
 )
-(SELECT c.id, c.data, c.attempts, c.created_ms, c.deadline, p.due_ms
+(SELECT c.id, c.data, c.attempts, c.created_ms, c.deadline, p.due_ms, c.ckey
  FROM claimed c JOIN picked p ON p.id = c.id
  ORDER BY p.priority DESC, p.picked_dt, c.id)
 UNION ALL
-SELECT NULL, ({LIVE_HANDLER_ID}), NULL, NULL, NULL, NULL
+SELECT NULL, ({LIVE_HANDLER_ID}), NULL, NULL, NULL, NULL, {KEY_CURSOR}
 """
 
 # Waiting jobs of type $1 created and due more than $2 seconds ago are done

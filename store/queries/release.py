@@ -39,7 +39,7 @@ archived AS (
     DELETE FROM jobs j USING {_RELEASES}
     WHERE r.how = 'archive' AND j.id = r.id AND j.lock = r.lock{{scope}}
     RETURNING j.id, j.type, j.data, j.create_dt, j.attempts, j.run_dt, j.runs, j.dependents,
-              j.deadline, j.priority, j.progress, j.lock, r.refund,
+              j.deadline, j.priority, j.progress, j.ckey, j.lock, r.refund,
               coalesce(r.code, j.code) AS code,
               CASE WHEN r.code IS NULL THEN j.exitcode ELSE r.exitcode END AS exitcode,
               CASE WHEN r.code IS NULL THEN j.result ELSE r.result END AS result,
@@ -54,11 +54,12 @@ _PULLED_SCOPE = """
 _MOVED = """
 moved AS (
     INSERT INTO jobs_done (id, type, data, create_dt, done_dt, attempts, code, exitcode, result,
-                           run_dt, ran_by, runs, dependents, deadline, priority, progress)
+                           run_dt, ran_by, runs, dependents, deadline, priority, progress,
+                           ckey)
     SELECT id, type, data, create_dt, now(),
            CASE WHEN refund THEN greatest(attempts - 1, 0) ELSE attempts END,
            code, exitcode, result, run_dt, CASE WHEN uncounted THEN NULL ELSE lock END, runs,
-           dependents, deadline, priority, progress
+           dependents, deadline, priority, progress, ckey
     FROM archived
     {conflict}
 )
@@ -99,12 +100,25 @@ WHERE r.how IN ('retry', 'unget') AND j.id = r.id AND j.lock = r.lock
 RETURNING j.id
 )
 """
-_NOTED = NOTE_DONE.format(rows="(SELECT type, '__done' AS lock FROM archived) a")
+# The done jobs' types on qd_done (NOTE_DONE), and, when some had a
+# concurrency key, those types on qd_jobs as one more job due each: the key
+# may be below its cap again, and the daemons' and workers' next claims
+# (which skipped it) take its next job now (docs/api.md, "Concurrency keys").
+_NOTED = (
+    NOTE_DONE.format(rows="(SELECT type, '__done' AS lock FROM archived) a")
+    + """, freed AS (
+    SELECT pg_notify('qd_jobs', CASE WHEN length(t) < 7000 THEN t ELSE '' END)
+    FROM (SELECT string_agg(DISTINCT type || '=1', ' ') AS t FROM archived
+          WHERE ckey IS NOT NULL) f
+    WHERE t IS NOT NULL
+)"""
+)
 _RELEASE = """
 WITH {archived}, {moved}, {again}, {noted}
 SELECT id, dependents AS resolve FROM archived
 UNION ALL SELECT id, false FROM again
 UNION ALL SELECT NULL, NULL FROM note
+UNION ALL SELECT NULL, NULL FROM freed
 """
 RELEASE = _RELEASE.format(
     archived=_ARCHIVED_ANY, moved=_MOVED.format(conflict=""), again=_AGAIN, noted=_NOTED
@@ -119,6 +133,7 @@ _ARCHIVE = """
 WITH {archived}, {moved}, {noted}
 SELECT id, dependents AS resolve FROM archived
 UNION ALL SELECT NULL, NULL FROM note
+UNION ALL SELECT NULL, NULL FROM freed
 """
 ARCHIVE = _ARCHIVE.format(archived=_ARCHIVED_ANY, moved=_MOVED.format(conflict=""), noted=_NOTED)
 ARCHIVE_KEEP_FIRST = _ARCHIVE.format(
@@ -138,7 +153,7 @@ archived AS (
     DELETE FROM jobs j
     WHERE j.id = ANY((SELECT string_to_array($1, ' '))::text[]) AND j.lock = (SELECT $2::text)
     RETURNING j.id, j.type, j.data, j.create_dt, j.attempts, j.run_dt, j.runs, j.dependents,
-              j.deadline, j.priority, j.progress, j.lock, false AS refund,
+              j.deadline, j.priority, j.progress, j.ckey, j.lock, false AS refund,
               'ok'::text AS code, 200 AS exitcode, NULL::text AS result, false AS uncounted
 )
 """
@@ -179,4 +194,5 @@ counted AS (
 )
 SELECT id, type, attempts, dependents AS resolve FROM archived
 UNION ALL SELECT NULL, NULL, NULL, NULL FROM note
+UNION ALL SELECT NULL, NULL, NULL, NULL FROM freed
 """

@@ -446,7 +446,7 @@ async def test_hot_path_plans_avoid_full_scans(store: PgStore, conn: asyncpg.Con
 
     claim = await _plan(conn, queries.queue.CLAIM_IDS, "bench-t3", 100)
     assert "jobs_waiting_idx" in claim, claim
-    whole_claim = await _plan(conn, queries.queue.CLAIM, "bench-t3", 100, "s1", 60.0)
+    whole_claim = await _plan(conn, queries.queue.CLAIM, "bench-t3", 100, "s1", 60.0, None)
     assert "jobs_waiting_idx" in whole_claim and "jobs_pkey" in whole_claim, whole_claim
     assert "handlers_live_idx" in whole_claim, whole_claim
     for n in range(20):
@@ -749,8 +749,10 @@ async def test_a_pull_workers_statements_look_their_jobs_up_by_id_with_stale_sta
     await conn.execute("VACUUM ANALYZE jobs")
     await conn.execute(storefill.FILL_WAITING, 50_000, 1)  # (fill would analyze)
     lock = "w:" + "a" * 32 + ":wk"
-    rows = await conn.fetch(queries.pulled.CLAIM, "bench-t0", 500, lock, 60.0, "bench", "wk")
-    ids = [r["id"] for r in rows]
+    rows = await conn.fetch(
+        queries.pulled.CLAIM, "bench-t0", 500, lock, 60.0, "bench", "wk", None
+    )
+    ids = [r["id"] for r in rows if r["id"] is not None]
     assert len(ids) == 500
     locks = [lock] * len(ids)
     done = [Release(id=i, how=ReleaseHow.ARCHIVE, code="ok", exitcode=200) for i in ids]

@@ -21,6 +21,7 @@ DISPATCHED = 16  # the early insert as a function
 BLOBS = 17  # blobs
 PRIORITY = 18  # job priorities
 PROGRESS = 19  # a running job's progress
+KEYS = 20  # concurrency keys
 LEASE = 600.0
 
 # The jobs of a store before 0013, written as its statements left them: w1
@@ -80,6 +81,7 @@ async def test_a_store_of_the_layout_before_0013_upgrades_in_place(pg_empty_dsn:
             BLOBS,
             PRIORITY,
             PROGRESS,
+            KEYS,
         ]
     finally:
         await conn.close()

@@ -34,6 +34,7 @@ def split_opted(entries: list[Entry]) -> tuple[list[Entry], list[OptedJobs]]:
                     resolve_any=options.resolve_any,
                     deadline=None if deadline is None else EPOCH + timedelta(milliseconds=deadline),
                     priority=options.priority,
+                    key=options.key,
                 )
             )
         groups[-1].jobs.extend(to_new_jobs([e]))

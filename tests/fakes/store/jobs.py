@@ -78,6 +78,7 @@ class Jobs(Tables):
                     job.dt,
                     group.priority,
                 )
+                row.key = group.key
                 self.rows[job.id] = row
                 added += 1
                 if bad is not None:

@@ -61,7 +61,7 @@ class Pulled(Queue):
         self._heartbeat(client, worker, lease)
         now = self.now()
         jobs = []
-        for row in self._claimable(type, now)[: max(0, limit)]:
+        for row in self._claimable(type, now, limit):
             due_ms = epoch_ms(max(row.dt, row.create_dt))
             row.lock, row.dt, row.run_dt = lock, now + timedelta(seconds=lease), now
             row.attempts += 1
@@ -74,6 +74,7 @@ class Pulled(Queue):
                     create_dt=row.create_dt,
                     lease_until=row.dt,
                     due_ms=due_ms,
+                    key=row.key,
                 )
             )
         return jobs  # in the order taken, as the real claim returns them

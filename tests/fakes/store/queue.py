@@ -117,7 +117,7 @@ class Queue(Tables):
             return []
         handler = self._live_handler(type)
         claimed = []
-        for row in self._claimable(type, now)[:limit]:
+        for row in self._claimable(type, now, limit):
             due_ms = epoch_ms(max(row.dt, row.create_dt))
             row.lock, row.dt, row.run_dt = sysid, now + _secs(lease), now
             row.attempts += 1
@@ -131,6 +131,7 @@ class Queue(Tables):
                     due_ms=due_ms,
                     handler=None if handler is None else handler.id,
                     deadline=row.deadline,
+                    key=row.key,
                 )
             )
         return claimed  # in the order taken, as the real claim returns them

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import secrets
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -72,6 +73,7 @@ class Row:
     deadline: datetime | None = None
     priority: int = 0
     progress: dict[str, object] | None = None
+    key: str | None = None  # ckey (0020)
 
     @property
     def running(self) -> bool:
@@ -79,6 +81,21 @@ class Row:
 
     def ran(self, run: dict[str, object]) -> None:
         self.runs = [*(self.runs or []), run]
+
+
+MAX_KEY_STEPS = 1000  # keys a keyed claim visits at most
+
+
+def _pick_order(row: Row) -> tuple[int, datetime, str]:
+    return (-row.priority, row.dt, row.id)
+
+
+def _in_time(row: Row, now: datetime) -> bool:
+    return row.deadline is None or row.deadline > now
+
+
+def _utf8(key: str) -> bytes:
+    return key.encode("utf-8")  # COLLATE "C": keys in the order of their bytes
 
 
 def state_of(row: Row) -> JobState:
@@ -101,6 +118,7 @@ def job_of(row: Row, *, runs: bool = False) -> Job:
         result=row.result,
         data=row.data,
         priority=row.priority,
+        key=row.key,
         progress=row.progress,
         runs=(row.runs or []) if runs else None,
     )
@@ -116,6 +134,7 @@ class Tables:
         self.edges: set[tuple[str, str]] = set()  # job_deps: (dep, job)
         self.handlers: dict[str, HandlerRecord] = {}  # type -> its live version
         self.pauses: set[str] = set()  # stored types and tenants (0015)
+        self.key_turns: dict[str, str] = {}  # type -> the last key a keyed claim visited
         self.cancel_notes: list[tuple[str, str]] = []  # qd_cancel: (sysid, job id)
         self.cancel_listeners: list[Callable[[str, str], None]] = []
         self.archived: dict[str, int] = {}  # type -> jobs ever archived (0006)
@@ -134,19 +153,41 @@ class Tables:
     def _due(self, row: Row, now: datetime) -> bool:
         return row.lock == "" and row.dt <= now
 
-    def _claimable(self, type: str, now: datetime) -> list[Row]:
-        """``queries.queue.CLAIM_IDS``: eligible, deadline not passed, the higher
-        priority first, then the oldest dt; none while the type is paused."""
-        if self._paused(type):
+    def _claimable(self, type: str, now: datetime, limit: int) -> list[Row]:
+        """``queries.queue.CLAIMABLE``: up to ``limit`` eligible jobs, deadline not
+        passed, the higher priority first, then the oldest dt; none while the type
+        is paused; in a type whose handler sets keyConcurrency, ``qd_claim_keyed``."""
+        if self._paused(type) or limit < 1:
             return []
-        return sorted(
-            (
-                r
-                for r in self.rows.values()
-                if r.type == type and self._due(r, now) and (r.deadline is None or r.deadline > now)
-            ),
-            key=lambda r: (-r.priority, r.dt, r.id),
-        )
+        handler = self._live_handler(type)
+        cap = None if handler is None else handler.data.get("keyConcurrency")
+        due = [r for r in self.rows.values() if r.type == type and self._due(r, now)]
+        if cap is None:
+            return sorted((r for r in due if _in_time(r, now)), key=_pick_order)[:limit]
+        return sorted(self._keyed(type, due, int(str(cap)), limit, now), key=_pick_order)
+
+    def _keyed(self, type: str, due: list[Row], cap: int, limit: int, now: datetime) -> list[Row]:
+        """``qd_claim_keyed`` (migration 0020), its cursor kept in ``key_turns``."""
+        running = Counter(r.key for r in self.rows.values() if r.type == type and r.running)
+        keys = sorted({r.key for r in due if r.key is not None}, key=_utf8)
+        start = self.key_turns.pop(type, "")
+        turn = [k for k in keys if _utf8(k) > _utf8(start)] + [
+            k for k in keys if _utf8(k) <= _utf8(start)
+        ]
+        taken: list[Row] = []
+        for key in turn[:MAX_KEY_STEPS]:
+            if len(taken) >= limit:
+                break
+            self.key_turns[type] = key
+            room = min(cap - running[key], limit - len(taken))
+            if room > 0:
+                mine = [r for r in due if r.key == key and _in_time(r, now)]
+                taken += sorted(mine, key=_pick_order)[:room]
+        if len(taken) < limit:
+            oldest = sorted(due, key=lambda r: (r.dt, r.id))[:1000]
+            free = [r for r in oldest if r.key is None and _in_time(r, now)]
+            taken += sorted(free, key=_pick_order)[: limit - len(taken)]
+        return taken
 
     def _live_handler(self, type: str) -> HandlerRecord | None:
         return self.handlers.get(type)
