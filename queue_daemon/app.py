@@ -52,6 +52,7 @@ from queue_daemon.observe.metrics import Metrics
 from queue_daemon.observe.overview import Overview
 from queue_daemon.observe.queuelog import QueueLog
 from queue_daemon.observe.throughput import Throughput
+from queue_daemon.observe.tracing import Tracing
 from queue_daemon.placement import (
     CpuPlacement,
     protect_daemon_files,
@@ -104,6 +105,7 @@ class Daemon:
         self.connections: ConnectionCaps | None = None
         self.url = ""
         self.advertiser: Advertiser | None = None  # serve --mdns
+        self.tracing = Tracing.off()  # --otlp-endpoint
 
     async def start(self) -> None:
         settings = self.settings
@@ -122,6 +124,7 @@ class Daemon:
         if self.embedded is not None:
             self.cpu_place.serve(self.embedded.pgdata)
         self.identity = identity = await sysids.acquire(store, settings)
+        self.tracing = tracing = Tracing.start(settings.otlp_endpoint)
         journal = identity.journal
         limits = Limits(settings.tenant_defaults())
         tokens = TokenCache(store, limits)
@@ -154,6 +157,7 @@ class Daemon:
             ingest_batch=settings.ingest_batch,
             ingest_workers=settings.ingest_workers,
             on_stored=waiting.stored,
+            tracing=tracing,
         )
         uids = TenantUids(
             lambda: tokens.uid_slots, settings.tenant_uid_base, settings.tenant_uid_count
@@ -210,6 +214,7 @@ class Daemon:
             ensure_uid=tokens.ensure_uid_slot,
             settings=EngineSettings.of(settings),
             done=[done_waits.on_done],
+            tracing=tracing,
         )
         self.pulls = pulls = engine.pulls
         self.run_loop = run_loop = engine.run_loop
@@ -267,6 +272,7 @@ class Daemon:
                 settings.body_memory, max(settings.body_memory // 4, settings.body_limit)
             ),
             ticker=ticker,
+            tracing=tracing,
         )
         # aiohttp's keep-alive timer runs from the connection's start (and from each
         # reply) and closes a connection still waiting for a whole request; with the
@@ -345,6 +351,7 @@ class Daemon:
             await self.store.close()
         if self.embedded is not None:
             await asyncio.to_thread(self.embedded.stop_if_last)
+        await asyncio.to_thread(self.tracing.shutdown)  # the spans not sent yet
         await self.cpu_place.release()
 
 

@@ -78,6 +78,7 @@ class Settings:
     handler_share: tuple[Path, ...] = default_of(RunnerSettings, "share")  # read-write in views
     trust_tenants: bool = default_of(RunnerSettings, "trust_tenants")  # unwalled: every tenant
     mdns: bool = False  # advertise the daemon with multicast DNS (observe.mdns)
+    otlp_endpoint: str | None = None  # traces exported there (observe.tracing); None: off
     tenant_waiting: int = 1_000_000  # waiting + scheduled jobs of one tenant (0 = no limit)
     tenant_handlers: int = 1000  # live handlers of one tenant (0 = no limit)
     tenant_follow_ons: int = 1000  # follow-on jobs one run may add

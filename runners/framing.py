@@ -34,11 +34,14 @@ def batch_frames(
     for the handler of ``type``; each with the jobs it holds. ``emit_limit``:
     bytes of follow-on payloads each job may send; ``emit_batch``: all its jobs
     together (each frame's, when it is split)."""
-    message: dict[str, object] = {
-        "op": "batch",
-        "type": type,
-        "jobs": [{"id": j.id, "payload": j.payload, "attempt": j.attempt} for j in jobs],
-    }
+    items: list[dict[str, object]] = [
+        {"id": j.id, "payload": j.payload, "attempt": j.attempt} for j in jobs
+    ]
+    if any(j.traceparent is not None for j in jobs):  # the daemon traces (observe.tracing)
+        for item, job in zip(items, jobs, strict=True):
+            if job.traceparent is not None:
+                item["traceparent"] = job.traceparent
+    message: dict[str, object] = {"op": "batch", "type": type, "jobs": items}
     if emit_limit is not None:
         message["emit"] = emit_limit
     if emit_batch is not None:

@@ -143,6 +143,8 @@ class HttpRunner:
             "X-Job-Attempt": str(job.attempt),
             "X-Job-Type": spec.type,
         }
+        if job.traceparent is not None:  # the daemon traces: the endpoint's span may join
+            headers["traceparent"] = job.traceparent
         timeout = aiohttp.ClientTimeout(total=spec.timeout)
         try:
             async with self._client().post(

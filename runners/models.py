@@ -53,6 +53,7 @@ class JobInput:
     id: str
     payload: str
     attempt: int  # 1 on the first run
+    traceparent: str | None = None  # its run's span, when the daemon traces (observe.tracing)
 
 
 @dataclass(slots=True, kw_only=True)

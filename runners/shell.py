@@ -74,7 +74,7 @@ class ShellRunner:
                 client=spec.client,
                 home=home,
                 stdin=subprocess.PIPE,
-                env={COMMAND_VARIABLE: spec.body},
+                env=self._env(spec, job),
             )
         except OSError as exc:
             return JobResult(id=job.id, exitcode=ERROR, result=f"cannot start {SHELL}: {exc}")
@@ -119,6 +119,13 @@ class ShellRunner:
             proc.close()
             await self._sandbox.release(proc)
         return self._result(spec, job, proc.returncode, timed_out, bytes(stdout), dropped, stderr)
+
+    @staticmethod
+    def _env(spec: HandlerSpec, job: JobInput) -> dict[str, str]:
+        env = {COMMAND_VARIABLE: spec.body}
+        if job.traceparent is not None:  # the daemon traces (observe.tracing)
+            env["TRACEPARENT"] = job.traceparent
+        return env
 
     def _result(
         self,

@@ -54,6 +54,7 @@ class GraphPart:
                         group.deadline,
                         group.priority,
                         group.key,
+                        group.trace,
                     )
                     # its own ids may be inserted again (queries.intake, REMOVE_DONE)
                     gone = {r[0] for r in await conn.fetch(queries.intake.REMOVE_DONE, columns[0])}

@@ -72,8 +72,9 @@ class PulledPart:
                 lease_until=lease_until,
                 due_ms=due_ms,
                 key=key,
+                trace=trace,
             )
-            for id_, type_, data, attempts, create_dt, lease_until, due_ms, key in rows
+            for id_, type_, data, attempts, create_dt, lease_until, due_ms, key, trace in rows
         ]
         return jobs  # in the order taken (queries.pulled.CLAIM)
 

@@ -102,8 +102,9 @@ class QueuePart:
                 due_ms=due_ms,
                 handler=handler,
                 key=key,
+                trace=trace,
             )
-            for id_, data, attempts, created_ms, deadline, due_ms, key in rows
+            for id_, data, attempts, created_ms, deadline, due_ms, key, trace in rows
         ]
         return jobs  # in the order taken (queries.queue.CLAIM)
 

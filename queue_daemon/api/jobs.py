@@ -6,6 +6,7 @@ import logging
 import math
 import re
 import time
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -39,6 +40,7 @@ from queue_daemon.domain.options import MAX_KEY as MAX_CKEY
 from queue_daemon.domain.views import Paused, TypeStats
 from queue_daemon.engine.admit.ids import MAX_KEY
 from queue_daemon.engine.backoff import Backoff
+from queue_daemon.observe.tracing import Attributes, end, traceparent_of, valid_traceparent
 from queue_daemon.store.errors import BadCursor, Conflict, NotFound
 
 logger = logging.getLogger(__name__)
@@ -67,16 +69,31 @@ async def add_jobs(request: web.Request) -> web.Response:
         body = await _input(services, client, query["input"], body)
         content_type = "text/plain"  # the blob is one payload, never a JSON array of them
     lines = split_payloads(body, content_type, services.limits.of(client).payload)
-    added = await adds.add(
-        client,
-        jobtype,
-        lines,
-        size=len(body),
-        create_ms=now_ms,
-        dt_ms=dt_ms,
-        options=options,
-        key=key,
-    )
+    span = None
+    if services.tracing.on:  # the add's span, a child of the caller's; its jobs keep it
+        caller = valid_traceparent(request.headers.get("traceparent"))
+        attributes: Attributes = {
+            "queue.tenant": client,
+            "queue.type": jobtype,
+            "queue.jobs": len(lines),
+        }
+        span = services.tracing.span("queue.add", caller, attributes=attributes, server=True)
+        options = replace(options, trace=traceparent_of(span))
+    try:
+        added = await adds.add(
+            client,
+            jobtype,
+            lines,
+            size=len(body),
+            create_ms=now_ms,
+            dt_ms=dt_ms,
+            options=options,
+            key=key,
+        )
+    except BaseException as exc:
+        end(span, error=type(exc).__name__)
+        raise
+    end(span)
     services.metrics.add_took(time.perf_counter() - began)
     return json_response({"ids": added.ids})
 

@@ -210,6 +210,7 @@ async def claim(request: web.Request) -> web.Response:
                     "payload": job.data,
                     "attempts": job.attempts,
                     "key": job.key,
+                    "traceparent": job.trace,
                     "lease_until": until[job.lease_until],
                     "lease_s": lease,
                     "claim": token,

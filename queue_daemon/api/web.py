@@ -13,7 +13,7 @@ import logging
 import math
 import re
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -46,6 +46,7 @@ from queue_daemon.journal import Journal
 from queue_daemon.observe.metrics import Metrics
 from queue_daemon.observe.overview import Overview
 from queue_daemon.observe.queuelog import QueueLog
+from queue_daemon.observe.tracing import Tracing
 from queue_daemon.settings import Settings
 from queue_daemon.store.errors import StoreError, StoreUnavailable
 from queue_daemon.store.ports import (
@@ -93,6 +94,7 @@ class Services:
     pulls: Pulls  # jobs of pulled types, claimed by the tenants' workers
     done_waits: DoneWaits  # GETs held until their job is done
     ticker: Ticker  # adds the schedules' ticks (periodic jobs)
+    tracing: Tracing = field(default_factory=Tracing.off)  # spans of adds (--otlp-endpoint)
 
 
 SERVICES = web.AppKey("services", Services)

@@ -9,6 +9,7 @@ import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from queue_daemon.cli.parser import flag
 from queue_daemon.domain.names import valid_sysid
@@ -101,6 +102,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
         handler_share=_directories(args.handler_share, "--handler-share"),
         trust_tenants=args.trust_tenants,
         mdns=args.mdns,
+        otlp_endpoint=_endpoint(args.otlp_endpoint),
         ready_lag=number(args.ready_lag, "--ready-lag", float, 0),
         metrics_tenants=number(args.metrics_tenants, "--metrics-tenants", int, 0),
         metrics_types=number(args.metrics_types, "--metrics-types", int, 0),
@@ -108,6 +110,16 @@ def settings_from(args: argparse.Namespace) -> Settings:
     if settings.body_memory < settings.body_limit:
         raise CliError("--body-memory must be at least --body-limit (one whole body)")
     return settings
+
+
+def _endpoint(text: str | None) -> str | None:
+    """An OTLP/HTTP URL (http or https, with a host), or None for none."""
+    if not text:
+        return None
+    parts = urlsplit(text)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise CliError(f"--otlp-endpoint must be an http(s) URL, not {text!r}")
+    return text
 
 
 def _networks(text: str, flag: str) -> tuple[Network, ...]:

@@ -187,6 +187,13 @@ def build_parser() -> argparse.ArgumentParser:
         " QUEUE_DAEMON_TRUST_TENANTS; default: only the first tenant's (docs/security.md)",
     )
     serve.add_argument(
+        "--otlp-endpoint",
+        default=_env("otlp_endpoint", None),
+        help="export traces (OpenTelemetry, OTLP over HTTP) to this URL, e.g."
+        " http://collector:4318/v1/traces; env QUEUE_DAEMON_OTLP_ENDPOINT, or the SDK's"
+        " OTEL_EXPORTER_OTLP_ENDPOINT; default: no traces (docs/operations.md)",
+    )
+    serve.add_argument(
         "--mdns",
         action="store_true",
         default=flag(_env("mdns", "")),

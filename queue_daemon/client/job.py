@@ -23,6 +23,7 @@ class Job:
         "key",
         "lease_until",
         "payload",
+        "traceparent",
         "type",
     )
 
@@ -32,6 +33,8 @@ class Job:
         self.payload: str = item["payload"]
         self.attempts: int = item["attempts"]
         self.key: str | None = item.get("key")  # its concurrency key, if it has one
+        # its claim's span (W3C) when the daemon traces: the parent of the worker's own
+        self.traceparent: str | None = item.get("traceparent")
         self.lease_until: str = item["lease_until"]
         self.claim: str = item["claim"]
         self._emits: list[dict[str, Any]] = []

@@ -110,6 +110,7 @@ class ClaimedJob:
     handler: str | None = None
     deadline: datetime | None = None  # it ends (408) if not done by then
     key: str | None = None  # its concurrency key (docs/api.md, "Concurrency keys")
+    trace: str | None = None  # its add's span, a W3C traceparent (observe.tracing)
 
     @property
     def create_dt(self) -> datetime:

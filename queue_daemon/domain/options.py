@@ -1,12 +1,14 @@
 """An add's options that travel with its jobs through the journal (after the
 dt field of each line, ``queue_daemon.journal.format``): the jobs they wait
-for, how those must end, a deadline, a priority and a concurrency key. Adds
+for, how those must end, a deadline, a priority, a concurrency key and a
+trace. Adds
 without options write none, so the common line and its parsing are as they were.
 
 ``a<id>,<id>…`` the dependencies; ``r`` all-resolved (default all-completed);
 ``d<epoch ms>`` the deadline; ``p<integer>`` the priority (0 is written as
 nothing); ``k<hex>`` the key, its UTF-8 in hex digits (a key may hold any
-printable character, ``;`` and ``|`` too); joined by ``;``. Ids hold no ``;``, ``,`` or ``|``
+printable character, ``;`` and ``|`` too); ``t<traceparent>`` the trace (a W3C
+traceparent, observe.tracing); joined by ``;``. Ids hold no ``;``, ``,`` or ``|``
 (``ID_RE``); unknown parts are ignored, so an older daemon's lines still read.
 """
 
@@ -19,6 +21,7 @@ ID_RE = re.compile(r"[A-Za-z0-9_.:-]{1,200}")
 MAX_AFTER = 100  # dependencies per job
 PRIORITIES = range(-100, 101)  # a job's priority: higher runs first, 0 by default
 _PRIORITY = re.compile(r"p-?[0-9]{1,4}")
+_TRACE = re.compile(r"t00-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}")
 MAX_KEY = 200  # characters of a concurrency key
 
 
@@ -40,6 +43,7 @@ class JobOptions:
     deadline_ms: int | None = None
     priority: int = 0
     key: str | None = None
+    trace: str | None = None  # the add's span (a W3C traceparent), when traced
 
     def __bool__(self) -> bool:
         return (
@@ -47,6 +51,7 @@ class JobOptions:
             or self.deadline_ms is not None
             or self.priority != 0
             or self.key is not None
+            or self.trace is not None
         )
 
     def encode(self) -> str:
@@ -61,6 +66,8 @@ class JobOptions:
             parts.append(f"p{self.priority:d}")
         if self.key is not None:
             parts.append("k" + self.key.encode("utf-8").hex())
+        if self.trace is not None:
+            parts.append("t" + self.trace)
         return ";".join(parts)
 
     @classmethod
@@ -70,6 +77,7 @@ class JobOptions:
         deadline: int | None = None
         priority = 0
         key: str | None = None
+        trace: str | None = None
         for part in text.split(";"):
             if part.startswith("a"):
                 after = tuple(i for i in part[1:].split(",") if i)
@@ -81,7 +89,9 @@ class JobOptions:
                 priority = max(PRIORITIES.start, min(PRIORITIES.stop - 1, int(part[1:])))
             elif part.startswith("k"):
                 key = _key(part[1:])
-        return cls(after, resolve_any, deadline, priority, key)
+            elif _TRACE.fullmatch(part):
+                trace = part[1:]
+        return cls(after, resolve_any, deadline, priority, key, trace)
 
 
 def _key(text: str) -> str | None:

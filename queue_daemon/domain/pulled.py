@@ -21,6 +21,7 @@ class PulledJob:
     lease_until: datetime
     due_ms: int | None = None  # as ClaimedJob's, for the queue log
     key: str | None = None  # its concurrency key
+    trace: str | None = None  # its add's span, a W3C traceparent (observe.tracing)
 
 
 class HeldJob(NamedTuple):
@@ -42,3 +43,4 @@ class OptedJobs:
     deadline: datetime | None = None
     priority: int = 0
     key: str | None = None
+    trace: str | None = None  # the add's span, a W3C traceparent (observe.tracing)

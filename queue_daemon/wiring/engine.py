@@ -30,6 +30,7 @@ from queue_daemon.engine.upkeep.supervisor import Service, Supervisor
 from queue_daemon.engine.upkeep.unhandled import SweepSettings, SweepUnhandled
 from queue_daemon.observe.metrics import Metrics
 from queue_daemon.observe.queuelog import QueueLog
+from queue_daemon.observe.tracing import Tracing
 from queue_daemon.scheduler import Scheduler
 from queue_daemon.settings import DEFAULTS, Settings
 from queue_daemon.store.ports import Store
@@ -79,6 +80,7 @@ def build_engine(
     ensure_uid: EnsureUid,
     settings: EngineSettings,
     done: Sequence[OnDone] = (),
+    tracing: Tracing | None = None,
 ) -> Engine:
     """The engine's parts, wired; ``done``: told of done jobs (held GETs)."""
     run = settings.run
@@ -125,6 +127,7 @@ def build_engine(
         metrics=metrics,
         sysid=sysid,
         settings=run,
+        tracing=tracing,
     )
     pulls = Pulls(
         store=store,
@@ -133,6 +136,7 @@ def build_engine(
         queuelog=queuelog,
         metrics=metrics,
         progress=progress,
+        tracing=tracing,
     )
     notices = Notices(
         jobs=[run_loop.on_jobs, pulls.waits.on_jobs],

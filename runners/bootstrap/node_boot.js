@@ -312,6 +312,8 @@ class Ctx {
   constructor(job, emitLimit, budget) {
     this.id = job.id;
     this.attempt = job.attempt;
+    // the W3C traceparent of this run's span when the daemon traces, else null
+    this.traceparent = job.traceparent ?? null;
     this.type = handlerType;
     this.client = client;
     this[EMITS] = new Emits(emitLimit, budget);

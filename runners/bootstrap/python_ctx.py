@@ -22,7 +22,8 @@ MAX_MESSAGE = 200  # characters of a progress message sent
 
 
 class Ctx:
-    """The ``ctx`` a handler gets: id, attempt, type, emit(type, payload). Its
+    """The ``ctx`` a handler gets: id, attempt, type, traceparent, emit(type,
+    payload), progress(fraction, message). Its
     ``emit`` calls are kept up to ``limit`` bytes of payloads (the daemon's emit
     limit for the tenant) and while the batch's ``budget`` (a one-item list its
     jobs share, or None) lasts, each payload costing it its bytes and 64 KiB
@@ -43,6 +44,7 @@ class Ctx:
         "attempt",
         "client",
         "id",
+        "traceparent",
         "type",
     )
 
@@ -56,6 +58,8 @@ class Ctx:
     ) -> None:
         self.id = job["id"]
         self.attempt = job.get("attempt", 1)
+        # the W3C traceparent of this run's span when the daemon traces, else None
+        self.traceparent = job.get("traceparent")
         self.type = type_
         self.client = client
         self._pairs: list[list[str]] = []

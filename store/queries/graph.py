@@ -27,7 +27,7 @@ WHERE id = ANY($1::text[])
 
 # $1..$5 the new jobs' columns as arrays (as intake.INSERT_FEW), $6 the ids of
 # their dependencies, $7 resolve_any (all-resolved), $8 deadline or NULL, $9
-# the priority, $10 the key or NULL; after
+# the priority, $10 the key or NULL, $11 the trace or NULL; after
 # MARK_DEPENDENCIES in its transaction. A dependency that is no longer in the
 # store (purged) counts as completed.
 INSERT = """
@@ -44,7 +44,7 @@ state AS (
 ),
 added AS (
     INSERT INTO jobs (id, type, dt, data, create_dt, deadline, resolve_any, deps, deps_dt,
-                      lock, done_dt, code, exitcode, result, priority, ckey)
+                      lock, done_dt, code, exitcode, result, priority, ckey, trace)
     SELECT n.id, n.type,
            CASE WHEN s.bad IS NOT NULL THEN now() + interval '1000 years'
                 WHEN s.open > 0 THEN 'infinity'::timestamptz
@@ -56,7 +56,7 @@ added AS (
            CASE WHEN s.bad IS NOT NULL THEN 'failed' END,
            CASE WHEN s.bad IS NOT NULL THEN 424 END,
            CASE WHEN s.bad IS NOT NULL THEN 'dependency ' || s.bad || ' did not complete' END,
-           $9::smallint, $10::text
+           $9::smallint, $10::text, $11::text
     FROM unnest($1::text[], $2::text[], $3::timestamptz[], $4::text[], $5::timestamptz[])
          AS n(id, type, dt, data, create_dt)
     CROSS JOIN state s

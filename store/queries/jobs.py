@@ -270,8 +270,9 @@ WITH moved AS (
     WHERE id = ANY(ARRAY({{pick_done}}))
     RETURNING *
 ), back AS (
-    INSERT INTO jobs (id, type, dt, data, create_dt, attempts, runs, priority, ckey)
-    SELECT m.id, m.type, now(), m.data, m.create_dt, 0, {_FINAL_RUN}, m.priority, m.ckey
+    INSERT INTO jobs (id, type, dt, data, create_dt, attempts, runs, priority, ckey, trace)
+    SELECT m.id, m.type, now(), m.data, m.create_dt, 0, {_FINAL_RUN}, m.priority, m.ckey,
+           m.trace
     FROM moved m
     RETURNING id, type
 ), here AS (

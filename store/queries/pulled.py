@@ -56,13 +56,14 @@ WITH {_HEARTBEAT.format(client="$5", worker="$6", lease="$4::float8")},
     SET lock = $3, dt = now() + make_interval(secs => $4), attempts = attempts + 1,
         run_dt = now()
     WHERE id = ANY(ARRAY(SELECT id FROM picked))
-    RETURNING id, type, data, attempts, create_dt, dt AS lease_until, ckey
+    RETURNING id, type, data, attempts, create_dt, dt AS lease_until, ckey, trace
 )
-(SELECT c.id, c.type, c.data, c.attempts, c.create_dt, c.lease_until, p.due_ms, c.ckey
+(SELECT c.id, c.type, c.data, c.attempts, c.create_dt, c.lease_until, p.due_ms, c.ckey,
+        c.trace
  FROM claimed c JOIN picked p ON p.id = c.id
  ORDER BY p.priority DESC, p.picked_dt, c.id)
 UNION ALL
-SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, {KEY_CURSOR}
+SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, {KEY_CURSOR}, NULL
 """
 
 # The lease of a pulled type: its live handler's timeout ($fallback without one).

@@ -181,7 +181,7 @@ LIMIT 1
 # whole table (docs/architecture.md). The rows come back joined to what was
 # picked (a hash join of the batch, not a lookup of each job again), in the
 # order they were picked (priority, then dt before the claim, then id), without
-# their type (the one asked for), with their key; one more row, its id NULL,
+# their type (the one asked for), with their key and trace; one more row, its id NULL,
 # carries the type's live handler version in its second column (read once, not
 # per job) and in its last the key where the next claim starts (KEY_CURSOR).
 #
@@ -205,13 +205,13 @@ picked AS MATERIALIZED ({CLAIMABLE.format(columns=PICKED_COLUMNS, also=_SYSID_LI
         run_dt = now()
     WHERE id = ANY(ARRAY(SELECT id FROM picked))
     RETURNING id, data, attempts, floor(extract(epoch FROM create_dt) * 1000)::bigint AS created_ms,
-              deadline, ckey
+              deadline, ckey, trace
 )
-(SELECT c.id, c.data, c.attempts, c.created_ms, c.deadline, p.due_ms, c.ckey
+(SELECT c.id, c.data, c.attempts, c.created_ms, c.deadline, p.due_ms, c.ckey, c.trace
  FROM claimed c JOIN picked p ON p.id = c.id
  ORDER BY p.priority DESC, p.picked_dt, c.id)
 UNION ALL
-SELECT NULL, ({LIVE_HANDLER_ID}), NULL, NULL, NULL, NULL, {KEY_CURSOR}
+SELECT NULL, ({LIVE_HANDLER_ID}), NULL, NULL, NULL, NULL, {KEY_CURSOR}, NULL
 """
 
 # Waiting jobs of type $1 created and due more than $2 seconds ago are done

@@ -39,7 +39,7 @@ archived AS (
     DELETE FROM jobs j USING {_RELEASES}
     WHERE r.how = 'archive' AND j.id = r.id AND j.lock = r.lock{{scope}}
     RETURNING j.id, j.type, j.data, j.create_dt, j.attempts, j.run_dt, j.runs, j.dependents,
-              j.deadline, j.priority, j.progress, j.ckey, j.lock, r.refund,
+              j.deadline, j.priority, j.progress, j.ckey, j.trace, j.lock, r.refund,
               coalesce(r.code, j.code) AS code,
               CASE WHEN r.code IS NULL THEN j.exitcode ELSE r.exitcode END AS exitcode,
               CASE WHEN r.code IS NULL THEN j.result ELSE r.result END AS result,
@@ -55,11 +55,11 @@ _MOVED = """
 moved AS (
     INSERT INTO jobs_done (id, type, data, create_dt, done_dt, attempts, code, exitcode, result,
                            run_dt, ran_by, runs, dependents, deadline, priority, progress,
-                           ckey)
+                           ckey, trace)
     SELECT id, type, data, create_dt, now(),
            CASE WHEN refund THEN greatest(attempts - 1, 0) ELSE attempts END,
            code, exitcode, result, run_dt, CASE WHEN uncounted THEN NULL ELSE lock END, runs,
-           dependents, deadline, priority, progress, ckey
+           dependents, deadline, priority, progress, ckey, trace
     FROM archived
     {conflict}
 )
@@ -153,7 +153,7 @@ archived AS (
     DELETE FROM jobs j
     WHERE j.id = ANY((SELECT string_to_array($1, ' '))::text[]) AND j.lock = (SELECT $2::text)
     RETURNING j.id, j.type, j.data, j.create_dt, j.attempts, j.run_dt, j.runs, j.dependents,
-              j.deadline, j.priority, j.progress, j.ckey, j.lock, false AS refund,
+              j.deadline, j.priority, j.progress, j.ckey, j.trace, j.lock, false AS refund,
               'ok'::text AS code, 200 AS exitcode, NULL::text AS result, false AS uncounted
 )
 """

@@ -749,9 +749,7 @@ async def test_a_pull_workers_statements_look_their_jobs_up_by_id_with_stale_sta
     await conn.execute("VACUUM ANALYZE jobs")
     await conn.execute(storefill.FILL_WAITING, 50_000, 1)  # (fill would analyze)
     lock = "w:" + "a" * 32 + ":wk"
-    rows = await conn.fetch(
-        queries.pulled.CLAIM, "bench-t0", 500, lock, 60.0, "bench", "wk", None
-    )
+    rows = await conn.fetch(queries.pulled.CLAIM, "bench-t0", 500, lock, 60.0, "bench", "wk", None)
     ids = [r["id"] for r in rows if r["id"] is not None]
     assert len(ids) == 500
     locks = [lock] * len(ids)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
@@ -26,8 +27,9 @@ from queue_daemon.domain.jobs import ClaimedJob, NewJob, added_once
 from queue_daemon.domain.pulled import OptedJobs
 from queue_daemon.engine.backoff import Backoff
 from queue_daemon.engine.ingest.early import Dispatcher, EarlyAdd, stored_early
-from queue_daemon.engine.ingest.lines import split_opted, to_new_jobs
+from queue_daemon.engine.ingest.lines import opted_traces, split_opted, to_new_jobs
 from queue_daemon.journal import Entry, Journal, Reservation
+from queue_daemon.observe.tracing import Tracing
 from queue_daemon.store.errors import StoreError, StoreUnavailable
 from queue_daemon.store.ports import JobIntake
 
@@ -86,8 +88,10 @@ class Ingester:
         ingest_batch: int,
         ingest_workers: int,
         on_stored: Callable[[Sequence[Entry]], None] = lambda entries: None,
+        tracing: Tracing | None = None,
     ) -> None:
         self._journal = journal
+        self._tracing = tracing or Tracing.off()  # traced adds' ingest spans
         self._store = store
         self._on_stored = on_stored  # told of each batch in the store (admission's counts)
         self._batch = ingest_batch
@@ -329,8 +333,11 @@ class Ingester:
                     added += new
                 elif rest:
                     added += await self._store.add_jobs(rest, durable=False, fresh=fresh)
-                if opted:  # dependencies and deadlines: rare, one statement per add
+                if opted:  # options: rare, one statement per add
+                    began_ns = time.time_ns()
                     added += await self._store.add_opted(opted)
+                    if self._tracing.on:
+                        self._tracing.step("queue.ingest", opted_traces(opted), began_ns)
                 if durable and await self._store.flush() != epoch:
                     # the server restarted between the insert and the flush
                     fresh = False

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from typing import NamedTuple
 
 from queue_daemon.domain.jobs import NewJob
 from queue_daemon.domain.options import JobOptions
@@ -35,6 +36,7 @@ def split_opted(entries: list[Entry]) -> tuple[list[Entry], list[OptedJobs]]:
                     deadline=None if deadline is None else EPOCH + timedelta(milliseconds=deadline),
                     priority=options.priority,
                     key=options.key,
+                    trace=options.trace,
                 )
             )
         groups[-1].jobs.extend(to_new_jobs([e]))
@@ -54,3 +56,13 @@ def to_new_jobs(entries: list[Entry]) -> list[NewJob]:
             created = stamps[e.create_ms] = EPOCH + timedelta(milliseconds=e.create_ms)
         jobs.append(NewJob(id=e.id, type=e.type, dt=dt, data=e.payload, create_dt=created))
     return jobs
+
+
+class _AddTrace(NamedTuple):
+    id: str  # its first job's
+    trace: str | None
+
+
+def opted_traces(groups: list[OptedJobs]) -> list[_AddTrace]:
+    """The traced adds among ``groups``, named by their first job (observe.tracing)."""
+    return [_AddTrace(g.jobs[0].id, g.trace) for g in groups if g.trace is not None and g.jobs]

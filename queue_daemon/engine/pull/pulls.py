@@ -30,6 +30,7 @@ from queue_daemon.engine.pull.holds import RECHECK_S, JobWaits
 from queue_daemon.engine.releases import Releases
 from queue_daemon.observe.metrics import Metrics
 from queue_daemon.observe.queuelog import QueueLog
+from queue_daemon.observe.tracing import Tracing, end
 from queue_daemon.runners.models import HandlerSpec, JobResult
 from queue_daemon.runners.output import clip
 from queue_daemon.store.ports import Claim, PulledJobs
@@ -72,8 +73,10 @@ class Pulls:
         queuelog: QueueLog,
         metrics: Metrics,
         progress: ProgressBoard | None = None,
+        tracing: Tracing | None = None,
     ) -> None:
         self._store = store
+        self._tracing = tracing or Tracing.off()  # traced jobs' claim spans
         self._progress = progress
         self._handlers = handlers
         self._releases = releases
@@ -109,7 +112,7 @@ class Pulls:
         deadline = time.monotonic() + wait
         stored = jobtype.stored
         while True:
-            began = time.perf_counter()
+            began, began_ns = time.perf_counter(), time.time_ns()
             jobs = await self._store.claim_pulled(
                 stored,
                 limit,
@@ -129,6 +132,12 @@ class Pulls:
         if jobs:
             self._metrics.pulled(jobtype.client, "claimed", len(jobs))
             self._queuelog.started(stored, jobs, worker=worker)
+            if self._tracing.on:  # a traced job's worker gets its claim's span
+                attributes = {"queue.type": stored, "queue.worker": worker}
+                for span in self._tracing.begin(
+                    "queue.claim", jobs, attributes, start_ns=began_ns
+                ).values():
+                    end(span)
         return claim, spec.timeout, jobs
 
     async def renew(

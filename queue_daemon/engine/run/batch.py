@@ -115,7 +115,10 @@ class BatchRunner:
     ) -> list[Release]:
         """The releases of a batch's runs; ``run_ms`` gets each run's time (measured
         by the runner, else the batch's time shared out)."""
-        inputs = [JobInput(id=job.id, payload=job.data, attempt=job.attempts) for job in jobs]
+        inputs = [
+            JobInput(id=job.id, payload=job.data, attempt=job.attempts, traceparent=job.trace)
+            for job in jobs
+        ]
         await self._ensure_uid(spec.client)
         batch = self._releases.of(spec)
         try:

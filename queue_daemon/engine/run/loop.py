@@ -20,26 +20,30 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Collection, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from typing import TYPE_CHECKING
 
-from queue_daemon.domain.jobs import ClaimedJob, Dispatch, NewJob, Release, ReleaseHow
+from queue_daemon.domain.jobs import ClaimedJob, Release, ReleaseHow
 from queue_daemon.domain.names import JobType
 from queue_daemon.domain.outcomes import put_back
 from queue_daemon.engine.backoff import Backoff
 from queue_daemon.engine.handlers import PULLED_LANG, HandlerCache
 from queue_daemon.engine.run.batch import BatchRunner, Runners, seconds_left
 from queue_daemon.engine.run.cancels import Cancels, started
+from queue_daemon.engine.run.dispatch import IngestDispatch
 from queue_daemon.engine.run.fairness import TenantBatches
 from queue_daemon.engine.run.pick import POLL_S, WaitingTypes, claimable
 from queue_daemon.engine.run.sizes import BatchSizes
 from queue_daemon.observe.metrics import Metrics
 from queue_daemon.observe.queuelog import QueueLog
+from queue_daemon.observe.tracing import Tracing
 from queue_daemon.scheduler import Pick, Scheduler
 from queue_daemon.settings import DEFAULTS
 from queue_daemon.store.errors import StoreError
 from queue_daemon.store.ports import JobQueue
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Span
 
 logger = logging.getLogger(__name__)
 
@@ -63,7 +67,7 @@ class RunSettings:
     lease: float = DEFAULTS.lease  # seconds a claim holds its jobs (engine.upkeep.renew)
 
 
-class RunLoop:
+class RunLoop(IngestDispatch):
     """Claims batches of daemon-run types, runs them and releases them."""
 
     def __init__(
@@ -81,6 +85,7 @@ class RunLoop:
         metrics: Metrics,
         sysid: str,
         settings: RunSettings,
+        tracing: Tracing | None = None,
     ) -> None:
         self._store = store
         self._scheduler = scheduler
@@ -94,6 +99,7 @@ class RunLoop:
         self._metrics = metrics
         self._sysid = sysid
         self._settings = settings
+        self._tracing = tracing or Tracing.off()  # traced jobs' spans (observe.tracing)
         self._running: dict[str, ClaimedJob] = {}
         self._batches: dict[asyncio.Task[None], list[ClaimedJob]] = {}
         self._cancels = Cancels(keep=2 * settings.lease)  # cancelled while running here
@@ -232,11 +238,13 @@ class RunLoop:
         # past the lease, and another one may be running the jobs)
         start_by = time.monotonic() + self._settings.lease
         try:
-            began = time.perf_counter()
+            began, began_ns = time.perf_counter(), time.time_ns()
             jobs = await self._store.claim(
                 jobtype, limit, sysid=self._sysid, lease=self._settings.lease
             )
             self._metrics.claimed(jobtype, len(jobs), time.perf_counter() - began)
+            if self._tracing.on:
+                self._tracing.step("queue.claim", jobs, began_ns, {"queue.sysid": self._sysid})
         finally:
             self._claiming -= 1
             self._let_go(jobtype, limit - len(jobs), all_of_it=not jobs)
@@ -244,74 +252,6 @@ class RunLoop:
         if jobs:
             self._start(jobtype, jobs, start_by)
         return True
-
-    # dispatch at add and at ingest (engine.ingest.early.Dispatcher)
-    def take(self, jobs: Sequence[NewJob]) -> Dispatch | None:
-        """Of a fresh add or batch being ingested, the jobs this daemon runs at once, their
-        slots held: the ingester stores them claimed (``dispatched`` then starts
-        them), so their run waits for no notification and no claim. Only while
-        nothing else waits here (no turn of another tenant or type is taken), for
-        jobs due now of types whose handler (not a pull worker's) is in the cache,
-        as many as the next batch of their type and the free slots allow."""
-        if (
-            self._stopping
-            or self._waiting.counts
-            or self._claiming
-            or len(self._batches) >= self._settings.max_parallel_batches
-        ):
-            return None
-        now = datetime.now(UTC)
-        groups: dict[str, list[str]] = {}
-        for job in jobs:
-            if job.dt <= now:
-                groups.setdefault(job.type, []).append(job.id)
-        holds: list[tuple[str, int]] = []
-        taken: list[str] = []
-        for jobtype, ids in groups.items():
-            spec = self._handlers.cached(jobtype)
-            tenant = JobType.client_of(jobtype)
-            if (
-                spec is None
-                or spec.lang == PULLED_LANG
-                or tenant in self._tenants.full()  # (each hold counts a batch)
-                or len(self._batches) + len(holds) >= self._settings.max_parallel_batches
-                or not self._sizes.may_claim(jobtype)
-            ):
-                continue
-            free = self._scheduler.free_for(tenant)
-            if free <= 0:
-                continue
-            limit = min(len(ids), free, self._sizes.size(jobtype))
-            self._hold(jobtype, limit)
-            holds.append((jobtype, limit))
-            taken += ids[:limit]
-        if not holds:
-            return None
-        dispatch = Dispatch(ids=frozenset(taken), sysid=self._sysid, lease=self._settings.lease)
-        self._dispatches[id(dispatch)] = (holds, time.monotonic() + self._settings.lease)
-        return dispatch
-
-    def dispatched(self, dispatch: Dispatch, claimed: Sequence[ClaimedJob]) -> None:
-        """The jobs of ``dispatch`` stored ``claimed`` by this daemon (none when the
-        insert failed or the sysid could not claim): run them, let the rest go."""
-        holds, start_by = self._dispatches.pop(id(dispatch))
-        by_type: dict[str, list[ClaimedJob]] = {}
-        for job in claimed:
-            by_type.setdefault(job.type, []).append(job)
-        for jobtype, limit in holds:
-            jobs = by_type.get(jobtype, [])
-            self._let_go(jobtype, limit - len(jobs), all_of_it=not jobs)
-            if jobs:
-                self._metrics.dispatched(jobtype, len(jobs))
-                self._start(jobtype, jobs, start_by)
-
-    def still_running(self, ids: Collection[str]) -> Dispatch | None:
-        """Of ``ids``, the jobs this daemon runs now, to be stored claimed by it
-        again after a store crash took their rows (None: none of them)."""
-        mine = frozenset(job_id for job_id in ids if job_id in self._running)
-        if not mine:
-            return None
-        return Dispatch(ids=mine, sysid=self._sysid, lease=self._settings.lease, running=True)
 
     def _hold(self, jobtype: str, limit: int) -> None:
         """Slots for a batch of up to ``limit`` jobs of ``jobtype``, held from the
@@ -340,6 +280,12 @@ class RunLoop:
     async def _run_batch(self, jobtype: str, jobs: list[ClaimedJob], start_by: float) -> None:
         releases: list[Release] = []
         run_ms: dict[str, float] = {}
+        # the runs' spans of traced jobs (their handlers get them as their trace)
+        runs = (
+            self._tracing.begin("queue.run", jobs, {"queue.type": jobtype})
+            if self._tracing.on
+            else {}
+        )
         try:
             # stopped when a job's deadline passes: the store ends that job (408)
             # and the batch's other jobs run again, their attempt not counted
@@ -358,7 +304,7 @@ class RunLoop:
             releases = [put_back(job) for job in jobs]
             raise
         finally:
-            await asyncio.shield(self._finish(jobtype, jobs, releases, run_ms))
+            await asyncio.shield(self._finish(jobtype, jobs, releases, run_ms, runs))
 
     async def _finish(
         self,
@@ -366,8 +312,10 @@ class RunLoop:
         jobs: list[ClaimedJob],
         releases: list[Release],
         run_ms: dict[str, float],
+        runs: dict[str, Span],
     ) -> None:
         backoff = Backoff(RETRY_FIRST_S, RETRY_MAX_S)
+        ran_ns = time.time_ns()
         by_id = {job.id: job for job in jobs}
         lost: list[Release] = []
         await self._runner.flush_progress(by_id)  # kept with the done jobs
@@ -396,6 +344,8 @@ class RunLoop:
                 # the jobs, which at-least-once allows
                 logger.warning("release failed: %s", exc, extra={"action": "release_failed"})
                 await backoff.sleep()
+        if runs:
+            self._tracing.released(runs, {r.id: r.code for r in releases}, ran_ns)
         for job in jobs:
             if self._running.get(job.id) is job:
                 del self._running[job.id]

@@ -78,7 +78,7 @@ class Jobs(Tables):
                     job.dt,
                     group.priority,
                 )
-                row.key = group.key
+                row.key, row.trace = group.key, group.trace
                 self.rows[job.id] = row
                 added += 1
                 if bad is not None:

@@ -75,6 +75,7 @@ class Pulled(Queue):
                     lease_until=row.dt,
                     due_ms=due_ms,
                     key=row.key,
+                    trace=row.trace,
                 )
             )
         return jobs  # in the order taken, as the real claim returns them

@@ -132,6 +132,7 @@ class Queue(Tables):
                     handler=None if handler is None else handler.id,
                     deadline=row.deadline,
                     key=row.key,
+                    trace=row.trace,
                 )
             )
         return claimed  # in the order taken, as the real claim returns them

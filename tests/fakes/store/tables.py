@@ -74,6 +74,7 @@ class Row:
     priority: int = 0
     progress: dict[str, object] | None = None
     key: str | None = None  # ckey (0020)
+    trace: str | None = None  # (0021)
 
     @property
     def running(self) -> bool:
