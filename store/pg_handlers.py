@@ -104,9 +104,13 @@ class HandlersPart:
         )
 
     async def recent_failures(
-        self, client: str | None, limit: int, result_chars: int
+        self, client: str | None, limit: int, result_chars: int, *, type: str | None = None
     ) -> list[FailedJob]:
-        if client is None:
+        if type is not None:
+            rows = await self._db.fetch(
+                queries.dashboard.RECENT_FAILURES_TYPE, type, limit, result_chars
+            )
+        elif client is None:
             rows = await self._db.fetch(queries.dashboard.RECENT_FAILURES_ALL, limit, result_chars)
         else:
             rows = await self._db.fetch(

@@ -264,9 +264,10 @@ class Dashboard(Protocol):
         ...
 
     async def recent_failures(
-        self, client: str | None, limit: int, result_chars: int
+        self, client: str | None, limit: int, result_chars: int, *, type: str | None = None
     ) -> list[FailedJob]:
-        """The newest ``limit`` failed or errored jobs, results cut to ``result_chars``."""
+        """The newest ``limit`` failed or errored jobs (of the stored ``type`` only,
+        when given), results cut to ``result_chars``."""
         ...
 
     async def daemon_leases(self, limit: int) -> list[DaemonLease]:

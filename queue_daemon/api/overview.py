@@ -12,6 +12,7 @@ from aiohttp import web
 from queue_daemon.api import errors
 from queue_daemon.api.auth import authorize, authorize_admin
 from queue_daemon.api.web import SERVICES, json_response
+from queue_daemon.domain.names import JobType, valid_client, valid_type
 from queue_daemon.observe.overview import DEFAULT_LIMIT, MAX_LIMIT
 
 
@@ -49,13 +50,34 @@ def _limit(request: web.Request) -> int:
     return int(text)
 
 
+def _failed_type(request: web.Request, client: str | None) -> str | None:
+    """The stored type whose failures alone are listed (``?type=``; for the
+    operator also ``?client=``), or None for every type's."""
+    name = request.query.get("type")
+    if name is None:
+        if "client" in request.query:
+            raise errors.bad_request("client applies with type")
+        return None
+    if not valid_type(name):
+        raise errors.bad_name("type must match [A-Za-z0-9_.:-]{1,100}")
+    if client is None:
+        client = request.query.get("client", "")
+        if not valid_client(client):
+            raise errors.bad_request("the operator's overview names a type with its client")
+    elif "client" in request.query:
+        raise errors.bad_request("a tenant's overview lists only its own types: no client")
+    return JobType(client, name).stored
+
+
 async def admin_overview(request: web.Request) -> web.Response:
     services = request.app[SERVICES]
     await authorize_admin(request, services)
-    return json_response(await services.overview.body(None, _limit(request)))
+    failed = _failed_type(request, None)
+    return json_response(await services.overview.body(None, _limit(request), failed_type=failed))
 
 
 async def tenant_overview(request: web.Request) -> web.Response:
     services = request.app[SERVICES]
     client = await authorize(request, services)
-    return json_response(await services.overview.body(client, _limit(request)))
+    failed = _failed_type(request, client)
+    return json_response(await services.overview.body(client, _limit(request), failed_type=failed))

@@ -43,27 +43,32 @@ class Overview:
         self.store = store
         self.throughput = throughput
         self.sysid = sysid
-        self._cache: dict[tuple[str | None, int], tuple[float, dict[str, Any]]] = {}
+        self._cache: dict[tuple[str | None, int, str | None], tuple[float, dict[str, Any]]] = {}
 
-    async def body(self, client: str | None, limit: int = DEFAULT_LIMIT) -> dict[str, Any]:
-        """The overview of ``client``'s queues, or of every tenant's when None."""
-        key = (client, limit)
+    async def body(
+        self, client: str | None, limit: int = DEFAULT_LIMIT, *, failed_type: str | None = None
+    ) -> dict[str, Any]:
+        """The overview of ``client``'s queues, or of every tenant's when None;
+        its failures those of the stored type ``failed_type`` only, when given."""
+        key = (client, limit, failed_type)
         now = time.monotonic()
         cached = self._cache.get(key)
         if cached is not None and now - cached[0] < CACHE_S:
             return cached[1]
-        body = await self._build(client, limit)
+        body = await self._build(client, limit, failed_type)
         if len(self._cache) >= _CACHE_ENTRIES:
             self._cache.clear()
         self._cache[key] = (now, body)
         return body
 
-    async def _build(self, client: str | None, limit: int) -> dict[str, Any]:
+    async def _build(
+        self, client: str | None, limit: int, failed_type: str | None
+    ) -> dict[str, Any]:
         store = self.store
         depths, running, failures, daemons, workers = await asyncio.gather(
             store.queue_depths(client, MAX_QUEUES + 1, COUNT_CAP),
             store.running_jobs(client, limit),
-            store.recent_failures(client, limit, RESULT_CHARS),
+            store.recent_failures(client, limit, RESULT_CHARS, type=failed_type),
             store.daemon_leases(MAX_DAEMONS),
             store.workers(client),
         )
@@ -81,6 +86,7 @@ class Overview:
                 "oldest": [_running(job, now) for job in running.oldest],
             },
             "failures": [_failure(job) for job in failures],
+            "failures_of": None if failed_type is None else "/".join(_split(failed_type)),
             "daemons": [_daemon(lease, operator=client is None) for lease in daemons],
             "workers": [_worker(seen) for seen in workers[:MAX_WORKERS]],
             "workers_cut": len(workers) > MAX_WORKERS,

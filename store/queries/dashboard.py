@@ -149,6 +149,8 @@ LIMIT {limit}
 """
 RECENT_FAILURES_ALL = _RECENT_FAILURES.format(scope=_ALL, limit="$1", chars="$2")
 RECENT_FAILURES_CLIENT = _RECENT_FAILURES.format(scope=_ONE, limit="$2", chars="$3")
+# the dead letters of one stored type $1
+RECENT_FAILURES_TYPE = _RECENT_FAILURES.format(scope="type = $1", limit="$2", chars="$3")
 
 # Daemons' sysid leases ($1 at most): live ones first, then those that lapsed
 # or were released most recently.

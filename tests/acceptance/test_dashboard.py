@@ -273,9 +273,14 @@ async def test_dashboard_buttons_rerun_cancel_pause_and_resume(
     await handlers.add(
         "sleep", "python", "import time\ndef handler(p, ctx):\n    time.sleep(60)\n", timeout=120
     )
+    await handlers.add(
+        "worse", "python", "def handler(p, ctx):\n    return 400, p\n", maxAttempts=1
+    )
     [failed] = await acme.add("bad", ["<b>dead letter</b>"], params={"priority": "7"})
+    [other] = await acme.add("worse", ["another"])
     open_as(driver, deployment.url, "acme", deployment.tokens["acme"])
     wait_for("the failed job", lambda: cell(driver, "acme/bad", "done_failed") == "1")
+    wait_for("the other failure", lambda: cell(driver, "acme/worse", "done_failed") == "1")
 
     def click(css: str, text: str | None = None) -> bool:
         """Find and click in one step: the tables are drawn anew every 2 s, so an
@@ -290,6 +295,23 @@ async def test_dashboard_buttons_rerun_cancel_pause_and_resume(
                 text,
             )
         )
+
+    def failures() -> set[str]:
+        rows = driver.execute_script(
+            "return [...document.querySelectorAll('#failures tr[data-job]')]"
+            "  .map(r => r.dataset.job);"
+        )
+        return set(rows or [])
+
+    # a type's dead letters alone: its failed count lists them, "all types" undoes it
+    wait_for("both failures", lambda: failures() == {failed, other})
+    wait_for(
+        "bad's failed count", lambda: click('#queues tr[data-queue="acme/bad"] td[data-failures]')
+    )
+    wait_for("bad's failures alone", lambda: failures() == {failed})
+    assert driver.find_element(By.ID, "failures-of").text == "of acme/bad"
+    wait_for("the all types button", lambda: click("#failures-all"))
+    wait_for("both failures again", lambda: failures() == {failed, other})
 
     # a dead letter: its page shows payload, result and priority; rerun runs it again
     wait_for("the failure's row", lambda: click(f'#failures tr[data-job="{failed}"] td'))

@@ -181,6 +181,40 @@ async def test_running_jobs_failures_and_throughput(
     assert row["per_s"] is not None and row["per_s"] > 0
 
 
+async def test_a_types_dead_letters_alone(acme: Api, globex: Api, admin: Api) -> None:
+    handlers = Handlers(acme)
+    await handlers.add("dl_one", "python", FAIL_WITH_PAYLOAD, maxAttempts=1)
+    await handlers.add("dl_two", "python", FAIL_WITH_PAYLOAD, maxAttempts=1)
+    ones = await acme.add("dl_one", ["a", "b"])
+    twos = await acme.add("dl_two", ["c"])
+    await wait_all_done(acme, [*ones, *twos])
+
+    async def listed(api: Api, path: str, **params: str) -> dict[str, Any] | None:
+        body = await overview(api, path, **params)
+        return body if {f["id"] for f in body["failures"]} >= set(ones) else None
+
+    mine = await until(lambda: listed(acme, "/acme/overview", type="dl_one"), 20, "dl_one's")
+    assert {f["type"] for f in mine["failures"]} == {"dl_one"}
+    assert mine["failures_of"] == "acme/dl_one"
+    every = await until(
+        lambda: listed(admin, "/admin/overview", type="dl_one", client="acme"), 20, "as operator"
+    )
+    assert {f["type"] for f in every["failures"]} == {"dl_one"}
+    assert (await overview(acme, "/acme/overview"))["failures_of"] is None
+    # another tenant's type of the same name is its own: none of acme's show
+    theirs = await overview(globex, "/globex/overview", type="dl_one")
+    assert theirs["failures"] == [] and theirs["failures_of"] == "globex/dl_one"
+    for params, kind in (
+        ({"type": "bad name!"}, "bad_name"),
+        ({"type": "dl_one", "client": "acme"}, "bad_request"),  # a tenant names no client
+        ({"client": "acme"}, "bad_request"),
+    ):
+        assert_error(await acme.request("GET", "/acme/overview", params=params), 400, kind)
+    for params in ({"type": "dl_one"}, {"type": "dl_one", "client": "Bad"}, {"client": "acme"}):
+        reply = await admin.request("GET", "/admin/overview", params=params)
+        assert_error(reply, 400, "bad_request")
+
+
 async def test_the_page_is_served_without_a_token(acme: Api) -> None:
     reply = await acme.request("GET", "/", auth=False)
     assert reply.status == 200, reply

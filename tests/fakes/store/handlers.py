@@ -102,14 +102,17 @@ class Handlers(Queue):
         return RunningJobs(total=len(running) if oldest else 0, oldest=oldest)
 
     async def recent_failures(
-        self, client: str | None, limit: int, result_chars: int
+        self, client: str | None, limit: int, result_chars: int, *, type: str | None = None
     ) -> list[FailedJob]:
         self._call("recent_failures")
         failed = sorted(
             (
                 r
                 for r in self._scoped(client)
-                if r.lock == DONE and r.code in ("failed", "error") and r.done_dt is not None
+                if r.lock == DONE
+                and r.code in ("failed", "error")
+                and r.done_dt is not None
+                and (type is None or r.type == type)
             ),
             key=lambda r: (r.done_dt or r.create_dt, r.id),
             reverse=True,
