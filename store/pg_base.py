@@ -90,7 +90,17 @@ def job_of(row: asyncpg.Record) -> Job:
         key=row["ckey"],
         progress=None if row["progress"] is None else orjson.loads(row["progress"]),
         runs=_runs(row),
+        log=_log(row),
     )
+
+
+def _log(row: asyncpg.Record) -> str | None:
+    """The last run's log excerpt when the query read it (``GET_JOB``)."""
+    try:
+        log: str | None = row["log"]
+    except KeyError:
+        return None
+    return log
 
 
 def _runs(row: asyncpg.Record) -> list[dict[str, object]] | None:

@@ -68,13 +68,14 @@ _ARCHIVE = ReleaseHow.ARCHIVE  # a module constant: an enum member's lookup cost
 
 def _plain_ok(r: Release) -> bool:
     """A release of ``queries.release.ARCHIVE_OK``: done, ok with exit code 200,
-    no result, counted."""
+    no result, no log, counted."""
     return (
         r.how is _ARCHIVE
         and r.exitcode == 200
         and r.result is None
         and r.code == "ok"
         and not r.refund_attempt
+        and r.log is None
     )
 
 
@@ -120,4 +121,5 @@ def release_params(releases: Sequence[Release], locks: str | Sequence[str]) -> t
         " ".join([repr(float(r.delay)) if r.delay else "0" for r in releases]),
         " ".join(["t" if r.refund_attempt else "f" for r in releases]),
         held,
+        [r.log for r in releases],
     )

@@ -222,8 +222,9 @@ def job_body(job: Job) -> dict[str, Any]:
         "key": job.key,
         "progress": job.progress,
     }
-    if job.runs is not None:
+    if job.runs is not None:  # a GET of the job: its runs and its last run's log
         body["runs"] = [_run(run) for run in job.runs]
+        body["log"] = job.log
     return body
 
 

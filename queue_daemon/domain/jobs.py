@@ -60,6 +60,9 @@ class Job:
     key: str | None = None  # its concurrency key
     # the last progress reported: {"fraction", "message", "at"} (None: none)
     progress: dict[str, object] | None = None
+    # its last run's log lines (only ``get_job`` reads them; None elsewhere, and
+    # for a run that printed none)
+    log: str | None = None
     # its finished runs, oldest first (only ``get_job`` reads them; None elsewhere):
     # {"started", "ended" (epoch ms), "by", "exitcode", "code", "reason"}
     runs: list[dict[str, object]] | None = None
@@ -172,6 +175,7 @@ class Release:
     result: str | None = None
     delay: float = 0.0  # seconds, for RETRY
     refund_attempt: bool = False  # the run did not count (e.g. no handler, daemon shutdown)
+    log: str | None = None  # the run's last log lines (``log_excerpt``), kept with the job
 
 
 @dataclass(frozen=True, slots=True)

@@ -87,7 +87,10 @@ class BatchReleases:
         text = result.result
         if text is not None:
             text = clip(text, self._result_limit)
-        return release_for(job, result.exitcode, text, self._policy, now=now)
+        release = release_for(job, result.exitcode, text, self._policy, now=now)
+        if result.log:
+            release.log = log_excerpt(result.log)
+        return release
 
     async def flush(self) -> bool:
         """Journal the pending follow-on jobs; False when any of the batch's could
@@ -97,3 +100,17 @@ class BatchReleases:
     def abandon(self) -> None:
         """The batch ends without ``flush``: its pending follow-on jobs are dropped."""
         self.follow.abandon()
+
+
+LOG_EXCERPT_LINES = 20  # a run's last log lines kept with its job
+LOG_EXCERPT_CHARS = 4000  # and at most this many characters of them
+
+
+def log_excerpt(lines: Sequence[str]) -> str:
+    """The last lines of a run's log, as one text (a GET of the job shows it)."""
+    kept = list(lines[-LOG_EXCERPT_LINES:])
+    text = "\n".join(kept)
+    while len(text) > LOG_EXCERPT_CHARS and len(kept) > 1:
+        kept.pop(0)
+        text = "\n".join(kept)
+    return clip(text, LOG_EXCERPT_CHARS)

@@ -11,7 +11,7 @@ _JOB_COLUMNS = """
 """
 
 GET_JOB = f"""
-SELECT {_JOB_COLUMNS}, runs
+SELECT {_JOB_COLUMNS}, runs, log
 FROM all_jobs
 WHERE id = $1 AND split_part(type, '-', 1) = $2
 """
@@ -159,7 +159,7 @@ WITH target AS MATERIALIZED (
     WHERE j.id = t.id
     RETURNING j.id, substr(j.type, strpos(j.type, '-') + 1) AS type, j.lock, j.dt, j.create_dt,
               j.done_dt, j.attempts, j.code, j.exitcode, j.result, j.data, j.priority,
-              j.progress, j.ckey, j.dependents, t.lock AS was
+              j.progress, j.ckey, j.log, j.dependents, t.lock AS was
 )
 SELECT * FROM ended
 """
@@ -236,7 +236,7 @@ SELECT name FROM paused WHERE name = $1 OR (name >= $1 || '-' AND name < $1 || '
 """
 
 # Reruns: a done job waits again, due now, with fresh attempts (0), its
-# outcome, deadline and progress cleared, its runs, priority and key kept, and
+# outcome, log, deadline and progress cleared, its runs, priority and key kept, and
 # waiting for nothing: `deps` NULL,
 # so that RESOLVE (graph.py: deps > 0) passes over the edges a job cancelled
 # while blocked still has (they go when their dependency is resolved). Not a
@@ -279,7 +279,7 @@ WITH moved AS (
     UPDATE jobs
     SET lock = '', dt = now(), done_dt = NULL, attempts = 0, code = NULL, exitcode = NULL,
         result = NULL, run_dt = NULL, deadline = NULL, deps = NULL, deps_dt = NULL,
-        resolve_any = NULL, progress = NULL
+        resolve_any = NULL, progress = NULL, log = NULL
     WHERE id = ANY(ARRAY({{pick_live}}))
     RETURNING id, type
 ), rerun AS (

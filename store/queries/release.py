@@ -7,7 +7,8 @@ from queue_daemon.store.queries.queue import BY_OF, NOTE_DONE, REASON_OF, RUN_EN
 
 # One row of the unnest per release: $1 id, $2 how, $3 code, $4 exitcode,
 # $5 result, $6 delay seconds, $7 refund_attempt ('t' or 'f'), $8 the
-# releasing sysid (the same on every row). Every column but the results is one
+# releasing sysid (the same on every row), $9 the run's log excerpt (an
+# array, as the results; NULL for a run that printed nothing). Every column but the results is one
 # text of the values joined by spaces (none holds a space: the daemon's ids are
 # hex digits, letters and '-', sysids [a-z0-9_], the others words and numbers;
 # '' is NULL): asyncpg encodes an
@@ -31,8 +32,8 @@ from queue_daemon.store.queries.queue import BY_OF, NOTE_DONE, REASON_OF, RUN_EN
 _RELEASES = """
 unnest(string_to_array($1, ' '), string_to_array($2, ' '), string_to_array($3, ' ', ''),
        string_to_array($4, ' ', '')::int[], $5::text[], string_to_array($6, ' ')::float8[],
-       string_to_array($7, ' ')::bool[], string_to_array($8, ' '))
-    AS r(id, how, code, exitcode, result, delay, refund, lock)
+       string_to_array($7, ' ')::bool[], string_to_array($8, ' '), $9::text[])
+    AS r(id, how, code, exitcode, result, delay, refund, lock, log)
 """
 _ARCHIVED = f"""
 archived AS (
@@ -43,23 +44,24 @@ archived AS (
               coalesce(r.code, j.code) AS code,
               CASE WHEN r.code IS NULL THEN j.exitcode ELSE r.exitcode END AS exitcode,
               CASE WHEN r.code IS NULL THEN j.result ELSE r.result END AS result,
+              CASE WHEN r.code IS NULL THEN j.log ELSE r.log END AS log,
               r.code IS NULL OR r.refund AS uncounted
 )
 """
 _ARCHIVED_ANY = _ARCHIVED.format(scope="")
 # ARCHIVE_PULLED's rows: the client's, and not an ok run of a chaining type
 _PULLED_SCOPE = """
-      AND j.type >= $9 || '-' AND j.type < $9 || '.'
+      AND j.type >= $10 || '-' AND j.type < $10 || '.'
       AND (r.code <> 'ok' OR j.type NOT IN (SELECT type FROM chained))"""
 _MOVED = """
 moved AS (
     INSERT INTO jobs_done (id, type, data, create_dt, done_dt, attempts, code, exitcode, result,
                            run_dt, ran_by, runs, dependents, deadline, priority, progress,
-                           ckey, trace)
+                           ckey, trace, log)
     SELECT id, type, data, create_dt, now(),
            CASE WHEN refund THEN greatest(attempts - 1, 0) ELSE attempts END,
            code, exitcode, result, run_dt, CASE WHEN uncounted THEN NULL ELSE lock END, runs,
-           dependents, deadline, priority, progress, ckey, trace
+           dependents, deadline, priority, progress, ckey, trace, log
     FROM archived
     {conflict}
 )
@@ -84,6 +86,7 @@ SET lock = '',
     code = CASE WHEN r.code IS NULL THEN j.code ELSE r.code END,
     exitcode = CASE WHEN r.code IS NULL THEN j.exitcode ELSE r.exitcode END,
     result = CASE WHEN r.code IS NULL THEN j.result ELSE r.result END,
+    log = CASE WHEN r.code IS NULL THEN j.log ELSE r.log END,
     attempts = CASE WHEN r.refund THEN greatest(j.attempts - 1, 0) ELSE j.attempts END,
     -- a run that did not count (put back, no handler) is not a run
     runs = CASE WHEN r.refund OR r.code IS NULL THEN j.runs
@@ -154,7 +157,8 @@ archived AS (
     WHERE j.id = ANY((SELECT string_to_array($1, ' '))::text[]) AND j.lock = (SELECT $2::text)
     RETURNING j.id, j.type, j.data, j.create_dt, j.attempts, j.run_dt, j.runs, j.dependents,
               j.deadline, j.priority, j.progress, j.ckey, j.trace, j.lock, false AS refund,
-              'ok'::text AS code, 200 AS exitcode, NULL::text AS result, false AS uncounted
+              'ok'::text AS code, 200 AS exitcode, NULL::text AS result, NULL::text AS log,
+              false AS uncounted
 )
 """
 ARCHIVE_OK = _ARCHIVE.format(archived=_ARCHIVED_OK, moved=_MOVED.format(conflict=""), noted=_NOTED)
@@ -165,8 +169,8 @@ ARCHIVE_OK_KEEP_FIRST = _ARCHIVE.format(
 # A pull worker's complete whose runs all ended ok or failed, without follow-on
 # jobs (the common one): nothing to decide from the jobs' rows, so they are
 # archived at once, each where its claim still holds it ($8 its lock), scoped to
-# the client $9 as every statement of queries.pulled, and counted for the
-# worker $10 in the same statement (no transaction, no rows locked first). An
+# the client $10 as every statement of queries.pulled, and counted for the
+# worker $11 in the same statement (no transaction, no rows locked first). An
 # ok run of a type whose live handler chains a `then` job is left as it is:
 # that job must be journaled before the outcome is stored (the caller
 # completes those in a transaction). The rows: each job archived with its
@@ -176,7 +180,7 @@ WITH chained AS MATERIALIZED (
     SELECT type FROM (
         SELECT DISTINCT ON (type) type, data->>'then' AS chains
         FROM handlers
-        WHERE type >= $9 || '-' AND type < $9 || '.' AND deleted_at IS NULL
+        WHERE type >= $10 || '-' AND type < $10 || '.' AND deleted_at IS NULL
         ORDER BY type, dt DESC, id DESC
     ) live
     WHERE coalesce(chains, '') <> ''
@@ -184,7 +188,7 @@ WITH chained AS MATERIALIZED (
 {_MOVED.format(conflict=_KEEP_FIRST)}, {_NOTED},
 counted AS (
     INSERT INTO workers AS w (client, name, done_ok, done_failed, done_error, done_retry)
-    SELECT $9, $10, count(*) FILTER (WHERE code = 'ok'), count(*) FILTER (WHERE code = 'failed'),
+    SELECT $10, $11, count(*) FILTER (WHERE code = 'ok'), count(*) FILTER (WHERE code = 'failed'),
            count(*) FILTER (WHERE code = 'error'), 0
     FROM archived
     ON CONFLICT (client, name) DO UPDATE

@@ -23,6 +23,7 @@ PRIORITY = 18  # job priorities
 PROGRESS = 19  # a running job's progress
 KEYS = 20  # concurrency keys
 TRACE = 21  # a job's trace
+LOG = 22  # a job's log excerpt
 LEASE = 600.0
 
 # The jobs of a store before 0013, written as its statements left them: w1
@@ -84,6 +85,7 @@ async def test_a_store_of_the_layout_before_0013_upgrades_in_place(pg_empty_dsn:
             PROGRESS,
             KEYS,
             TRACE,
+            LOG,
         ]
     finally:
         await conn.close()

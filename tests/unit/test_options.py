@@ -74,3 +74,14 @@ def test_a_key_is_1_to_200_printable_characters(key: str, ok: bool) -> None:
 )
 def test_a_traceparent_is_kept_only_when_valid(header: str | None, kept: str | None) -> None:
     assert valid_traceparent(header) == kept
+
+
+def test_a_log_excerpt_is_the_last_lines_within_bounds() -> None:
+    from queue_daemon.engine.releases import LOG_EXCERPT_CHARS, LOG_EXCERPT_LINES, log_excerpt
+
+    lines = [f"line {n}" for n in range(50)]
+    assert log_excerpt(lines).split("\n") == lines[-LOG_EXCERPT_LINES:]
+    long = ["x" * 1500] * 5
+    excerpt = log_excerpt(long)
+    assert len(excerpt) <= LOG_EXCERPT_CHARS and excerpt.split("\n") == long[-2:]
+    assert len(log_excerpt(["y" * 10_000])) == LOG_EXCERPT_CHARS

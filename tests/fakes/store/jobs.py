@@ -266,7 +266,7 @@ class Jobs(Tables):
         """``queries.jobs.RERUN_JOB``: due now, fresh attempts, runs kept,
         waiting for nothing."""
         row.lock, row.dt, row.done_dt, row.attempts = "", self.now(), None, 0
-        row.code = row.result = None
+        row.code = row.result = row.log = None
         row.progress = None
         row.exitcode = row.run_dt = row.deadline = None
         row.deps = row.deps_dt = row.resolve_any = None

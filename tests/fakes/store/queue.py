@@ -262,6 +262,8 @@ class Queue(Tables):
                 )
             if r.refund_attempt:
                 row.attempts = max(row.attempts - 1, 0)
+            if r.code is not None:
+                row.log = r.log  # the last run's, as queries.release writes it
             code, exitcode, result = (
                 (row.code, row.exitcode, row.result)
                 if r.code is None

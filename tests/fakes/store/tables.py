@@ -75,6 +75,7 @@ class Row:
     progress: dict[str, object] | None = None
     key: str | None = None  # ckey (0020)
     trace: str | None = None  # (0021)
+    log: str | None = None  # the last run's log excerpt (0022)
 
     @property
     def running(self) -> bool:
@@ -122,6 +123,7 @@ def job_of(row: Row, *, runs: bool = False) -> Job:
         key=row.key,
         progress=row.progress,
         runs=(row.runs or []) if runs else None,
+        log=row.log if runs else None,
     )
 
 
