@@ -94,6 +94,21 @@ def _by_result_size(releases: list[Release]) -> list[list[Release]]:
     return chunks
 
 
+def storable(text: str) -> str:
+    """``text`` as PostgreSQL's text takes it: a NUL (which a handler may print or
+    return, and which text refuses) as U+FFFD, and so is a lone surrogate. The
+    release of a run must not fail for what its handler wrote: its batch would
+    be retried forever."""
+    if "\x00" in text:
+        text = text.replace("\x00", "\ufffd")
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            text = text.encode("utf-8", "replace").decode("utf-8")
+    return text
+
+
 def _joined_ids(releases: Sequence[Release]) -> str:
     """The ids of ``releases`` in one text, joined by spaces. StoreError if an id
     holds a space (the text is split on spaces; no id the daemon makes holds one)."""
@@ -117,9 +132,9 @@ def release_params(releases: Sequence[Release], locks: str | Sequence[str]) -> t
         " ".join([r.how for r in releases]),  # StrEnum: joined as their text
         " ".join([r.code or "" for r in releases]),
         " ".join(["" if r.exitcode is None else str(r.exitcode) for r in releases]),
-        [r.result for r in releases],
+        [None if r.result is None else storable(r.result) for r in releases],
         " ".join([repr(float(r.delay)) if r.delay else "0" for r in releases]),
         " ".join(["t" if r.refund_attempt else "f" for r in releases]),
         held,
-        [r.log for r in releases],
+        [None if r.log is None else storable(r.log) for r in releases],
     )

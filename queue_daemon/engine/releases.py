@@ -88,7 +88,7 @@ class BatchReleases:
         if text is not None:
             text = clip(text, self._result_limit)
         release = release_for(job, result.exitcode, text, self._policy, now=now)
-        if result.log:
+        if result.log and release.code != "ok":  # what a dead letter's page shows
             release.log = log_excerpt(result.log)
         return release
 
@@ -102,15 +102,12 @@ class BatchReleases:
         self.follow.abandon()
 
 
-LOG_EXCERPT_LINES = 20  # a run's last log lines kept with its job
-LOG_EXCERPT_CHARS = 4000  # and at most this many characters of them
+LOG_EXCERPT_LINES = 20  # a run's last log lines kept with its job (a run not ok)
+LOG_EXCERPT_CHARS = 4000  # and at most this many characters of them, the last
 
 
 def log_excerpt(lines: Sequence[str]) -> str:
-    """The last lines of a run's log, as one text (a GET of the job shows it)."""
-    kept = list(lines[-LOG_EXCERPT_LINES:])
-    text = "\n".join(kept)
-    while len(text) > LOG_EXCERPT_CHARS and len(kept) > 1:
-        kept.pop(0)
-        text = "\n".join(kept)
-    return clip(text, LOG_EXCERPT_CHARS)
+    """The last lines of a run's log, as one text (a GET of the job shows it):
+    the newest kept, the start of the oldest cut when they are too long."""
+    text = "\n".join(lines[-LOG_EXCERPT_LINES:])
+    return text[-LOG_EXCERPT_CHARS:]

@@ -37,6 +37,22 @@ EXPORT_TIMEOUT_S = 5.0
 Attributes = Mapping[str, str | int | float | bool]
 
 
+_warned: list[bool] = [False]
+
+
+def _failed(what: str) -> None:
+    """A span that could not be made or ended: logged once, never raised (the run
+    loop's bookkeeping around these calls must go on whatever the SDK does)."""
+    if not _warned[0]:
+        _warned[0] = True
+        logger.warning(
+            "tracing: %s failed; spans may be missing",
+            what,
+            exc_info=True,
+            extra={"action": "tracing_failed"},
+        )
+
+
 def valid_traceparent(text: str | None) -> str | None:
     """``text`` when it is a W3C traceparent this daemon keeps, else None."""
     if text is None:
@@ -99,13 +115,17 @@ class Tracing:
             return None
         from opentelemetry.trace import SpanKind
 
-        return self._tracer.start_span(
-            name,
-            context=_context(parent),
-            kind=SpanKind.SERVER if server else SpanKind.INTERNAL,
-            attributes=attributes,
-            start_time=start_ns,
-        )
+        try:
+            return self._tracer.start_span(
+                name,
+                context=_context(parent),
+                kind=SpanKind.SERVER if server else SpanKind.INTERNAL,
+                attributes=attributes,
+                start_time=start_ns,
+            )
+        except Exception:
+            _failed(f"a {name} span")
+            return None
 
     # --- a traced job's claim, run and release (the run loop and the pulls) ----
 
@@ -167,7 +187,10 @@ class Tracing:
         now = time.time_ns()
         for job_id, run in runs.items():
             code = outcomes.get(job_id)
-            run.set_attribute("queue.code", code or "put-back")
+            try:
+                run.set_attribute("queue.code", code or "put-back")
+            except Exception:
+                _failed("a run span's outcome")
             end(run, end_ns=began_ns, error=code if code in ("error", "failed") else None)
             release = self.span(
                 "queue.release",
@@ -206,11 +229,14 @@ def traceparent_of(span: Span | None) -> str | None:
 def end(span: Span | None, *, end_ns: int | None = None, error: str | None = None) -> None:
     if span is None:
         return
-    if error is not None:
-        from opentelemetry.trace import Status, StatusCode
+    try:
+        if error is not None:
+            from opentelemetry.trace import Status, StatusCode
 
-        span.set_status(Status(StatusCode.ERROR, error))
-    span.end(end_time=end_ns)
+            span.set_status(Status(StatusCode.ERROR, error))
+        span.end(end_time=end_ns)
+    except Exception:
+        _failed("ending a span")
 
 
 def _context(parent: str | None) -> Context:

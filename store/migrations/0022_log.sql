@@ -1,8 +1,9 @@
 -- 0022: a job's log excerpt (docs/api.md): the last lines its last run
--- printed (at most LOG_EXCERPT_LINES lines and LOG_EXCERPT_CHARS characters,
--- engine.releases), written by the release of that run and shown by a GET of
--- the job and the dashboard's job page. NULL for a run that printed nothing:
--- nearly every one, so the column costs nothing. Moved with the job to the
+-- printed when that run did not end ok (at most LOG_EXCERPT_LINES lines and
+-- LOG_EXCERPT_CHARS characters, engine.releases), written by the release of
+-- that run and shown by a GET of the job and the dashboard's job page. NULL
+-- for an ok run and one that printed nothing: nearly every one, so the column
+-- costs nothing and ok runs keep their fast release. Moved with the job to the
 -- archive; cleared by a rerun.
 ALTER TABLE jobs ADD COLUMN log text;
 ALTER TABLE jobs_done ADD COLUMN log text;

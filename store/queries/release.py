@@ -100,21 +100,30 @@ SET lock = '',
 } END
 FROM {_RELEASES}
 WHERE r.how IN ('retry', 'unget') AND j.id = r.id AND j.lock = r.lock
-RETURNING j.id
+RETURNING j.id, j.type, j.ckey
 )
 """
 # The done jobs' types on qd_done (NOTE_DONE), and, when some had a
-# concurrency key, those types on qd_jobs as one more job due each: the key
-# may be below its cap again, and the daemons' and workers' next claims
-# (which skipped it) take its next job now (docs/api.md, "Concurrency keys").
-_NOTED = (
-    NOTE_DONE.format(rows="(SELECT type, '__done' AS lock FROM archived) a")
-    + """, freed AS (
+# concurrency key and their type's live handler caps keys, how many per type
+# on qd_jobs: their keys may be below their caps again, and the daemons' and
+# workers' next claims (which skipped them) take the keys' next jobs now
+# (docs/api.md, "Concurrency keys"). {ended}: the rows (type, ckey) of the
+# runs that ended; one lookup of the live handler per type that had keyed ones.
+_FREED = """, freed AS (
     SELECT pg_notify('qd_jobs', CASE WHEN length(t) < 7000 THEN t ELSE '' END)
-    FROM (SELECT string_agg(DISTINCT type || '=1', ' ') AS t FROM archived
-          WHERE ckey IS NOT NULL) f
+    FROM (
+        SELECT string_agg(k.type || '=' || k.n, ' ') AS t
+        FROM (SELECT type, count(*) AS n FROM {ended} e WHERE ckey IS NOT NULL GROUP BY type) k
+        WHERE (SELECT h.data ? 'keyConcurrency' FROM handlers h
+               WHERE h.type = k.type COLLATE "default" AND h.deleted_at IS NULL
+               ORDER BY h.dt DESC, h.id DESC LIMIT 1)
+    ) f
     WHERE t IS NOT NULL
 )"""
+_NOTE = NOTE_DONE.format(rows="(SELECT type, '__done' AS lock FROM archived) a")
+_NOTED = _NOTE + _FREED.format(ended="archived")
+_NOTED_AGAIN = _NOTE + _FREED.format(
+    ended="(SELECT type, ckey FROM archived UNION ALL SELECT type, ckey FROM again)"
 )
 _RELEASE = """
 WITH {archived}, {moved}, {again}, {noted}
@@ -124,10 +133,13 @@ UNION ALL SELECT NULL, NULL FROM note
 UNION ALL SELECT NULL, NULL FROM freed
 """
 RELEASE = _RELEASE.format(
-    archived=_ARCHIVED_ANY, moved=_MOVED.format(conflict=""), again=_AGAIN, noted=_NOTED
+    archived=_ARCHIVED_ANY, moved=_MOVED.format(conflict=""), again=_AGAIN, noted=_NOTED_AGAIN
 )
 RELEASE_KEEP_FIRST = _RELEASE.format(
-    archived=_ARCHIVED_ANY, moved=_MOVED.format(conflict=_KEEP_FIRST), again=_AGAIN, noted=_NOTED
+    archived=_ARCHIVED_ANY,
+    moved=_MOVED.format(conflict=_KEEP_FIRST),
+    again=_AGAIN,
+    noted=_NOTED_AGAIN,
 )
 # RELEASE when every release archives (the common batch): without the update
 # of the jobs that run again, the statement is planned in half the time and

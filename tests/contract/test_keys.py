@@ -68,11 +68,13 @@ async def test_a_claim_takes_a_keys_jobs_by_priority_then_age(rig: Rig) -> None:
 
 
 async def test_the_keys_are_served_in_turn(rig: Rig) -> None:
-    """Claims of one job each: every key gets one before any gets a second."""
+    """Claims of one job each: every key gets one before any gets a second, even
+    where one key's jobs are all older than the others' (oldest first would take
+    all of a's first)."""
     s = rig.store
     await _cap(rig, 5)
-    for key in ("a", "b", "c"):
-        await _keyed(rig, key, *((f"{key}{n}", 30 - n) for n in range(3)))
+    for age, key in ((300, "a"), (30, "b"), (20, "c")):
+        await _keyed(rig, key, *((f"{key}{n}", age - n) for n in range(3)))
     taken: list[str] = []
     for _ in range(6):
         claimed = await s.claim("a-t", 1, sysid="1", lease=30)

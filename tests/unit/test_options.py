@@ -81,7 +81,8 @@ def test_a_log_excerpt_is_the_last_lines_within_bounds() -> None:
 
     lines = [f"line {n}" for n in range(50)]
     assert log_excerpt(lines).split("\n") == lines[-LOG_EXCERPT_LINES:]
-    long = ["x" * 1500] * 5
-    excerpt = log_excerpt(long)
-    assert len(excerpt) <= LOG_EXCERPT_CHARS and excerpt.split("\n") == long[-2:]
-    assert len(log_excerpt(["y" * 10_000])) == LOG_EXCERPT_CHARS
+    long = [f"{n}" + "x" * 1500 for n in range(5)]
+    excerpt = log_excerpt(long)  # the newest kept whole, the oldest cut at its start
+    assert len(excerpt) == LOG_EXCERPT_CHARS and excerpt == "\n".join(long)[-LOG_EXCERPT_CHARS:]
+    assert excerpt.endswith("\n" + long[-1])
+    assert log_excerpt(["ф" * 10_000]) == "ф" * LOG_EXCERPT_CHARS  # characters, not bytes

@@ -157,6 +157,8 @@ class Pulled(Queue):
                     "reason": reason_of(r.code),
                 }
             )
+            if r.code is not None:
+                row.log = r.log  # the last run's, as queries.release writes it
             if r.how is ReleaseHow.ARCHIVE:
                 self._archive(row, now, r.code, r.exitcode, r.result)
                 continue
