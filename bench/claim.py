@@ -15,15 +15,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
-import tempfile
 import time
 from collections.abc import Sequence
-from pathlib import Path
 
 import asyncpg
 
 from bench import storefill
-from bench.pg import Databases, PrivatePostgres
+from bench.pg import Databases, on_store
 from bench.procs import BenchError
 from queue_daemon.domain.jobs import Release, ReleaseHow
 from queue_daemon.store.pg import PgStore
@@ -129,20 +127,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=JOBS, help="jobs claimed per size")
     opts = parser.parse_args(argv)
     sizes = [int(s) for s in opts.sizes.split(",") if s]
-    pg: PrivatePostgres | None = None
     try:
-        dsn = opts.store
-        if dsn is None:
-            print("  starting a private PostgreSQL ...", flush=True)
-            pg = PrivatePostgres(Path(tempfile.mkdtemp(prefix="qd-bench-claim-")))
-            dsn = pg.start()
-        results = asyncio.run(claim_cost(dsn, sizes, jobs=opts.jobs))
+        results = on_store(
+            opts.store,
+            "qd-bench-claim-",
+            lambda dsn: asyncio.run(claim_cost(dsn, sizes, jobs=opts.jobs)),
+        )
     except BenchError as exc:
         print(f"FAILED: {exc}", file=sys.stderr)
         return 1
-    finally:
-        if pg is not None:
-            pg.stop()
     print(report(results))
     return 0
 

@@ -19,15 +19,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
-import tempfile
 import time
 from collections.abc import Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import asyncpg
 
-from bench.pg import Databases, PrivatePostgres
+from bench.pg import Databases, on_store
 from bench.procs import BenchError
 from bench.report import Row
 from queue_daemon.domain.jobs import Release, ReleaseHow
@@ -167,20 +165,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.keys", description=__doc__)
     parser.add_argument("--store", default=None, help="PostgreSQL DSN (default: a private server)")
     opts = parser.parse_args(argv)
-    pg: PrivatePostgres | None = None
     try:
-        dsn = opts.store
-        if dsn is None:
-            print("  starting a private PostgreSQL ...", flush=True)
-            pg = PrivatePostgres(Path(tempfile.mkdtemp(prefix="qd-bench-keys-")))
-            dsn = pg.start()
-        results = asyncio.run(key_cost(dsn))
+        results = on_store(opts.store, "qd-bench-keys-", lambda dsn: asyncio.run(key_cost(dsn)))
     except BenchError as exc:
         print(f"FAILED: {exc}", file=sys.stderr)
         return 1
-    finally:
-        if pg is not None:
-            pg.stop()
     print(report(results))
     return 0
 

@@ -11,14 +11,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import shutil
+import tempfile
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import asyncpg
 
 from harness.databases import with_database
 from queue_daemon.store.embedded import stop_server
+
+T = TypeVar("T")
 
 
 class PrivatePostgres:
@@ -42,6 +48,21 @@ class PrivatePostgres:
     def stop(self) -> None:
         if self.started:
             stop_server(self.pgdata)
+
+
+def on_store(store: str | None, prefix: str, run: Callable[[str], T]) -> T:
+    """``run(dsn)`` on the server of ``store``, or on a private one started for
+    it in a new temp dir (stopped, and the dir removed, afterwards)."""
+    if store is not None:
+        return run(store)
+    root = Path(tempfile.mkdtemp(prefix=prefix))
+    pg = PrivatePostgres(root)
+    try:
+        print("  starting a private PostgreSQL ...", flush=True)
+        return run(pg.start())
+    finally:
+        pg.stop()
+        shutil.rmtree(root, ignore_errors=True)
 
 
 SETTLE_S = 120.0  # at most this long waiting for the server's autovacuum to end
