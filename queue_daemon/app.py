@@ -17,7 +17,6 @@ if no other daemon uses it.
 from __future__ import annotations
 
 import asyncio
-import gc
 import logging
 import signal
 import sys
@@ -371,7 +370,7 @@ async def serve(settings: Settings, ready: Callable[[str], None] | None = None) 
     daemon = Daemon(settings, fail)
     try:
         await daemon.start()
-        settle_heap()
+        memory.settle_heap()
         if ready is not None:
             ready(daemon.url)
         await stop.wait()
@@ -380,26 +379,6 @@ async def serve(settings: Settings, ready: Callable[[str], None] | None = None) 
         await daemon.stop()
     logger.info("stopped", extra={"action": "stopped"})
     return 1 if failed else 0
-
-
-# new live objects between collections of the young generation (Python 3.11's default: 700);
-# about 0.5 us of the daemon's CPU a no-op job less (measured end to end)
-GC_YOUNG = 20_000
-
-
-def settle_heap() -> None:
-    """Take what start-up built (modules, pools, routes: ~45k objects) out of the cyclic
-    collector's sight. A full collection walks every tracked object and runs on the event
-    loop: 20-30 ms on two slow cores with them, a stall that every add, claim and ack
-    waiting at that moment pays. Frozen, a full collection walks only what the daemon
-    made since; objects frozen here are still freed by reference counting. The young
-    generation is collected once ``GC_YOUNG`` more objects live than at the last
-    collection, rather than 700: a batch of 1,000 jobs keeps thousands alive at once
-    (its jobs, inputs, results, releases), which a collection every 700 walked again
-    and again, freeing nothing (reference counting frees them)."""
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(GC_YOUNG, *gc.get_threshold()[1:])
 
 
 def print_ready(url: str) -> None:

@@ -1,4 +1,5 @@
-"""Giving memory back to the system after a burst.
+"""Giving memory back to the system after a burst, and keeping the cyclic
+collector off what start-up built (``settle_heap``).
 
 CPython frees big objects (a context's reply, a chunk of follow-on jobs, an
 ingested journal batch) to the C allocator, which keeps the pages for the
@@ -14,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import ctypes.util
+import gc
 import logging
 from collections.abc import Callable
 from pathlib import Path
@@ -56,3 +58,23 @@ async def give_back(interval: float = TRIM_INTERVAL) -> None:
         if await asyncio.to_thread(resident_pages) != after:  # something was used or freed
             await asyncio.to_thread(trim)
             after = await asyncio.to_thread(resident_pages)
+
+
+# new live objects between collections of the young generation (Python 3.11's default: 700);
+# about 0.5 us of the daemon's CPU a no-op job less (measured end to end)
+GC_YOUNG = 20_000
+
+
+def settle_heap() -> None:
+    """Take what start-up built (modules, pools, routes: ~45k objects) out of the cyclic
+    collector's sight. A full collection walks every tracked object and runs on the event
+    loop: 20-30 ms on two slow cores with them, a stall that every add, claim and ack
+    waiting at that moment pays. Frozen, a full collection walks only what the daemon
+    made since; objects frozen here are still freed by reference counting. The young
+    generation is collected once ``GC_YOUNG`` more objects live than at the last
+    collection, rather than 700: a batch of 1,000 jobs keeps thousands alive at once
+    (its jobs, inputs, results, releases), which a collection every 700 walked again
+    and again, freeing nothing (reference counting frees them)."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(GC_YOUNG, *gc.get_threshold()[1:])
