@@ -153,10 +153,11 @@ class JobsPart:
         return self._epoch
 
     async def epoch(self) -> str:
-        """The server's incarnation (its start time). A flush covers only rows
+        """The server's incarnation (its start time and WAL timeline: a restart or a
+        standby's promotion makes a new one). A flush covers only rows
         committed on its own incarnation: rows added after ``epoch`` returned E and
         flushed by a ``flush`` that returned E are durable; otherwise the server
-        restarted in between and may have lost them.
+        restarted or failed over in between and may have lost them.
 
         The incarnation last seen (by this call or a flush) is returned without
         asking again: it was the server's at some moment before the rows are

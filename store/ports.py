@@ -99,7 +99,7 @@ class JobIntake(Protocol):
     async def epoch(self) -> str:
         """The server's incarnation. Jobs added after ``epoch`` returned E are made
         durable by a ``flush`` that returns E; a flush that returns another epoch
-        means the server restarted in between and may have lost them."""
+        means the server restarted or failed over in between and may have lost them."""
 
 
 class JobQueue(Protocol):

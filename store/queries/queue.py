@@ -16,13 +16,23 @@ NOTIFY_JOBS = "SELECT pg_notify('qd_jobs', $1)"
 # pg_current_xact_id() does) wrote none and would not wait. A transactional
 # logical message is a WAL record of a few bytes, at any wal_level.
 ASYNC_COMMIT = "SELECT set_config('synchronous_commit', 'off', true)"
-# Both also name the server's incarnation (its start time): a flush proves
-# durable only the commits made on the incarnation it ran on.
-FLUSHED = (
-    "SELECT pg_logical_emit_message(true, 'queue_daemon', ''), "
-    "pg_postmaster_start_time()::text AS epoch"
+# Both also name the server's history: its start time and its WAL timeline. A
+# flush proves durable only the commits made on the history it ran on: a restart
+# starts a new one, and so does a standby's promotion (a new timeline, on another
+# server), whose WAL may lack what the old primary committed.
+EPOCH = (
+    "pg_postmaster_start_time()::text || ' tl' "
+    "|| substr(pg_walfile_name(pg_current_wal_insert_lsn()), 1, 8)"
 )
-SERVER_EPOCH = "SELECT pg_postmaster_start_time()::text"
+# The flush's own commit waits at least for the local WAL flush: a server whose
+# synchronous_commit is off gets on for it; any other level (local, remote_write,
+# on, remote_apply) is the operator's choice of what a commit waits for, which
+# with a synchronous standby includes the standby (docs/deploy.md).
+FLUSHED = f"""SELECT pg_logical_emit_message(true, 'queue_daemon', ''),
+    set_config('synchronous_commit', CASE current_setting('synchronous_commit')
+        WHEN 'off' THEN 'on' ELSE current_setting('synchronous_commit') END, true),
+    {EPOCH} AS epoch"""
+SERVER_EPOCH = f"SELECT {EPOCH}"
 
 # Neither the stored type {type} nor its tenant is paused (migration 0015): a
 # one-time filter where {type} is a parameter, one probe of paused's key.

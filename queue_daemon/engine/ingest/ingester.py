@@ -107,6 +107,7 @@ class Ingester:
         self._room = asyncio.Semaphore(MAX_UNSETTLED)
         self._to_settle = asyncio.Event()
         self._pipelines_done = False
+        self._flushed_on: str | None = None  # the epoch of the last flush
 
     async def run(self) -> None:
         self._pipelines_done = False
@@ -205,7 +206,8 @@ class Ingester:
                 # a flush on a server that restarted since a batch went in does not
                 # cover that batch: the crash may have taken it
                 again = [batch for batch in batches if batch.epochs != {epoch}]
-                reason = "the store restarted since they were inserted"
+                reason = "the store restarted or failed over since they were inserted"
+                self._note_history(epoch)
             if again:
                 logger.warning(
                     "%s: inserting %d batches again",
@@ -224,6 +226,17 @@ class Ingester:
             for batch in batches:
                 await self._journal.rsync(batch.reservation)
                 self._room.release()
+
+    def _note_history(self, epoch: str) -> None:
+        """Log the store's move to a new history (a restart or a failover) once."""
+        if self._flushed_on is not None and epoch != self._flushed_on:
+            logger.warning(
+                "the store is on a new history (restarted or failed over): %s, was %s",
+                epoch,
+                self._flushed_on,
+                extra={"action": "store_history", "epoch": epoch, "was": self._flushed_on},
+            )
+        self._flushed_on = epoch
 
     def start_early(
         self,
