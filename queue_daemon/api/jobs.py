@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import re
@@ -40,8 +41,9 @@ from queue_daemon.domain.options import MAX_KEY as MAX_CKEY
 from queue_daemon.domain.views import Paused, TypeStats
 from queue_daemon.engine.admit.ids import MAX_KEY
 from queue_daemon.engine.backoff import Backoff
+from queue_daemon.engine.pull.holds import RECHECK_S
 from queue_daemon.observe.tracing import Attributes, end, traceparent_of, valid_traceparent
-from queue_daemon.store.errors import BadCursor, Conflict, NotFound
+from queue_daemon.store.errors import BadCursor, Conflict, NotFound, StoreUnavailable
 
 logger = logging.getLogger(__name__)
 
@@ -278,6 +280,13 @@ async def get_job(request: web.Request) -> web.Response:
             if not services.journal.lag.unread_lines or time.monotonic() >= unseen_until:
                 raise errors.not_found("no such job (or not yet in the store)") from None
             await unseen.sleep()
+            continue
+        except StoreUnavailable:
+            # held through a store away for less than the wait (a restart, a failover)
+            left = deadline - time.monotonic()
+            if left <= 0 or services.done_waits.closed:
+                raise
+            await asyncio.sleep(min(left, RECHECK_S))
             continue
         left = deadline - time.monotonic()
         if job.state is JobState.DONE or left <= 0 or services.done_waits.closed:

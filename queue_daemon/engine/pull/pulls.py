@@ -33,6 +33,7 @@ from queue_daemon.observe.queuelog import QueueLog
 from queue_daemon.observe.tracing import Tracing, end
 from queue_daemon.runners.models import HandlerSpec, JobResult
 from queue_daemon.runners.output import clip
+from queue_daemon.store.errors import StoreUnavailable
 from queue_daemon.store.ports import Claim, PulledJobs
 
 MAX_ITEMS = 1000  # jobs per claim, and items per batch request
@@ -113,15 +114,23 @@ class Pulls:
         stored = jobtype.stored
         while True:
             began, began_ns = time.perf_counter(), time.time_ns()
-            jobs = await self._store.claim_pulled(
-                stored,
-                limit,
-                lock=lock_of(claim, worker),
-                lease=spec.timeout,
-                client=jobtype.client,
-                worker=worker,
-            )
-            self._metrics.claimed(stored, len(jobs), time.perf_counter() - began)
+            try:
+                jobs = await self._store.claim_pulled(
+                    stored,
+                    limit,
+                    lock=lock_of(claim, worker),
+                    lease=spec.timeout,
+                    client=jobtype.client,
+                    worker=worker,
+                )
+            except StoreUnavailable:
+                # a held claim outlasts a store away for less than its hold (a
+                # restart, a failover): it tries again until the hold runs out
+                if deadline - time.monotonic() <= 0 or self.waits.closed or gone():
+                    raise
+                jobs = []
+            else:
+                self._metrics.claimed(stored, len(jobs), time.perf_counter() - began)
             left = deadline - time.monotonic()
             if jobs or left <= 0 or self.waits.closed or gone():
                 break
