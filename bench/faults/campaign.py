@@ -16,9 +16,10 @@ from pathlib import Path
 
 from bench.faults import checks
 from bench.faults.inject import INJECTORS
-from bench.faults.plan import RoundPlan, plan_round
+from bench.faults.plan import KINDS, RoundPlan, plan_round
 from bench.faults.procs import alive, cgroup_names, cgroup_table
-from bench.faults.world import World
+from bench.faults.world import Server, World
+from harness.pgpair import PgPair
 from harness.pgserver import PgServer
 
 DRAIN_WITHIN = 120.0  # seconds for the acknowledged jobs to be done once the load stops
@@ -39,6 +40,7 @@ class RoundResult:
     lost_lease: int = 0
     refused: dict[int, int] = field(default_factory=dict)
     recoveries: list[tuple[str, float]] = field(default_factory=list)
+    switches: list[tuple[int, float, float]] = field(default_factory=list)
     seconds: float = 0.0
 
     @property
@@ -120,10 +122,31 @@ def _write_details(
 
 
 async def run_round(
-    plan: RoundPlan, seed: int, pg: PgServer, admin_dsn: str, log_dir: Path, keep_logs: bool
+    plan: RoundPlan,
+    seed: int,
+    shared: PgServer,
+    log_dir: Path,
+    keep_logs: bool,
+    synchronous: bool = True,
+) -> RoundResult:
+    """One round on the shared server, or on a primary and a standby of its own
+    (synchronous unless told otherwise) when it has a failover."""
+    if not plan.failover:
+        return await _run_round(plan, seed, shared, log_dir, keep_logs)
+    pair = PgPair(synchronous=synchronous)
+    try:
+        await asyncio.to_thread(pair.start)
+        return await _run_round(plan, seed, pair, log_dir, keep_logs)
+    finally:
+        await asyncio.to_thread(pair.close)
+
+
+async def _run_round(
+    plan: RoundPlan, seed: int, pg: Server, log_dir: Path, keep_logs: bool
 ) -> RoundResult:
     result = RoundResult(plan)
     started = time.monotonic()
+    admin_dsn = await asyncio.to_thread(pg.start)
     world = World(plan=plan, seed=seed, pg=pg, admin_dsn=admin_dsn, log_dir=log_dir)
     errors: list[str] = []
     try:
@@ -174,6 +197,7 @@ async def run_round(
     result.forgiven = len(world.forgiven)
     result.damage = list(world.damage)
     result.refused = dict(world.refused)
+    result.switches = list(world.switches)
     result.seconds = time.monotonic() - started
     return result
 
@@ -222,6 +246,14 @@ def summary(seed: int, results: list[RoundResult], seconds: float) -> str:
         "recovery (healed -> add answered and a new job done):",
     ]
     lines += [f"  {kind}: {_pct(v)}" for kind, v in sorted(recovery.items())]
+    switches = [s for r in results for s in r.switches]
+    if switches:
+        lines.append(
+            "failover (kill -> first job done on the new primary): "
+            + _pct([first for _, _, first in switches])
+            + f"; promoted {_pct([hold for _, hold, _ in switches])} after the kill"
+            + f"; WAL the standby lacked at the kill: max {max(b for b, _, _ in switches)} bytes"
+        )
     failed = [r for r in results if r.failed]
     if failed:
         lines.append(f"FAILED rounds ({len(failed)}):")
@@ -235,19 +267,26 @@ def summary(seed: int, results: list[RoundResult], seconds: float) -> str:
     return "\n".join(lines)
 
 
-async def campaign(seed: int, rounds: list[int], keep_logs: Path | None = None) -> int:
+async def campaign(
+    seed: int,
+    rounds: list[int],
+    keep_logs: Path | None = None,
+    kinds: tuple[str, ...] = (),
+    daemons: int | None = None,
+    synchronous: bool = True,
+) -> int:
     """Run ``rounds`` of ``seed``; print each round and the summary; 0 if all held."""
     started = time.monotonic()
     root = Path(tempfile.mkdtemp(prefix="qd-faults-"))
     log_dir = keep_logs or root / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
     pg = PgServer(root)
-    admin_dsn = await asyncio.to_thread(pg.start)
+    await asyncio.to_thread(pg.start)
     results: list[RoundResult] = []
     try:
         for number in rounds:
-            plan = plan_round(seed, number)
-            result = await run_round(plan, seed, pg, admin_dsn, log_dir, keep_logs is not None)
+            plan = plan_round(seed, number, kinds, daemons)
+            result = await run_round(plan, seed, pg, log_dir, keep_logs is not None, synchronous)
             results.append(result)
             print(result.line(), flush=True)
     finally:
@@ -268,6 +307,18 @@ async def campaign(seed: int, rounds: list[int], keep_logs: Path | None = None) 
     return 0
 
 
+def _kinds(text: str) -> tuple[str, ...]:
+    kinds = tuple(k.strip() for k in text.split(",") if k.strip())
+    unknown = [k for k in kinds if k not in KINDS]
+    if unknown or not kinds:
+        import argparse
+
+        raise argparse.ArgumentTypeError(
+            f"unknown fault kind {', '.join(unknown) or text!r}; one of {', '.join(KINDS)}"
+        )
+    return kinds
+
+
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
@@ -280,17 +331,37 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only-round", type=int, help="run only round K of this seed")
     parser.add_argument("--keep-logs", type=Path, help="keep the daemons' stderr logs in DIR")
     parser.add_argument("--plan", action="store_true", help="print the rounds' faults and exit")
+    parser.add_argument(
+        "--faults", type=_kinds, default=(), help="KIND[,KIND...]: these faults in every round"
+    )
+    parser.add_argument("--daemons", type=int, help="daemons in every round (default 2 or 3)")
+    parser.add_argument(
+        "--async-standby",
+        action="store_true",
+        help="a failover round's standby replicates asynchronously (what that loses is counted)",
+    )
     args = parser.parse_args(argv)
     # the workers' own warnings (a refused complete after a stall) are counted instead
     logging.getLogger("queue_daemon.client").setLevel(logging.ERROR)
     if args.rounds < 1 or (args.only_round is not None and args.only_round < 1):
         parser.error("--rounds and --only-round must be at least 1")
+    if args.daemons is not None and not 1 <= args.daemons <= 8:
+        parser.error("--daemons must be 1 to 8")
     rounds = [args.only_round] if args.only_round else list(range(1, args.rounds + 1))
     if args.plan:
         for number in rounds:
-            print(plan_round(args.seed, number).describe())
+            print(plan_round(args.seed, number, args.faults, args.daemons).describe())
         return 0
-    return asyncio.run(campaign(args.seed, rounds, args.keep_logs))
+    return asyncio.run(
+        campaign(
+            args.seed,
+            rounds,
+            args.keep_logs,
+            args.faults,
+            args.daemons,
+            synchronous=not args.async_standby,
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ from bench.faults import checks, plan
 from bench.faults.plan import Fault
 from bench.faults.procs import children
 from bench.faults.world import LEASE, World
+from harness.pgpair import PgPair
 from queue_daemon.journal.format import Frame, scan
 
 Injector = Callable[[World, Fault], Awaitable[float]]
@@ -276,6 +277,44 @@ async def journal_flip(world: World, fault: Fault) -> float:
     return await _journal_damage(world, fault, flip=True)
 
 
+FIRST_DONE = (
+    "SELECT extract(epoch FROM min(done_dt))::float8 FROM all_jobs"
+    " WHERE lock = '__done' AND done_dt > to_timestamp($1)"
+)
+
+
+async def failover(world: World, fault: Fault) -> float:
+    """The standby is cut off (as by a broken link) for ``hold`` seconds while adds
+    and runs go on, then the primary is killed (``kill -9`` of all its processes),
+    the standby is promoted and the old primary stays down. Notes the WAL the
+    standby lacked at the kill and the seconds from the kill to the first job done
+    on the new primary.
+
+    A synchronous standby cut off holds every commit back (the ingest's flushes
+    wait), so it lacks nothing acknowledged; an asynchronous one lacks what the
+    primary committed meanwhile, and the summary counts what that lost."""
+    pair = world.pg
+    assert isinstance(pair, PgPair), "a failover needs a primary and a standby"
+    before = len(world.acked)
+    await _poll(lambda: len(world.acked) > before + 20, WAIT)
+    await asyncio.to_thread(pair.cut_standby)
+    await asyncio.sleep(fault.hold)  # the standby falling behind, not a synchronisation
+    behind = await asyncio.to_thread(pair.behind)
+    killed = time.time()
+    await asyncio.to_thread(pair.kill_primary)
+    healed = time.monotonic()
+    await asyncio.to_thread(pair.promote)
+    promoted = time.time() - killed
+    seconds = time.monotonic() - healed + await world.probe(world.slots[fault.victim])
+    conn = await asyncpg.connect(world.dsn)
+    try:
+        first = await conn.fetchval(FIRST_DONE, killed)
+    finally:
+        await conn.close()
+    world.switches.append((behind, promoted, (first or time.time()) - killed))
+    return seconds
+
+
 INJECTORS: dict[str, Injector] = {
     plan.KILL_DAEMON_ADDS: kill_daemon_adds,
     plan.KILL_DAEMON_RUNS: kill_daemon_runs,
@@ -287,4 +326,5 @@ INJECTORS: dict[str, Injector] = {
     plan.JOURNAL_FULL: journal_full,
     plan.JOURNAL_TRUNCATE: journal_truncate,
     plan.JOURNAL_FLIP: journal_flip,
+    plan.FAILOVER: failover,
 }

@@ -15,6 +15,7 @@ PG_TERMINATE = "pg-terminate-backends"
 JOURNAL_FULL = "journal-full"
 JOURNAL_TRUNCATE = "journal-truncate"
 JOURNAL_FLIP = "journal-flip"
+FAILOVER = "failover"
 
 KINDS = (
     KILL_DAEMON_ADDS,
@@ -27,6 +28,7 @@ KINDS = (
     JOURNAL_FULL,
     JOURNAL_TRUNCATE,
     JOURNAL_FLIP,
+    FAILOVER,
 )
 MAX_FAULTS = 3
 
@@ -56,19 +58,29 @@ class RoundPlan:
                 return fault.victim
         return None
 
+    @property
+    def failover(self) -> bool:
+        """Whether the round's store is a primary and a standby (``harness.pgpair``)."""
+        return any(fault.kind == FAILOVER for fault in self.faults)
+
     def describe(self) -> str:
         return f"round {self.number}: {self.daemons} daemons, " + ", ".join(map(str, self.faults))
 
 
-def plan_round(seed: int, number: int) -> RoundPlan:
+def plan_round(
+    seed: int, number: int, kinds: tuple[str, ...] = (), daemons: int | None = None
+) -> RoundPlan:
     """The plan of round ``number`` (1-based): the same for the same seed, whatever
-    rounds ran before it, so one round can be run again on its own."""
+    rounds ran before it, so one round can be run again on its own. ``kinds``:
+    these faults, in this order, instead of a random choice; ``daemons``: this
+    many daemons instead of two or three."""
     rng = random.Random(f"queue-daemon-faults/{seed}/{number}")
-    daemons = rng.choice((2, 3))
-    kinds = rng.sample(KINDS, rng.randint(1, MAX_FAULTS))
+    count = rng.choice((2, 3))
+    picked = rng.sample(KINDS, rng.randint(1, MAX_FAULTS))
+    count, kinds = daemons or count, kinds or tuple(picked)
     faults = []
     for kind in kinds:
-        victim = rng.randrange(daemons)
+        victim = rng.randrange(count)
         hold = rng.uniform(0.5, 2.5)  # a stop lasts the lease plus this
         faults.append(Fault(kind=kind, victim=victim, hold=hold, where=rng.random()))
-    return RoundPlan(number=number, daemons=daemons, faults=tuple(faults))
+    return RoundPlan(number=number, daemons=count, faults=tuple(faults))

@@ -24,6 +24,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 import aiohttp
 import asyncpg
@@ -38,7 +39,6 @@ from harness.daemons import (
     reachable_dir,
 )
 from harness.databases import with_database
-from harness.pgserver import PgServer
 from queue_daemon.client import Job, Worker
 
 LEASE = 3.0
@@ -49,6 +49,7 @@ SLEEPS = (0.0, 0.0, 0.005, 0.02, 0.1)  # what a job's handler sleeps, seconds
 MAX_ATTEMPTS = 50  # a job of a round survives every fault it meets
 ADD_TIMEOUT = 5.0
 SMALL_DISK = "16m"
+STILL = 15.0  # seconds without change after which the jobs missing from the store are lost
 
 
 def handler_source(log: Path) -> str:
@@ -100,11 +101,22 @@ class Slot:
         return f"http://127.0.0.1:{self.port}"
 
 
+class Server(Protocol):
+    """The round's PostgreSQL: ``harness.pgserver.PgServer``, or a primary and a
+    standby (``harness.pgpair.PgPair``) for a round with a failover."""
+
+    def start(self) -> str: ...
+
+    def stop(self) -> None: ...
+
+    def crash(self) -> None: ...
+
+
 @dataclass
 class World:
     plan: RoundPlan
     seed: int
-    pg: PgServer
+    pg: Server
     admin_dsn: str
     log_dir: Path
     root: Path = field(init=False)
@@ -122,6 +134,9 @@ class World:
     problems: list[str] = field(default_factory=list)  # invariant failures seen by injectors
     daemon_pids: list[int] = field(default_factory=list)
     exit_codes: list[tuple[str, int | None]] = field(default_factory=list)
+    # of each failover: WAL bytes the standby lacked just before the kill, seconds
+    # until the promotion, seconds from the kill to the first job done after it
+    switches: list[tuple[int, float, float]] = field(default_factory=list)
     _factory: DaemonFactory = field(init=False)
     _session: aiohttp.ClientSession = field(init=False)
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
@@ -324,21 +339,29 @@ class World:
             self.problems.append(f"{len(pending)} adders still adding after the load stopped")
 
     async def drain(self, within: float) -> None:
-        """Wait until every acknowledged job (a journal fault's victims aside) is done."""
+        """Wait until every acknowledged job (a journal fault's victims aside) is done,
+        or every one in the store is and nothing changed for ``STILL`` seconds (the
+        rest are lost: an asynchronous standby's failover)."""
         wanted = [i for i in self.acked if i not in self.forgiven]
         deadline = time.monotonic() + within
+        seen, since = (-1, -1), time.monotonic()
         while time.monotonic() < deadline:
             with contextlib.suppress(OSError, asyncpg.PostgresError, asyncpg.InterfaceError):
                 conn = await asyncpg.connect(self.dsn, timeout=5)
                 try:
-                    done = await conn.fetchval(
-                        "SELECT count(*) FROM all_jobs"
-                        " WHERE id = ANY($1::text[]) AND lock = '__done'",
+                    row = await conn.fetchrow(
+                        "SELECT count(*) AS present, count(*) FILTER (WHERE lock = '__done')"
+                        " AS done FROM all_jobs WHERE id = ANY($1::text[])",
                         wanted,
                     )
                 finally:
                     await conn.close()
-                if done == len(wanted):
+                assert row is not None
+                if row["done"] == len(wanted):
+                    return
+                if (row["present"], row["done"]) != seen:
+                    seen, since = (row["present"], row["done"]), time.monotonic()
+                elif row["done"] == row["present"] and time.monotonic() - since > STILL:
                     return
             await asyncio.sleep(0.2)
 

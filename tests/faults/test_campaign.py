@@ -1,5 +1,5 @@
 """A short fault campaign, as an operator runs it: every fault kind strikes real
-daemons in four rounds (seed 3613 was chosen for that), and every invariant holds."""
+daemons in four rounds (seed 47221 was chosen for that), and every invariant holds."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 
 from bench.faults.plan import KINDS, plan_round
 
-SEED, ROUNDS = 3613, 4
+SEED, ROUNDS = 47221, 4
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -40,8 +40,9 @@ def test_a_short_campaign_keeps_every_invariant(tmp_path: Path) -> None:
     assert done.returncode == 0, shown
     lines = done.stdout.splitlines()
     assert sum(1 for line in lines if line.startswith("round ")) == ROUNDS, shown
+    [struck] = [line for line in lines if line.startswith("faults: ")]
     for kind in KINDS:
-        assert f"{kind} 1" in done.stdout, f"{kind} did not strike\n{shown}"
+        assert f" {kind} " in struck, f"{kind} did not strike\n{shown}"
     for invariant in ("lost", "duplicated ingestions", "overlapping runs"):
         assert f"{invariant}: 0" in lines, shown
     assert "processes left: 0, cgroups left: 0" in lines, shown

@@ -1,0 +1,229 @@
+"""The store fails over: a primary and a standby (``harness.pgpair``), the primary
+killed with ``kill -9`` and the standby promoted, daemons and the ingester on a
+DSN naming both hosts (``target_session_attrs=read-write``).
+
+The whole-system checks (three daemons, a pull worker, every invariant, with a
+synchronous and an asynchronous standby) are in ``tests/faults/test_failover.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Iterator, Sequence
+from pathlib import Path
+from typing import Any, cast
+
+import aiohttp
+import asyncpg
+import pytest
+
+from harness.api import Api, Handlers, post_json, until
+from harness.daemons import DaemonFactory, add_tenant
+from harness.pgpair import PgPair
+from queue_daemon.domain.jobs import NewJob
+from queue_daemon.engine.ingest.ingester import Ingester
+from queue_daemon.journal import Journal
+from queue_daemon.store.errors import StoreError
+from queue_daemon.store.pg import PgStore
+from queue_daemon.store.ports import Store
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture
+def sync_pair() -> Iterator[PgPair]:
+    pair = PgPair(synchronous=True)
+    try:
+        pair.start()
+        yield pair
+    finally:
+        pair.close()
+
+
+@pytest.fixture
+def async_pair() -> Iterator[PgPair]:
+    pair = PgPair(synchronous=False)
+    try:
+        pair.start()
+        yield pair
+    finally:
+        pair.close()
+
+
+@pytest.fixture
+def daemons(tmp_path: Path) -> Iterator[DaemonFactory]:
+    (tmp_path / "logs").mkdir()
+    factory = DaemonFactory(tmp_path / "logs")
+    try:
+        yield factory
+    finally:
+        factory.close()
+
+
+@pytest.fixture
+def data_dir(tmp_path: Path) -> Path:
+    return tmp_path / "data"
+
+
+@pytest.fixture
+async def session() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as s:
+        yield s
+
+
+async def _post(api: Api, path: str, body: dict[str, Any]) -> Any:
+    reply = await post_json(api, path, body)
+    assert reply.status == 200, reply
+    return reply.json
+
+
+async def test_held_claims_and_gets_resume_and_claims_keep_fencing_across_a_failover(
+    sync_pair: PgPair,
+    daemons: DaemonFactory,
+    data_dir: Path,
+    tmp_path: Path,
+    session: aiohttp.ClientSession,
+) -> None:
+    """A claim held while the primary dies and the standby is promoted gets the job
+    added afterwards; GETs held on a job meanwhile (one asked while there was no
+    primary) answer when it is done; the claim made before the failover still
+    holds its job (and only it does)."""
+    dsn = sync_pair.dsn()
+    token = add_tenant("t", store=dsn, data_dir=data_dir, cwd=tmp_path)
+    daemon = daemons.start(data_dir, dsn)
+    api = Api(session, daemon.url, "t", token)
+    handlers = Handlers(api)
+    for jobtype in ("held", "empty"):
+        assert (await handlers.add_raw(jobtype, {"lang": "worker"})).status == 200
+    [job_id] = await api.add("held", ["before"])
+    await api.wait_caught_up()
+    [job] = (await _post(api, "/job/held/claim", {"worker": "w1", "wait": 5}))["jobs"]
+    assert job["id"] == job_id
+
+    held_claim = asyncio.create_task(_post(api, "/job/empty/claim", {"worker": "w2", "wait": 40}))
+    held_get = asyncio.create_task(api.request("GET", f"/t/job/{job_id}?wait=40"))
+    await asyncio.sleep(0.3)  # both held, not a synchronisation: they hold either way
+    killed = time.monotonic()
+    await asyncio.to_thread(sync_pair.kill_primary)
+
+    async def unready() -> bool | None:
+        return True if (await api.readyz()).status == 503 else None
+
+    await until(unready, 20, "readyz 503 while there is no primary")
+    # asked while there is no primary: held too, not answered 503
+    get_in_outage = asyncio.create_task(api.request("GET", f"/t/job/{job_id}?wait=40"))
+    await asyncio.sleep(1.5)  # the claim's loop meets the store away more than once
+    await asyncio.to_thread(sync_pair.promote)
+    assert not held_claim.done() and not held_get.done() and not get_in_outage.done()
+
+    [added] = await api.add("empty", ["after"])
+    claimed = await asyncio.wait_for(held_claim, 40)
+    assert [j["id"] for j in claimed["jobs"]] == [added]
+    assert time.monotonic() - killed < 40
+
+    stale = {"claim": "0" * 32, "worker": "w1", "exitcode": 200}
+    reply = await post_json(api, f"/job/{job_id}/complete", stale)
+    assert reply.status == 409, reply  # a claim never made holds nothing
+    done = {"claim": job["claim"], "worker": "w1", "exitcode": 200, "result": "r"}
+    await _post(api, f"/job/{job_id}/complete", done)  # the claim survived the switch
+    for held in (held_get, get_in_outage):
+        got = await asyncio.wait_for(held, 40)
+        assert got.status == 200 and got.json["state"] == "done", got
+    assert daemon.terminate() == 0
+
+
+class GatedFlush:
+    """The real store; ``flush`` waits for ``gate`` (the rows stay unflushed)."""
+
+    def __init__(self, store: PgStore) -> None:
+        self._store = store
+        self.gate = asyncio.Event()
+        self.gate.set()
+        self.flushed: list[str] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+    async def add_jobs(
+        self, jobs: Sequence[NewJob], *, durable: bool = True, fresh: bool = False
+    ) -> int:
+        return await self._store.add_jobs(jobs, durable=durable, fresh=fresh)
+
+    async def flush(self) -> str:
+        await self.gate.wait()
+        epoch = await self._store.flush()
+        self.flushed.append(epoch)
+        return epoch
+
+
+async def _write(journal: Journal, prefix: str, n: int) -> None:
+    now_ms = time.time_ns() // 1_000_000
+    ids = [f"{prefix}{i}" for i in range(n)]
+    await journal.write("calm-clock", ids, ["p"] * n, create_ms=now_ms, dt_ms=now_ms)
+
+
+async def _settled(journal: Journal) -> bool | None:
+    return True if journal.lag.unread_lines == 0 else None
+
+
+async def _count(dsn: str) -> int:
+    conn = await asyncpg.connect(dsn)
+    try:
+        return int(await conn.fetchval("SELECT count(*) FROM jobs"))
+    finally:
+        await conn.close()
+
+
+async def test_an_ingest_batch_the_standby_never_got_is_inserted_again(
+    async_pair: PgPair, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Rows inserted (committed asynchronously) on a primary whose standby is cut
+    off, then the primary killed and the standby promoted: the flush on the new
+    primary names another history, so the batch goes in again before the
+    journal's read point passes it."""
+    dsn = async_pair.dsn()
+    store = await PgStore.connect(dsn, min_size=1, max_size=1)
+    gated = GatedFlush(store)
+    journal = await Journal.open(tmp_path / "j")
+    ingester = Ingester(journal, cast(Store, gated), ingest_batch=5000, ingest_workers=1)
+    task = asyncio.create_task(ingester.run())
+    try:
+        await _write(journal, "b", 1)  # a batch flushed on the first primary
+        await until(lambda: _settled(journal), 20, "the first batch was not settled")
+        before = await store.epoch()
+        await asyncio.to_thread(async_pair.cut_standby)
+        gated.gate.clear()
+        await _write(journal, "f", 5)
+
+        async def inserted() -> bool | None:
+            return True if await _count(dsn) == 6 else None
+
+        await until(inserted, 20, "the batch was not inserted")
+        assert journal.lag.unread_lines == 5  # not flushed: the read point waits
+        await asyncio.to_thread(async_pair.kill_primary)
+        await asyncio.to_thread(async_pair.promote)
+        assert await _count(dsn) == 1  # the new primary never got the five
+
+        async def answers() -> bool | None:
+            try:
+                await store.ping()
+            except StoreError:
+                return None
+            return True
+
+        await until(answers, 20, "the store did not answer on the new primary")
+        gated.gate.set()
+
+        await until(lambda: _settled(journal), 20, "the batch was not settled")
+        assert await _count(dsn) == 6  # inserted again, not lost
+        assert gated.flushed[-1] != before  # the promoted standby is another history
+        assert " tl00000002" in gated.flushed[-1]  # its new timeline is part of it
+        noted = [r for r in caplog.records if getattr(r, "action", "") == "store_history"]
+        assert len(noted) == 1, caplog.records  # the operator is told, once
+    finally:
+        gated.gate.set()
+        ingester.stop()
+        await asyncio.wait_for(task, 10)
+        await journal.close()
+        await store.close()
