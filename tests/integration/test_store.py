@@ -542,6 +542,26 @@ async def test_unavailable_while_down_and_recovers(private_root: Path) -> None:
         server.stop()
 
 
+async def test_the_flush_commits_at_least_locally_and_keeps_a_stronger_level(
+    pg_dsn: str,
+) -> None:
+    """The ingest's flush is one commit that waits: a server whose synchronous_commit
+    is off gets on for it; a level that waits for more (a synchronous standby's
+    remote_apply) is kept, and so is the session's own setting afterwards."""
+    conn = await asyncpg.connect(pg_dsn)
+    try:
+        for level, flushed in (("off", "on"), ("local", "local"), ("remote_apply", "remote_apply")):
+            await conn.execute(f"SET synchronous_commit = {level}")
+            row = await conn.fetchrow(queries.queue.FLUSHED)
+            assert row is not None
+            assert row[1] == flushed, level
+            assert await conn.fetchval("SHOW synchronous_commit") == level  # for it alone
+            start, _, timeline = str(row["epoch"]).partition(" tl")
+            assert start and len(timeline) == 8 and int(timeline, 16) >= 1, row["epoch"]
+    finally:
+        await conn.close()
+
+
 async def test_the_epoch_is_remembered_and_a_restart_still_shows_in_the_flush(
     private_root: Path,
 ) -> None:
