@@ -201,6 +201,16 @@ class PgPair:
         self.psql("SELECT pg_reload_conf()", on=self.standby)
         self.psql("SELECT pg_terminate_backend(pid) FROM pg_stat_replication")
 
+    def wait_caught_up(self, within: float = 30.0) -> None:
+        """Return once the standby has flushed all the WAL the primary wrote so far."""
+        target = self.psql("SELECT pg_current_wal_lsn()")
+        sql = f"SELECT count(*) FROM pg_stat_replication WHERE flush_lsn >= '{target}'"
+        deadline = time.monotonic() + within
+        while self.psql(sql) != "1":
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the standby did not catch up within {within} s")
+            time.sleep(0.02)
+
     def behind(self) -> int:
         """Bytes of WAL the primary wrote that the standby has not flushed."""
         sql = "SELECT coalesce(max(pg_current_wal_lsn() - restart_lsn), 0)::bigint"

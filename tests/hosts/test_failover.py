@@ -227,3 +227,56 @@ async def test_an_ingest_batch_the_standby_never_got_is_inserted_again(
         await asyncio.wait_for(task, 10)
         await journal.close()
         await store.close()
+
+
+async def test_batches_settled_on_a_primary_the_standby_lacked_are_inserted_again(
+    async_pair: PgPair, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Rows inserted and flushed on a primary whose asynchronous standby is cut
+    off (the journal's read point passed them), then the primary killed and the
+    standby promoted with no add after it: the ingester sees the new history on
+    its own and inserts what it settled lately again; rows the new primary has
+    (a job done there) are left as they are."""
+    dsn = async_pair.dsn()
+    store = await PgStore.connect(dsn, min_size=1, max_size=2)
+    journal = await Journal.open(tmp_path / "j")
+    ingester = Ingester(journal, cast(Store, store), ingest_batch=5000, ingest_workers=1)
+    task = asyncio.create_task(ingester.run())
+    try:
+        await _write(journal, "old", 2)
+        await until(lambda: _settled(journal), 20, "the first batch was not settled")
+        conn = await asyncpg.connect(dsn)
+        try:  # one of them done and archived, the standby sees it
+            await conn.execute(
+                "INSERT INTO jobs_done (id, type, data, create_dt, done_dt, attempts, code,"
+                " exitcode) SELECT id, type, data, create_dt, now(), 1, 'ok', 200"
+                " FROM jobs WHERE id = 'old0'"
+            )
+            await conn.execute("DELETE FROM jobs WHERE id = 'old0'")
+        finally:
+            await conn.close()
+        await asyncio.to_thread(async_pair.wait_caught_up)
+        await asyncio.to_thread(async_pair.cut_standby)
+        await _write(journal, "new", 5)
+        await until(lambda: _settled(journal), 20, "the second batch was not settled")
+        assert await _count(dsn) == 6  # flushed on the primary: the read point passed it
+        await asyncio.to_thread(async_pair.kill_primary)
+        await asyncio.to_thread(async_pair.promote)
+
+        async def all_back() -> bool | None:
+            return True if await _count(dsn) == 6 else None
+
+        await until(all_back, 20, "the settled rows did not come back")
+        conn = await asyncpg.connect(dsn)
+        try:
+            assert await conn.fetchval("SELECT count(*) FROM jobs WHERE id = 'old0'") == 0
+            assert await conn.fetchval("SELECT count(*) FROM jobs_done") == 1
+        finally:
+            await conn.close()
+        actions = [getattr(r, "action", "") for r in caplog.records]
+        assert actions.count("store_history") == 1 and "ingest_replay" in actions, actions
+    finally:
+        ingester.stop()
+        await asyncio.wait_for(task, 10)
+        await journal.close()
+        await store.close()

@@ -18,6 +18,7 @@ capped exponential backoff; adds keep landing in the journal meanwhile.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -28,6 +29,7 @@ from queue_daemon.domain.pulled import OptedJobs
 from queue_daemon.engine.backoff import Backoff
 from queue_daemon.engine.ingest.early import Dispatcher, EarlyAdd, stored_early
 from queue_daemon.engine.ingest.lines import opted_traces, split_opted, to_new_jobs
+from queue_daemon.engine.ingest.recent import JOB_BYTES, RECENT_S, Recent, RecentBatches
 from queue_daemon.journal import Entry, Journal, Reservation
 from queue_daemon.observe.tracing import Tracing
 from queue_daemon.store.errors import StoreError, StoreUnavailable
@@ -60,6 +62,9 @@ DISPATCH_MAX = 64
 # wait for that batch's insert.
 HELP_AFTER = 0.01
 BIG_BATCH = 100
+# While batches settled lately are kept, the store's history is looked at (one
+# flush) at least this often, so that a failover with no add after it is seen.
+HISTORY_CHECK_S = 1.0
 
 
 class _Unsettled(NamedTuple):
@@ -108,6 +113,7 @@ class Ingester:
         self._to_settle = asyncio.Event()
         self._pipelines_done = False
         self._flushed_on: str | None = None  # the epoch of the last flush
+        self._recent = RecentBatches()  # settled lately, kept for a failover
 
     async def run(self) -> None:
         self._pipelines_done = False
@@ -187,13 +193,23 @@ class Ingester:
                     await asyncio.sleep(rest)
 
     async def _settle_loop(self) -> None:
-        """Flush what the pipelines inserted, then advance the read point over it."""
+        """Flush what the pipelines inserted, then advance the read point over it;
+        while batches settled lately are kept, look at the store's history at
+        least every ``HISTORY_CHECK_S`` (``engine.ingest.recent``)."""
         while True:
             if not self._unsettled:
                 if self._pipelines_done:
                     return
                 self._to_settle.clear()
-                await self._to_settle.wait()
+                if not self._recent.prune(time.monotonic()):
+                    await self._to_settle.wait()
+                    continue
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(HISTORY_CHECK_S):
+                        await self._to_settle.wait()
+                if not self._unsettled:
+                    with contextlib.suppress(StoreError):  # looked at again, later
+                        await self._settled_on(await self._store.flush())
                 continue
             batches, self._unsettled = self._unsettled, []
             try:
@@ -207,7 +223,6 @@ class Ingester:
                 # cover that batch: the crash may have taken it
                 again = [batch for batch in batches if batch.epochs != {epoch}]
                 reason = "the store restarted or failed over since they were inserted"
-                self._note_history(epoch)
             if again:
                 logger.warning(
                     "%s: inserting %d batches again",
@@ -216,7 +231,7 @@ class Ingester:
                     extra={"action": "ingest_reinsert"},
                 )
             for batch in again:
-                await self._insert(
+                epoch, _ = await self._insert(
                     batch.jobs,
                     batch.opted,
                     durable=True,
@@ -226,17 +241,45 @@ class Ingester:
             for batch in batches:
                 await self._journal.rsync(batch.reservation)
                 self._room.release()
+            await self._settled_on(epoch, batches)
 
-    def _note_history(self, epoch: str) -> None:
-        """Log the store's move to a new history (a restart or a failover) once."""
-        if self._flushed_on is not None and epoch != self._flushed_on:
+    async def _settled_on(self, epoch: str, batches: Sequence[_Unsettled] = ()) -> None:
+        """``batches`` are durable on history ``epoch``. If the store was on another
+        one at the last flush (a restart, a failover), say so and insert again
+        what was settled lately on another: an asynchronous standby promoted may
+        lack it."""
+        while self._flushed_on is not None and epoch != self._flushed_on:
             logger.warning(
                 "the store is on a new history (restarted or failed over): %s, was %s",
                 epoch,
                 self._flushed_on,
                 extra={"action": "store_history", "epoch": epoch, "was": self._flushed_on},
             )
+            self._flushed_on = epoch
+            replay = self._recent.not_on(epoch)
+            if replay:
+                logger.warning(
+                    "inserting again the %d jobs settled in the last %.0f s",
+                    sum(len(r.jobs) + sum(len(o.jobs) for o in r.opted) for r in replay),
+                    RECENT_S,
+                    extra={"action": "ingest_replay"},
+                )
+            for recent in replay:
+                recent.epoch, _ = await self._insert(
+                    recent.jobs,
+                    recent.opted,
+                    durable=True,
+                    count=False,
+                    dispatched=recent.dispatched,
+                )
+                epoch = recent.epoch  # the history now (it may have moved again)
         self._flushed_on = epoch
+        now = time.monotonic()
+        for batch in batches:
+            size = sum(b.body_len for b in batch.reservation.batches)
+            size += JOB_BYTES * batch.reservation.lines
+            recent = Recent(now, epoch, batch.jobs, batch.opted, batch.dispatched, size)
+            self._recent.add(now, epoch, recent)
 
     def start_early(
         self,
