@@ -17,6 +17,7 @@ from typing import Any, Protocol
 import asyncpg
 
 from queue_daemon.store import queries
+from queue_daemon.store.dsn import connect
 from queue_daemon.store.notes import parse_payload
 from queue_daemon.store.translate import is_unavailable
 
@@ -139,7 +140,7 @@ async def listen_forever(
     """
     while not closed.is_set():
         try:
-            conn = await asyncpg.connect(
+            conn = await connect(
                 dsn,
                 timeout=connect_timeout,
                 server_settings={"application_name": "queue_daemon_listen"},

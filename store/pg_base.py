@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager, suppress
 from dataclasses import fields
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
+from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar, cast
 
 import asyncpg
 import orjson
@@ -23,7 +23,7 @@ import orjson
 from queue_daemon.domain.jobs import Job, JobState
 from queue_daemon.domain.tenants import HandlerRecord
 from queue_daemon.store import queries
-from queue_daemon.store.dsn import check_tls_files
+from queue_daemon.store.dsn import check_tls_files, connect
 from queue_daemon.store.migrate import applied_migrations as _applied_versions
 from queue_daemon.store.migrate import migrate as apply_migrations
 from queue_daemon.store.translate import is_unavailable, translate
@@ -147,6 +147,7 @@ async def open_pool(
     with translate():
         return await asyncpg.create_pool(
             dsn,
+            connect=cast(Any, connect),  # asyncpg.connect's keywords, passed through
             min_size=min_size,
             max_size=max_size,
             max_inactive_connection_lifetime=idle_close,

@@ -1,5 +1,6 @@
-"""A DSN's TLS files are checked before connecting, and a certificate the DSN does
-not accept is a setting to fix, not an outage to wait out."""
+"""A DSN's TLS files are checked before connecting, a certificate the DSN does
+not accept is a setting to fix, not an outage to wait out, and a DSN naming
+several hosts is tried one host at a time."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from queue_daemon.store.dsn import check_tls_files
+from queue_daemon.store.dsn import check_tls_files, host_dsns
 from queue_daemon.store.errors import StoreError, StoreUnavailable
 from queue_daemon.store.translate import is_unavailable, translate
 
@@ -47,3 +48,25 @@ def test_a_certificate_that_fails_verification_is_no_outage() -> None:
     # other socket errors still are
     assert is_unavailable(ConnectionRefusedError(111, "refused"))
     assert is_unavailable(ssl.SSLError(1, "unexpected eof while reading"))
+
+
+def test_a_url_with_several_hosts_is_one_dsn_per_host_in_order() -> None:
+    dsn = "postgresql://q:p%40ss@db1:5432,db2:5433/queue?target_session_attrs=read-write"
+    assert host_dsns(dsn) == [
+        "postgresql://q:p%40ss@db1:5432/queue?target_session_attrs=read-write",
+        "postgresql://q:p%40ss@db2:5433/queue?target_session_attrs=read-write",
+    ]
+    assert host_dsns("postgres://db1,[::1]:6432/q") == [
+        "postgres://db1/q",
+        "postgres://[::1]:6432/q",
+    ]
+
+
+def test_any_other_dsn_is_left_as_it_is() -> None:
+    for dsn in (
+        "postgresql://q@db1:5432/queue?sslmode=verify-full",
+        "host=db1,db2 dbname=queue",
+        "postgresql://q@/queue?host=/run/pg",
+        "http://a,b/x",
+    ):
+        assert host_dsns(dsn) == [dsn]
