@@ -15,7 +15,7 @@ from queue_daemon.domain.jobs import ClaimedJob, Dispatch, Job, JobPage, JobStat
 from queue_daemon.domain.views import Paused, TypeStats
 from queue_daemon.store import queries
 from queue_daemon.store.cursor import decode_cursor, encode_cursor
-from queue_daemon.store.errors import Conflict, LimitReached, NotFound
+from queue_daemon.store.errors import Conflict, LimitReached, NotFound, StoreError
 from queue_daemon.store.notes import added_payload
 from queue_daemon.store.pg_base import Db, job_of, state_of, status_count
 from queue_daemon.store.pg_graph import GraphPart
@@ -26,6 +26,10 @@ MAX_PAGE = 1000
 RERUN_TRIES = 3
 # bytes of payloads and results a page holds (at least one job, however big)
 PAGE_BYTES = 4 << 20
+# what a server that will not run the WAL functions answers: feature not
+# supported, object not in prerequisite state (wal_level), insufficient privilege,
+# undefined function
+NO_WAL_FUNCTIONS = frozenset({"0A000", "55000", "42501", "42883"})
 
 
 class JobsPart:
@@ -42,6 +46,8 @@ class JobsPart:
         self._db = db
         self._graph = graph  # resolves the dependents of the jobs it ends
         self._epoch: str | None = None  # the server's incarnation last seen
+        self._flushed = queries.queue.FLUSHED  # without the timeline on some servers
+        self._server_epoch = queries.queue.SERVER_EPOCH
 
     # --- jobs -------------------------------------------------------------
 
@@ -147,10 +153,33 @@ class JobsPart:
     async def flush(self) -> str:
         """Return once every row added before the call is durable (WAL flushed), with
         the epoch of the server that flushed; see ``epoch``."""
-        row = await self._db.fetchrow(queries.queue.FLUSHED)
-        assert row is not None
+        row = await self._epoch_query(self._flushed)
         self._epoch = str(row["epoch"])
         return self._epoch
+
+    async def _epoch_query(self, query: str) -> asyncpg.Record:
+        """``query``'s row; on a server that refuses the WAL functions the epoch is
+        named without the timeline from then on (said once in the log)."""
+        try:
+            row = await self._db.fetchrow(query)
+        except StoreError as exc:
+            refused = getattr(exc.__cause__, "sqlstate", None) in NO_WAL_FUNCTIONS
+            if not refused or self._flushed != queries.queue.FLUSHED:
+                raise
+            logger.warning(
+                "the store refuses the WAL functions (%s): a standby's promotion is "
+                "told apart by the server's start time alone",
+                exc,
+                extra={"action": "store_no_timeline"},
+            )
+            epoch = queries.queue.EPOCH_NO_TIMELINE
+            self._flushed = queries.queue.FLUSH.format(epoch=epoch)
+            self._server_epoch = f"SELECT {epoch}"
+            row = await self._db.fetchrow(
+                self._flushed if query == queries.queue.FLUSHED else self._server_epoch
+            )
+        assert row is not None
+        return row
 
     async def epoch(self) -> str:
         """The server's incarnation (its start time and WAL timeline: a restart or a
@@ -166,9 +195,7 @@ class JobsPart:
         epoch (they are added again, and the flush's epoch is remembered). One
         round trip less for every batch the ingester moves."""
         if self._epoch is None:
-            row = await self._db.fetchrow(queries.queue.SERVER_EPOCH)
-            assert row is not None
-            self._epoch = str(row[0])
+            self._epoch = str((await self._epoch_query(self._server_epoch))[0])
         return self._epoch
 
     async def _add_many(self, records: list[NewJob], fresh: bool) -> int:

@@ -24,14 +24,18 @@ EPOCH = (
     "pg_postmaster_start_time()::text || ' tl' "
     "|| substr(pg_walfile_name(pg_current_wal_insert_lsn()), 1, 8)"
 )
+# A server that refuses the WAL functions (some managed ones do) is named by its
+# start time alone: every restart then counts as a new timeline.
+EPOCH_NO_TIMELINE = "pg_postmaster_start_time()::text"
 # The flush's own commit waits at least for the local WAL flush: a server whose
 # synchronous_commit is off gets on for it; any other level (local, remote_write,
 # on, remote_apply) is the operator's choice of what a commit waits for, which
 # with a synchronous standby includes the standby (docs/deploy.md).
-FLUSHED = f"""SELECT pg_logical_emit_message(true, 'queue_daemon', ''),
+FLUSH = """SELECT pg_logical_emit_message(true, 'queue_daemon', ''),
     set_config('synchronous_commit', CASE current_setting('synchronous_commit')
         WHEN 'off' THEN 'on' ELSE current_setting('synchronous_commit') END, true),
-    {EPOCH} AS epoch"""
+    {epoch} AS epoch"""
+FLUSHED = FLUSH.format(epoch=EPOCH)
 SERVER_EPOCH = f"SELECT {EPOCH}"
 
 # Neither the stored type {type} nor its tenant is paused (migration 0015): a

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import shutil
 import subprocess
 import tempfile
@@ -11,6 +12,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 import pytest
@@ -560,6 +562,33 @@ async def test_the_flush_commits_at_least_locally_and_keeps_a_stronger_level(
             assert start and len(timeline) == 8 and int(timeline, 16) >= 1, row["epoch"]
     finally:
         await conn.close()
+
+
+async def test_a_server_that_refuses_the_wal_functions_is_named_by_its_start_time(
+    pg_dsn: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Some managed servers will not run pg_walfile_name: the epoch then leaves the
+    timeline out (said once in the log) instead of stopping every flush."""
+    role = f"qd_nowal_{os.getpid()}"
+    parts = urlsplit(pg_dsn)
+    as_role = urlunsplit(parts._replace(netloc=f"{role}@{parts.netloc.rpartition('@')[2]}"))
+    admin = await asyncpg.connect(pg_dsn)
+    try:
+        await admin.execute(f"CREATE ROLE {role} LOGIN")
+        await admin.execute("REVOKE EXECUTE ON FUNCTION pg_walfile_name(pg_lsn) FROM PUBLIC")
+        store = await PgStore.connect(as_role, min_size=1, max_size=1, migrate=False)
+        try:
+            epoch = await store.epoch()
+            assert " tl" not in epoch and epoch
+            assert await store.flush() == epoch
+            assert await store.flush() == epoch
+        finally:
+            await store.close()
+        said = [r for r in caplog.records if getattr(r, "action", "") == "store_no_timeline"]
+        assert len(said) == 1
+    finally:
+        await admin.execute(f"DROP ROLE IF EXISTS {role}")
+        await admin.close()
 
 
 async def test_the_epoch_is_remembered_and_a_restart_still_shows_in_the_flush(
