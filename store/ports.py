@@ -97,9 +97,16 @@ class JobIntake(Protocol):
         (the server's incarnation) it was flushed on."""
 
     async def epoch(self) -> str:
-        """The server's incarnation. Jobs added after ``epoch`` returned E are made
-        durable by a ``flush`` that returns E; a flush that returns another epoch
-        means the server restarted or failed over in between and may have lost them."""
+        """The server's incarnation, ``"<start> tl<timeline>"``. Jobs added after
+        ``epoch`` returned E are made durable by a ``flush`` that returns E; a flush
+        that returns another epoch means the server restarted or failed over in
+        between and may have lost them."""
+
+
+def timeline_of(epoch: str) -> str:
+    """The WAL timeline of an epoch ``"<incarnation> tl<timeline>"`` (``JobIntake.epoch``):
+    a standby's promotion starts a new one, a restart keeps it."""
+    return epoch.rpartition(" tl")[2]
 
 
 class JobQueue(Protocol):

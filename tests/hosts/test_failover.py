@@ -9,6 +9,7 @@ synchronous and an asynchronous standby) are in ``tests/faults/test_failover.py`
 from __future__ import annotations
 
 import asyncio
+import socket
 import time
 from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
@@ -94,7 +95,7 @@ async def test_held_claims_and_gets_resume_and_claims_keep_fencing_across_a_fail
     daemon = daemons.start(data_dir, dsn)
     api = Api(session, daemon.url, "t", token)
     handlers = Handlers(api)
-    for jobtype in ("held", "empty"):
+    for jobtype in ("held", "empty", "late"):
         assert (await handlers.add_raw(jobtype, {"lang": "worker"})).status == 200
     [job_id] = await api.add("held", ["before"])
     await api.wait_caught_up()
@@ -111,15 +112,23 @@ async def test_held_claims_and_gets_resume_and_claims_keep_fencing_across_a_fail
         return True if (await api.readyz()).status == 503 else None
 
     await until(unready, 20, "readyz 503 while there is no primary")
-    # asked while there is no primary: held too, not answered 503
+    # asked while there is no primary: held too, not answered 503 (the type of
+    # the claim never claimed before: its handler is not known here yet)
     get_in_outage = asyncio.create_task(api.request("GET", f"/t/job/{job_id}?wait=40"))
+    claim_in_outage = asyncio.create_task(
+        _post(api, "/job/late/claim", {"worker": "w3", "wait": 40})
+    )
     await asyncio.sleep(1.5)  # the claim's loop meets the store away more than once
     await asyncio.to_thread(sync_pair.promote)
-    assert not held_claim.done() and not held_get.done() and not get_in_outage.done()
+    holding = (held_claim, held_get, get_in_outage, claim_in_outage)
+    assert not any(task.done() for task in holding)
 
     [added] = await api.add("empty", ["after"])
     claimed = await asyncio.wait_for(held_claim, 40)
     assert [j["id"] for j in claimed["jobs"]] == [added]
+    [late] = await api.add("late", ["after"])
+    claimed = await asyncio.wait_for(claim_in_outage, 40)
+    assert [j["id"] for j in claimed["jobs"]] == [late]
     assert time.monotonic() - killed < 40
 
     stale = {"claim": "0" * 32, "worker": "w1", "exitcode": 200}
@@ -260,6 +269,8 @@ async def test_batches_settled_on_a_primary_the_standby_lacked_are_inserted_agai
         await _write(journal, "new", 5)
         await until(lambda: _settled(journal), 20, "the second batch was not settled")
         assert await _count(dsn) == 6  # flushed on the primary: the read point passed it
+        standby_has = await asyncio.to_thread(async_pair.psql, "SELECT count(*) FROM jobs", on=1)
+        assert standby_has == "1"  # old1 only: the standby lacks the five
         await asyncio.to_thread(async_pair.kill_primary)
         await asyncio.to_thread(async_pair.promote)
 
@@ -275,8 +286,31 @@ async def test_batches_settled_on_a_primary_the_standby_lacked_are_inserted_agai
             await conn.close()
         actions = [getattr(r, "action", "") for r in caplog.records]
         assert actions.count("store_history") == 1 and "ingest_replay" in actions, actions
+
     finally:
         ingester.stop()
         await asyncio.wait_for(task, 10)
         await journal.close()
         await store.close()
+
+
+async def test_a_first_host_that_does_not_answer_makes_way_for_the_next(
+    sync_pair: PgPair,
+) -> None:
+    """A dead machine drops the packets: a connection to it neither fails nor
+    answers. Each host gets the whole connect timeout, so the next one is tried
+    (asyncpg alone gives all of them one, which the first would use up)."""
+    with socket.socket() as silent:  # accepts at the kernel, never speaks
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        hosts = f"127.0.0.1:{silent.getsockname()[1]},127.0.0.1:{sync_pair.ports[0]}"
+        dsn = f"postgresql://postgres@{hosts}/postgres?target_session_attrs=read-write"
+        began = time.monotonic()
+        store = await PgStore.connect(
+            dsn, min_size=1, max_size=1, migrate=False, connect_timeout=1.0
+        )
+        try:
+            await store.ping()
+            assert 1.0 <= time.monotonic() - began < 5.0
+        finally:
+            await store.close()

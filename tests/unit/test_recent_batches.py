@@ -1,36 +1,86 @@
-"""The batches an ingester keeps after settling them, for a failover: by age, by
-size, and by the history they were settled on."""
+"""What an ingester keeps of the batches it settled, for a failover: kept until the
+store was seen alive on their history long enough after, and inserted again when
+a standby is promoted (a new timeline), not when the same server restarts."""
 
 from __future__ import annotations
 
-from queue_daemon.engine.ingest.recent import Recent, RecentBatches
+from queue_daemon.domain.jobs import NewJob
+from queue_daemon.domain.pulled import OptedJobs
+from queue_daemon.engine.ingest.recent import History, Recent
+
+E1, RESTARTED, PROMOTED, AGAIN = "s1 tl00000001", "s2 tl00000001", "s3 tl00000002", "s4 tl00000003"
 
 
-def _batch(name: str, size: int = 10) -> Recent:
-    return Recent(0.0, "", [], [], frozenset({name}), size)
+def _batch(name: str, at: float, epoch: str = E1, size: int = 10) -> Recent:
+    return Recent(at, epoch, [], [], frozenset({name}), size)
 
 
-def test_batches_older_than_the_window_go() -> None:
-    kept = RecentBatches(seconds=10, limit=1000)
-    kept.add(100.0, "e1", _batch("a"))
-    kept.add(105.0, "e1", _batch("b"))
-    assert kept.prune(109.0) and len(kept) == 2
-    assert kept.prune(111.0) and len(kept) == 1  # a is 11 s old
-    assert not kept.prune(116.0)  # b too: nothing left to watch
-    assert len(kept) == 0
+class Reinserts:
+    def __init__(self, epochs: list[str]) -> None:
+        self.epochs = epochs  # the epoch each insert lands on, in turn
+        self.names: list[str] = []
+
+    async def __call__(
+        self, jobs: list[NewJob], opted: list[OptedJobs], dispatched: frozenset[str]
+    ) -> str:
+        self.names.append(next(iter(dispatched)))
+        return self.epochs.pop(0) if len(self.epochs) > 1 else self.epochs[0]
 
 
-def test_the_oldest_go_first_over_the_limit() -> None:
-    kept = RecentBatches(seconds=10, limit=25)
+async def test_a_batch_is_let_go_once_the_store_was_seen_alive_long_after_it() -> None:
+    history = History(Reinserts([E1]), seconds=10, limit=1000)
+    await history.seen(E1, 90.0)
+    history.keep(_batch("a", 100.0))
+    history.keep(_batch("b", 105.0))
+    await history.seen(E1, 109.0)
+    assert len(history) == 2
+    await history.seen(E1, 111.0)  # alive 11 s after a
+    assert len(history) == 1
+    await history.seen(E1, 200.0)
+    assert len(history) == 0
+
+
+async def test_the_oldest_go_first_over_the_limit() -> None:
+    reinserts = Reinserts([PROMOTED])
+    history = History(reinserts, seconds=10, limit=25)
+    await history.seen(E1, 90.0)
     for name in "abc":
-        kept.add(100.0, "e1", _batch(name))
-    assert [next(iter(r.dispatched)) for r in kept.not_on("e0")] == ["b", "c"]
+        history.keep(_batch(name, 100.0))
+    await history.seen(PROMOTED, 500.0)  # an outage of any length drops nothing by age
+    assert reinserts.names == ["b", "c"]
 
 
-def test_only_batches_settled_on_another_history_are_to_insert_again() -> None:
-    kept = RecentBatches(seconds=10, limit=1000)
-    kept.add(100.0, "e1", _batch("a"))
-    kept.add(101.0, "e2", _batch("b"))
-    assert [next(iter(r.dispatched)) for r in kept.not_on("e2")] == ["a"]
-    assert [r.epoch for r in kept.not_on("e3")] == ["e1", "e2"]
-    assert kept.not_on("e1")[0].at == 101.0
+async def test_a_promotion_inserts_again_what_was_settled_on_the_old_timeline() -> None:
+    reinserts = Reinserts([PROMOTED])
+    history = History(reinserts, seconds=10, limit=1000)
+    await history.seen(E1, 90.0)
+    history.keep(_batch("old", 100.0))
+    history.keep(_batch("new", 101.0, PROMOTED))  # flushed on the new primary already
+    await history.seen(PROMOTED, 102.0)
+    assert reinserts.names == ["old"]
+    assert history.epoch == PROMOTED and not history.replaying
+    await history.seen(PROMOTED, 103.0)
+    assert reinserts.names == ["old"]  # once
+
+
+async def test_a_restart_on_the_same_timeline_inserts_nothing_again() -> None:
+    reinserts = Reinserts([RESTARTED])
+    history = History(reinserts, seconds=10, limit=1000)
+    await history.seen(E1, 90.0)
+    history.keep(_batch("a", 100.0))
+    await history.seen(RESTARTED, 101.0)
+    assert reinserts.names == []
+    await history.seen(PROMOTED, 102.0)  # then a promotion: a is on it too
+    assert reinserts.names == ["a"]
+
+
+async def test_a_second_promotion_during_the_inserts_inserts_them_again() -> None:
+    reinserts = Reinserts([PROMOTED, AGAIN, AGAIN])
+    history = History(reinserts, seconds=10, limit=1000)
+    await history.seen(E1, 90.0)
+    history.keep(_batch("a", 100.0))
+    history.keep(_batch("b", 100.5))
+    await history.seen(PROMOTED, 102.0)
+    # a landed on PROMOTED, b on AGAIN: a goes in again on AGAIN
+    assert reinserts.names == ["a", "b", "a"]
+    assert history.epoch == AGAIN

@@ -29,7 +29,7 @@ from queue_daemon.domain.pulled import OptedJobs
 from queue_daemon.engine.backoff import Backoff
 from queue_daemon.engine.ingest.early import Dispatcher, EarlyAdd, stored_early
 from queue_daemon.engine.ingest.lines import opted_traces, split_opted, to_new_jobs
-from queue_daemon.engine.ingest.recent import JOB_BYTES, RECENT_S, Recent, RecentBatches
+from queue_daemon.engine.ingest.recent import JOB_BYTES, History, Recent
 from queue_daemon.journal import Entry, Journal, Reservation
 from queue_daemon.observe.tracing import Tracing
 from queue_daemon.store.errors import StoreError, StoreUnavailable
@@ -112,8 +112,7 @@ class Ingester:
         self._room = asyncio.Semaphore(MAX_UNSETTLED)
         self._to_settle = asyncio.Event()
         self._pipelines_done = False
-        self._flushed_on: str | None = None  # the epoch of the last flush
-        self._recent = RecentBatches()  # settled lately, kept for a failover
+        self._history = History(self._reinsert)  # batches settled lately, for a failover
 
     async def run(self) -> None:
         self._pipelines_done = False
@@ -131,10 +130,11 @@ class Ingester:
         self._stopping.set()
 
     async def drain(self, within: float) -> bool:
-        """Wait until everything durable in the journal is ingested; True if so."""
+        """Wait until everything durable in the journal is ingested (and inserted
+        again after a failover); True if so."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + within
-        while self._journal.lag.unread_lines > 0:
+        while self._journal.lag.unread_lines > 0 or self._history.replaying:
             if loop.time() >= deadline:
                 return False
             await asyncio.sleep(0.01)
@@ -196,27 +196,30 @@ class Ingester:
         """Flush what the pipelines inserted, then advance the read point over it;
         while batches settled lately are kept, look at the store's history at
         least every ``HISTORY_CHECK_S`` (``engine.ingest.recent``)."""
+        history = self._history
         while True:
             if not self._unsettled:
                 if self._pipelines_done:
                     return
                 self._to_settle.clear()
-                if not self._recent.prune(time.monotonic()):
+                if not history:
                     await self._to_settle.wait()
                     continue
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(HISTORY_CHECK_S):
                         await self._to_settle.wait()
-                if not self._unsettled:
+                if not self._unsettled and not self._pipelines_done:
+                    sent = time.monotonic()
                     with contextlib.suppress(StoreError):  # looked at again, later
-                        await self._settled_on(await self._store.flush())
+                        await history.seen(await self._store.flush(), sent)
                 continue
             batches, self._unsettled = self._unsettled, []
+            sent = time.monotonic()
             try:
-                epoch = await self._store.flush()
+                epoch: str | None = await self._store.flush()
             except StoreError as exc:
                 # a store that went away may have lost rows not yet flushed
-                again = batches
+                again, epoch = batches, None
                 reason = f"ingest flush failed ({exc})"
             else:
                 # a flush on a server that restarted since a batch went in does not
@@ -230,56 +233,31 @@ class Ingester:
                     len(again),
                     extra={"action": "ingest_reinsert"},
                 )
+            flushed, durable_on = epoch, dict[int, str]()
             for batch in again:
-                epoch, _ = await self._insert(
-                    batch.jobs,
-                    batch.opted,
-                    durable=True,
-                    count=False,
-                    dispatched=batch.dispatched,
+                sent = time.monotonic()
+                durable_on[id(batch)] = epoch = await self._reinsert(
+                    batch.jobs, batch.opted, batch.dispatched
                 )
+            now = time.monotonic()
             for batch in batches:
                 await self._journal.rsync(batch.reservation)
                 self._room.release()
-            await self._settled_on(epoch, batches)
+                size = sum(b.body_len for b in batch.reservation.batches)
+                size += JOB_BYTES * batch.reservation.lines
+                on = durable_on.get(id(batch), flushed)
+                assert on is not None  # a batch not flushed was inserted again
+                history.keep(Recent(now, on, batch.jobs, batch.opted, batch.dispatched, size))
+            assert epoch is not None
+            await history.seen(epoch, sent)
 
-    async def _settled_on(self, epoch: str, batches: Sequence[_Unsettled] = ()) -> None:
-        """``batches`` are durable on history ``epoch``. If the store was on another
-        one at the last flush (a restart, a failover), say so and insert again
-        what was settled lately on another: an asynchronous standby promoted may
-        lack it."""
-        while self._flushed_on is not None and epoch != self._flushed_on:
-            logger.warning(
-                "the store is on a new history (restarted or failed over): %s, was %s",
-                epoch,
-                self._flushed_on,
-                extra={"action": "store_history", "epoch": epoch, "was": self._flushed_on},
-            )
-            self._flushed_on = epoch
-            replay = self._recent.not_on(epoch)
-            if replay:
-                logger.warning(
-                    "inserting again the %d jobs settled in the last %.0f s",
-                    sum(len(r.jobs) + sum(len(o.jobs) for o in r.opted) for r in replay),
-                    RECENT_S,
-                    extra={"action": "ingest_replay"},
-                )
-            for recent in replay:
-                recent.epoch, _ = await self._insert(
-                    recent.jobs,
-                    recent.opted,
-                    durable=True,
-                    count=False,
-                    dispatched=recent.dispatched,
-                )
-                epoch = recent.epoch  # the history now (it may have moved again)
-        self._flushed_on = epoch
-        now = time.monotonic()
-        for batch in batches:
-            size = sum(b.body_len for b in batch.reservation.batches)
-            size += JOB_BYTES * batch.reservation.lines
-            recent = Recent(now, epoch, batch.jobs, batch.opted, batch.dispatched, size)
-            self._recent.add(now, epoch, recent)
+    async def _reinsert(
+        self, jobs: list[NewJob], opted: list[OptedJobs], dispatched: frozenset[str]
+    ) -> str:
+        """Insert rows again that may or may not have been lost, until they are
+        durable; the epoch they are durable on."""
+        epoch, _ = await self._insert(jobs, opted, durable=True, count=False, dispatched=dispatched)
+        return epoch
 
     def start_early(
         self,

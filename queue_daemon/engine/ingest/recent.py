@@ -1,27 +1,39 @@
-"""The batches an ingester settled lately, kept in memory to be inserted again when
-the store turns out to be on a new history.
+"""The store's history as an ingester sees it, and the batches it settled lately,
+kept in memory to be inserted again when a standby is promoted.
 
 A flush proves rows durable on the server that ran it. A standby that
 replicates asynchronously may lack the last of them when it is promoted; the
 journal's read point has passed them, and the journal no longer holds them.
-The ingester keeps what it settled in the last ``RECENT_S`` seconds (at most
-``RECENT_BYTES``, oldest dropped first) and, once a flush or a check names
-another history than the one they were settled on, inserts them again:
-idempotent by id, so rows the new primary has are left alone (done ones too)
-and only the missing ones come back.
+So the ingester keeps each batch it settles until the store has been seen
+alive on the same history ``RECENT_S`` seconds after (at most ``RECENT_BYTES``
+of them, the oldest dropped first): a standby more than that behind is not
+covered. When a flush or a check names a new history, every batch settled on
+another timeline is inserted again: idempotent by id, so rows the new primary
+has are left alone (done ones too) and only the missing ones come back. A
+restart on the same timeline (the same server) loses no flushed row, and
+inserts nothing again.
 """
 
 from __future__ import annotations
 
+import logging
+import time
 from collections import deque
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from queue_daemon.domain.jobs import NewJob
 from queue_daemon.domain.pulled import OptedJobs
+from queue_daemon.store.ports import timeline_of
 
-RECENT_S = 10.0  # seconds a settled batch is kept: well past an asynchronous standby's lag
+logger = logging.getLogger(__name__)
+
+RECENT_S = 10.0  # seconds of the store seen alive after a batch before it is let go
 RECENT_BYTES = 32 << 20  # at most this much of them (estimated), the oldest dropped first
 JOB_BYTES = 300  # a kept job's memory besides its payload (the tuple, its id, its times)
+
+# inserts a batch again until it is durable; the epoch it is durable on
+Reinsert = Callable[[list[NewJob], list[OptedJobs], frozenset[str]], Awaitable[str]]
 
 
 @dataclass(slots=True)
@@ -35,33 +47,68 @@ class Recent:
     dispatched: frozenset[str]
     size: int
 
+    @property
+    def job_count(self) -> int:
+        return len(self.jobs) + sum(len(o.jobs) for o in self.opted)
 
-class RecentBatches:
-    """Settled batches of the last ``seconds``, at most ``limit`` bytes."""
 
-    def __init__(self, seconds: float = RECENT_S, limit: int = RECENT_BYTES) -> None:
+class History:
+    """The epoch of the last flush, and the batches settled lately."""
+
+    def __init__(
+        self, reinsert: Reinsert, seconds: float = RECENT_S, limit: int = RECENT_BYTES
+    ) -> None:
+        self._reinsert = reinsert
         self._seconds = seconds
         self._limit = limit
         self._kept: deque[Recent] = deque()
         self._size = 0
+        self.epoch: str | None = None  # of the last flush
+        self.replaying = False
 
     def __len__(self) -> int:
         return len(self._kept)
 
-    def add(self, now: float, epoch: str, batch: Recent) -> None:
-        """Keep ``batch``, settled at ``now`` on ``epoch``."""
-        batch.at, batch.epoch = now, epoch
+    def keep(self, batch: Recent) -> None:
+        """``batch`` is settled, durable on ``batch.epoch`` since ``batch.at``."""
         self._kept.append(batch)
         self._size += batch.size
-        self.prune(now)
+        while self._size > self._limit:
+            self._size -= self._kept.popleft().size
 
-    def prune(self, now: float) -> bool:
-        """Drop what is older than the window or over the limit; whether any is left."""
+    async def seen(self, epoch: str, alive_at: float) -> None:
+        """A flush sent at ``alive_at`` (or later) ran on ``epoch``. On a new
+        history, say so, and insert again what was settled on another timeline."""
+        while self.epoch is not None and epoch != self.epoch:
+            logger.warning(
+                "the store is on a new history (restarted or failed over): %s, was %s",
+                epoch,
+                self.epoch,
+                extra={"action": "store_history", "epoch": epoch, "was": self.epoch},
+            )
+            self.epoch = epoch
+            replay = []
+            for batch in self._kept:
+                if timeline_of(batch.epoch) != timeline_of(epoch):
+                    replay.append(batch)
+                else:
+                    batch.epoch = epoch  # a restart: flushed rows survive it
+            if replay:
+                logger.warning(
+                    "a standby was promoted: inserting again the %d jobs settled lately",
+                    sum(batch.job_count for batch in replay),
+                    extra={"action": "ingest_replay"},
+                )
+            self.replaying = True
+            try:
+                for batch in replay:
+                    before = time.monotonic()
+                    batch.epoch = await self._reinsert(batch.jobs, batch.opted, batch.dispatched)
+                    if batch.epoch != epoch:  # it moved again meanwhile
+                        epoch, alive_at = batch.epoch, before
+            finally:
+                self.replaying = False
+        self.epoch = epoch
         kept = self._kept
-        while kept and (kept[0].at < now - self._seconds or self._size > self._limit):
+        while kept and kept[0].at < alive_at - self._seconds:
             self._size -= kept.popleft().size
-        return bool(kept)
-
-    def not_on(self, epoch: str) -> list[Recent]:
-        """The batches settled on another history than ``epoch``, oldest first."""
-        return [batch for batch in self._kept if batch.epoch != epoch]

@@ -108,13 +108,14 @@ class Pulls:
         for ``wait`` seconds until at least one is due. ``gone``: whether the
         worker hung up (then nothing more is claimed, and what was is handed
         back at once)."""
-        spec = await self.spec(jobtype)
         claim = secrets.token_hex(16)
         deadline = time.monotonic() + wait
         stored = jobtype.stored
+        spec: HandlerSpec | None = None
         while True:
             began, began_ns = time.perf_counter(), time.time_ns()
             try:
+                spec = spec or await self.spec(jobtype)
                 jobs = await self._store.claim_pulled(
                     stored,
                     limit,
@@ -135,6 +136,8 @@ class Pulls:
             if jobs or left <= 0 or self.waits.closed or gone():
                 break
             await self.waits.wait(stored, min(left, RECHECK_S))
+        if spec is None:  # the store was away for the whole hold
+            raise StoreUnavailable("the store cannot be reached")
         if jobs and gone():
             await self.hand_back(jobtype.client, worker, [(job.id, claim) for job in jobs])
             return claim, spec.timeout, []
