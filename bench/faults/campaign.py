@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import logging
 import shutil
@@ -310,9 +311,9 @@ async def campaign(
 def _kinds(text: str) -> tuple[str, ...]:
     kinds = tuple(k.strip() for k in text.split(",") if k.strip())
     unknown = [k for k in kinds if k not in KINDS]
+    if len(set(kinds)) < len(kinds):
+        raise argparse.ArgumentTypeError(f"each fault kind at most once: {text!r}")
     if unknown or not kinds:
-        import argparse
-
         raise argparse.ArgumentTypeError(
             f"unknown fault kind {', '.join(unknown) or text!r}; one of {', '.join(KINDS)}"
         )
@@ -320,8 +321,6 @@ def _kinds(text: str) -> tuple[str, ...]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    import argparse
-
     parser = argparse.ArgumentParser(
         prog="python -m bench.faults",
         description="Random faults against real daemons; invariants checked after each round.",

@@ -4,16 +4,14 @@ daemons in four rounds (seed 47221 was chosen for that), and every invariant hol
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from bench.faults.plan import KINDS, plan_round
+from tests.faults.runner import run_campaign
 
 SEED, ROUNDS = 47221, 4
-REPO = Path(__file__).resolve().parents[2]
 
 
 def test_the_seed_covers_every_fault_kind() -> None:
@@ -25,20 +23,10 @@ def test_the_seed_covers_every_fault_kind() -> None:
 def test_a_short_campaign_keeps_every_invariant(tmp_path: Path) -> None:
     if os.geteuid() != 0:
         pytest.skip("the campaign mounts a tmpfs for a journal and runs handlers sandboxed: root")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("QUEUE_DAEMON_")}
     args = ["--seed", str(SEED), "--rounds", str(ROUNDS), "--keep-logs", str(tmp_path / "logs")]
-    done = subprocess.run(
-        [sys.executable, "-m", "bench.faults", *args],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=380,
-        check=False,
-    )
-    shown = f"{done.stdout}\n--- stderr ---\n{done.stderr[-4000:]}"
-    assert done.returncode == 0, shown
-    lines = done.stdout.splitlines()
+    code, shown = run_campaign(args, timeout=380)
+    assert code == 0, shown
+    lines = shown.split("\n--- stderr ---\n")[0].splitlines()
     assert sum(1 for line in lines if line.startswith("round ")) == ROUNDS, shown
     [struck] = [line for line in lines if line.startswith("faults: ")]
     for kind in KINDS:
