@@ -4,11 +4,10 @@ primary and a standby; the standby is cut off for a moment, the primary is
 killed (``kill -9``), the standby promoted, the old primary left down.
 
 With a synchronous standby every invariant holds: nothing acknowledged is lost,
-no run overlaps another, no outcome is accepted twice, every job is done. With
-an asynchronous one the same fault loses what the primary committed while the
-standby was cut off: the daemons insert again the jobs they settled lately, so
-none is lost, but outcomes are (those jobs run again), and the campaign counts
-them: the proof that the fault bites.
+no run overlaps another, no outcome is accepted twice, every job is done. (With
+``--async-standby`` the same fault loses outcomes, which the campaign counts:
+docs/deploy.md has the figures; ``tests/hosts/test_failover.py`` checks that
+the jobs an asynchronous standby lacked are inserted again.)
 """
 
 from __future__ import annotations
@@ -47,20 +46,3 @@ def test_a_failover_to_a_synchronous_standby_keeps_every_invariant(tmp_path: Pat
     assert "failover (kill -> first job done on the new primary): p50" in shown, shown
     assert "processes left: 0, cgroups left: 0" in shown, shown
     print(shown)  # the switch's figures, for the CI log
-
-
-@pytest.mark.timeout(300)
-def test_a_failover_to_an_asynchronous_standby_loses_outcomes_not_jobs(tmp_path: Path) -> None:
-    code, shown = _campaign(tmp_path, "--async-standby")
-    assert _count(shown, "outcomes accepted twice") > 0, shown  # the standby lacked them
-    assert code == 1, shown  # so the round fails, on that count
-    for invariant in ("lost", "not done ok", "duplicated ingestions", "corrupted payloads"):
-        assert _count(shown, invariant) == 0, shown
-    replays = [
-        path.name
-        for path in (tmp_path / "logs").glob("*.stderr")
-        if "ingest_replay" in path.read_text() or "inserting again the" in path.read_text()
-    ]
-    assert replays, shown  # the jobs it lacked came back by the daemons' replays
-    assert "processes left: 0, cgroups left: 0" in shown, shown
-    print(shown)
