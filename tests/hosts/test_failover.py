@@ -32,39 +32,23 @@ from queue_daemon.store.ports import Store
 pytestmark = pytest.mark.timeout(120)
 
 
-@pytest.fixture
-def sync_pair() -> Iterator[PgPair]:
-    pair = PgPair(synchronous=True)
+def _pair(synchronous: bool) -> Iterator[PgPair]:
+    pair = PgPair(synchronous=synchronous)
     try:
         pair.start()
         yield pair
     finally:
         pair.close()
+
+
+@pytest.fixture
+def sync_pair() -> Iterator[PgPair]:
+    yield from _pair(synchronous=True)
 
 
 @pytest.fixture
 def async_pair() -> Iterator[PgPair]:
-    pair = PgPair(synchronous=False)
-    try:
-        pair.start()
-        yield pair
-    finally:
-        pair.close()
-
-
-@pytest.fixture
-def daemons(tmp_path: Path) -> Iterator[DaemonFactory]:
-    (tmp_path / "logs").mkdir()
-    factory = DaemonFactory(tmp_path / "logs")
-    try:
-        yield factory
-    finally:
-        factory.close()
-
-
-@pytest.fixture
-def data_dir(tmp_path: Path) -> Path:
-    return tmp_path / "data"
+    yield from _pair(synchronous=False)
 
 
 @pytest.fixture
