@@ -190,8 +190,9 @@ class PgPair:
         deadline = time.monotonic() + 10
         while any(_alive(pid) for pid in (master, *kids)) and time.monotonic() < deadline:
             time.sleep(0.01)
-        # it stays down: its pid file must not name a pid reused meanwhile
-        (self.datas[self.primary] / "postmaster.pid").unlink(missing_ok=True)
+        if not any(_alive(pid) for pid in (master, *kids)):
+            # it stays down: its pid file must not name a pid reused meanwhile
+            (self.datas[self.primary] / "postmaster.pid").unlink(missing_ok=True)
 
     def cut_standby(self) -> None:
         """Cut the standby off, as a broken link would: it stops receiving WAL (its

@@ -153,31 +153,33 @@ class JobsPart:
     async def flush(self) -> str:
         """Return once every row added before the call is durable (WAL flushed), with
         the epoch of the server that flushed; see ``epoch``."""
-        row = await self._epoch_query(self._flushed)
+        row = await self._epoch_query(flush=True)
         self._epoch = str(row["epoch"])
         return self._epoch
 
-    async def _epoch_query(self, query: str) -> asyncpg.Record:
-        """``query``'s row; on a server that refuses the WAL functions the epoch is
-        named without the timeline from then on (said once in the log)."""
+    async def _epoch_query(self, flush: bool) -> asyncpg.Record:
+        """The flush's (or the epoch's) row; on a server that refuses the WAL
+        functions the epoch is named without the timeline from then on (said once
+        in the log). A standby refuses them too: that is no reason to fall back."""
+        query = self._flushed if flush else self._server_epoch
         try:
             row = await self._db.fetchrow(query)
         except StoreError as exc:
+            fallen_back = query not in (queries.queue.FLUSHED, queries.queue.SERVER_EPOCH)
             refused = getattr(exc.__cause__, "sqlstate", None) in NO_WAL_FUNCTIONS
-            if not refused or self._flushed != queries.queue.FLUSHED:
+            if fallen_back or not refused or await self._db.fetchval(queries.queue.IN_RECOVERY):
                 raise
-            logger.warning(
-                "the store refuses the WAL functions (%s): a standby's promotion is "
-                "told apart by the server's start time alone",
-                exc,
-                extra={"action": "store_no_timeline"},
-            )
-            epoch = queries.queue.EPOCH_NO_TIMELINE
-            self._flushed = queries.queue.FLUSH.format(epoch=epoch)
-            self._server_epoch = f"SELECT {epoch}"
-            row = await self._db.fetchrow(
-                self._flushed if query == queries.queue.FLUSHED else self._server_epoch
-            )
+            if self._flushed == queries.queue.FLUSHED:
+                logger.warning(
+                    "the store refuses the WAL functions (%s): a standby's promotion is "
+                    "told apart by the server's start time alone",
+                    exc,
+                    extra={"action": "store_no_timeline"},
+                )
+                epoch = queries.queue.EPOCH_NO_TIMELINE
+                self._flushed = queries.queue.FLUSH.format(epoch=epoch)
+                self._server_epoch = f"SELECT {epoch}"
+            row = await self._db.fetchrow(self._flushed if flush else self._server_epoch)
         assert row is not None
         return row
 
@@ -195,7 +197,7 @@ class JobsPart:
         epoch (they are added again, and the flush's epoch is remembered). One
         round trip less for every batch the ingester moves."""
         if self._epoch is None:
-            self._epoch = str((await self._epoch_query(self._server_epoch))[0])
+            self._epoch = str((await self._epoch_query(flush=False))[0])
         return self._epoch
 
     async def _add_many(self, records: list[NewJob], fresh: bool) -> int:

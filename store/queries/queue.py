@@ -37,6 +37,7 @@ FLUSH = """SELECT pg_logical_emit_message(true, 'queue_daemon', ''),
     {epoch} AS epoch"""
 FLUSHED = FLUSH.format(epoch=EPOCH)
 SERVER_EPOCH = f"SELECT {EPOCH}"
+IN_RECOVERY = "SELECT pg_is_in_recovery()"
 
 # Neither the stored type {type} nor its tenant is paused (migration 0015): a
 # one-time filter where {type} is a parameter, one probe of paused's key.

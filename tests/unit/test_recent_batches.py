@@ -48,6 +48,28 @@ async def test_the_oldest_go_first_over_the_limit() -> None:
         history.keep(_batch(name, 100.0))
     await history.seen(PROMOTED, 500.0)  # an outage of any length drops nothing by age
     assert reinserts.names == ["b", "c"]
+    assert len(history) == 2  # their time on the new history counts from now
+
+
+async def test_a_restart_counts_the_kept_batches_time_from_now() -> None:
+    history = History(Reinserts([E1]), seconds=10, limit=1000)
+    await history.seen(E1, 90.0)
+    history.keep(_batch("a", 100.0))
+    await history.seen(RESTARTED, 500.0)  # back after a long outage
+    assert len(history) == 1
+    await history.seen(RESTARTED, 509.0)
+    assert len(history) == 1
+    await history.seen(RESTARTED, 511.0)
+    assert len(history) == 0
+
+
+async def test_the_first_flush_compares_batches_put_in_again_elsewhere() -> None:
+    reinserts = Reinserts([PROMOTED])
+    history = History(reinserts, seconds=10, limit=1000)
+    history.keep(_batch("flushed", 100.0))  # on E1, before any history was seen
+    history.keep(_batch("again", 100.0, PROMOTED))
+    await history.seen(PROMOTED, 101.0)
+    assert reinserts.names == ["flushed"]
 
 
 async def test_a_promotion_inserts_again_what_was_settled_on_the_old_timeline() -> None:

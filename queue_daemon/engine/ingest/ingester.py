@@ -200,6 +200,8 @@ class Ingester:
         while True:
             if not self._unsettled:
                 if self._pipelines_done:
+                    if history:  # a last look: a switch not seen yet
+                        await self._check_history()
                     return
                 self._to_settle.clear()
                 if not history:
@@ -209,9 +211,7 @@ class Ingester:
                     async with asyncio.timeout(HISTORY_CHECK_S):
                         await self._to_settle.wait()
                 if not self._unsettled and not self._pipelines_done:
-                    sent = time.monotonic()
-                    with contextlib.suppress(StoreError):  # looked at again, later
-                        await history.seen(await self._store.flush(), sent)
+                    await self._check_history()
                 continue
             batches, self._unsettled = self._unsettled, []
             sent = time.monotonic()
@@ -250,6 +250,13 @@ class Ingester:
                 history.keep(Recent(now, on, batch.jobs, batch.opted, batch.dispatched, size))
             assert epoch is not None
             await history.seen(epoch, sent)
+
+    async def _check_history(self) -> None:
+        """One flush, to see the store's history (and insert again what a promoted
+        standby may lack); a store away is looked at again later."""
+        sent = time.monotonic()
+        with contextlib.suppress(StoreError):
+            await self._history.seen(await self._store.flush(), sent)
 
     async def _reinsert(
         self, jobs: list[NewJob], opted: list[OptedJobs], dispatched: frozenset[str]

@@ -77,38 +77,45 @@ class History:
             self._size -= self._kept.popleft().size
 
     async def seen(self, epoch: str, alive_at: float) -> None:
-        """A flush sent at ``alive_at`` (or later) ran on ``epoch``. On a new
-        history, say so, and insert again what was settled on another timeline."""
-        while self.epoch is not None and epoch != self.epoch:
-            logger.warning(
-                "the store is on a new history (restarted or failed over): %s, was %s",
-                epoch,
-                self.epoch,
-                extra={"action": "store_history", "epoch": epoch, "was": self.epoch},
-            )
+        """A flush sent at ``alive_at`` (or later) ran on ``epoch``. On a new history,
+        say so; insert again what was settled on another timeline, and count the
+        kept batches' time on the new history from now."""
+        while True:
+            if self.epoch is not None and epoch != self.epoch:
+                logger.warning(
+                    "the store is on a new history (restarted or failed over): %s, was %s",
+                    epoch,
+                    self.epoch,
+                    extra={"action": "store_history", "epoch": epoch, "was": self.epoch},
+                )
             self.epoch = epoch
             replay = []
             for batch in self._kept:
+                if batch.epoch == epoch:
+                    continue
                 if timeline_of(batch.epoch) != timeline_of(epoch):
                     replay.append(batch)
-                else:
-                    batch.epoch = epoch  # a restart: flushed rows survive it
-            if replay:
-                logger.warning(
-                    "a standby was promoted: inserting again the %d jobs settled lately",
-                    sum(batch.job_count for batch in replay),
-                    extra={"action": "ingest_replay"},
-                )
+                else:  # a restart: flushed rows survive it, not yet on a standby
+                    batch.epoch, batch.at = epoch, max(batch.at, alive_at)
+            if not replay:
+                break
+            logger.warning(
+                "a standby was promoted: inserting again the %d jobs settled lately",
+                sum(batch.job_count for batch in replay),
+                extra={"action": "ingest_replay"},
+            )
             self.replaying = True
             try:
                 for batch in replay:
                     before = time.monotonic()
                     batch.epoch = await self._reinsert(batch.jobs, batch.opted, batch.dispatched)
+                    batch.at = time.monotonic()
                     if batch.epoch != epoch:  # it moved again meanwhile
                         epoch, alive_at = batch.epoch, before
             finally:
                 self.replaying = False
-        self.epoch = epoch
+            if epoch == self.epoch:
+                break
         kept = self._kept
         while kept and kept[0].at < alive_at - self._seconds:
             self._size -= kept.popleft().size
