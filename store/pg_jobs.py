@@ -184,8 +184,9 @@ class JobsPart:
         return row
 
     async def epoch(self) -> str:
-        """The server's incarnation (its start time and WAL timeline: a restart or a
-        standby's promotion makes a new one). A flush covers only rows
+        """The server's incarnation (its start time, its shared statistics' last
+        reset and its WAL timeline: a restart, a backend's crash or a standby's
+        promotion makes a new one). A flush covers only rows
         committed on its own incarnation: rows added after ``epoch`` returned E and
         flushed by a ``flush`` that returned E are durable; otherwise the server
         restarted or failed over in between and may have lost them.

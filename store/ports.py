@@ -97,7 +97,7 @@ class JobIntake(Protocol):
         (the server's incarnation) it was flushed on."""
 
     async def epoch(self) -> str:
-        """The server's incarnation, ``"<start> tl<timeline>"``. Jobs added after
+        """The server's incarnation, ``"<start> r<stats reset> tl<timeline>"``. Jobs added after
         ``epoch`` returned E are made durable by a ``flush`` that returns E; a flush
         that returns another epoch means the server restarted or failed over in
         between and may have lost them."""

@@ -16,17 +16,22 @@ NOTIFY_JOBS = "SELECT pg_notify('qd_jobs', $1)"
 # pg_current_xact_id() does) wrote none and would not wait. A transactional
 # logical message is a WAL record of a few bytes, at any wal_level.
 ASYNC_COMMIT = "SELECT set_config('synchronous_commit', 'off', true)"
-# Both also name the server's history: its start time and its WAL timeline. A
-# flush proves durable only the commits made on the history it ran on: a restart
-# starts a new one, and so does a standby's promotion (a new timeline, on another
-# server), whose WAL may lack what the old primary committed.
-EPOCH = (
-    "pg_postmaster_start_time()::text || ' tl' "
-    "|| substr(pg_walfile_name(pg_current_wal_insert_lsn()), 1, 8)"
+# Both also name the server's history: its start time, the time its shared
+# statistics were last reset and its WAL timeline. A flush proves durable only
+# the commits made on the history it ran on: a restart starts a new one; so does
+# a backend's crash, after which the postmaster reinitialises shared memory and
+# recovers from the WAL on disk (losing commits not yet written, with the same
+# start time; the statistics are reset then); and so does a standby's promotion
+# (a new timeline, on another server), whose WAL may lack what the old primary
+# committed. A manual reset of the statistics only inserts rows again.
+HISTORY = (
+    "pg_postmaster_start_time()::text || ' r' "
+    "|| coalesce(pg_stat_get_bgwriter_stat_reset_time()::text, '')"
 )
-# A server that refuses the WAL functions (some managed ones do) is named by its
-# start time alone: every restart then counts as a new timeline.
-EPOCH_NO_TIMELINE = "pg_postmaster_start_time()::text"
+EPOCH = f"{HISTORY} || ' tl' || substr(pg_walfile_name(pg_current_wal_insert_lsn()), 1, 8)"
+# A server that refuses the WAL functions (some managed ones do) is named without
+# the timeline: every restart then counts as a new timeline.
+EPOCH_NO_TIMELINE = HISTORY
 # The flush's own commit waits at least for the local WAL flush: a server whose
 # synchronous_commit is off gets on for it; any other level (local, remote_write,
 # on, remote_apply) is the operator's choice of what a commit waits for, which

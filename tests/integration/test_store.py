@@ -6,6 +6,7 @@ import asyncio
 import logging
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -625,6 +626,46 @@ async def test_the_epoch_is_remembered_and_a_restart_still_shows_in_the_flush(
             after = await s.flush()
             assert after != before  # ...but the flush tells the rows apart
             assert await s.epoch() == after
+        finally:
+            await s.close()
+    finally:
+        server.stop()
+
+
+async def test_a_backends_crash_is_a_new_history_though_the_server_did_not_restart(
+    private_root: Path,
+) -> None:
+    """A backend killed (the OOM killer's way) makes the postmaster reinitialise
+    shared memory and recover from the WAL on disk: commits not yet written are
+    lost, and the postmaster's start time stays the same. The flush after it
+    names another epoch, so the ingester inserts again what it had not settled."""
+    server = PgServer(private_root)
+    dsn = start_server(server)
+    try:
+        s = await PgStore.connect(dsn, min_size=1, max_size=2)
+        try:
+            before = await s.flush()
+            victim = await asyncpg.connect(dsn)
+            pid = await victim.fetchval("SELECT pg_backend_pid()")
+            os.kill(pid, signal.SIGKILL)
+            victim.terminate()
+            deadline = time.monotonic() + 30
+            while True:  # until the postmaster ended every backend, ours too
+                try:
+                    await s.ping()
+                except StoreUnavailable:
+                    break
+                assert time.monotonic() < deadline, "the server did not reinitialise"
+                await asyncio.sleep(0.02)
+            while True:
+                try:
+                    after = await s.flush()
+                    break
+                except StoreUnavailable:
+                    assert time.monotonic() < deadline, "store did not recover"
+                    await asyncio.sleep(0.1)
+            assert after != before
+            assert after.partition(" r")[0] == before.partition(" r")[0]  # same start time
         finally:
             await s.close()
     finally:
