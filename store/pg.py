@@ -20,6 +20,7 @@ from queue_daemon.store.pg_base import Db, open_pool
 from queue_daemon.store.pg_blobs import BlobsPart
 from queue_daemon.store.pg_graph import GraphPart
 from queue_daemon.store.pg_handlers import HandlersPart
+from queue_daemon.store.pg_history import HistoryPart
 from queue_daemon.store.pg_jobs import JobsPart
 from queue_daemon.store.pg_pulled import PulledPart
 from queue_daemon.store.pg_queue import QueuePart
@@ -43,7 +44,8 @@ class PgStore:
     ) -> None:
         self.db = db = Db(pool, acquire_timeout=acquire_timeout, dsn=dsn)
         self.graph = graph = GraphPart(db)
-        self.jobs = jobs = JobsPart(db, graph)
+        self.history = history = HistoryPart(db)
+        self.jobs = jobs = JobsPart(db, graph, history)
         self.queue = queue = QueuePart(db, graph)
         self.pulled = pulled = PulledPart(db, graph)
         self.tenants = tenants = TenantsPart(db)
@@ -62,8 +64,8 @@ class PgStore:
         self.add_dispatched = jobs.add_dispatched
         self.remove_refused = jobs.remove_refused
         self.add_opted = graph.add_opted
-        self.flush = jobs.flush
-        self.epoch = jobs.epoch
+        self.flush = history.flush
+        self.epoch = history.epoch
         # JobQueue
         self.waiting_jobtypes = queue.waiting_jobtypes
         self.claim = queue.claim

@@ -29,7 +29,7 @@ from queue_daemon.domain.pulled import OptedJobs
 from queue_daemon.engine.backoff import Backoff
 from queue_daemon.engine.ingest.early import Dispatcher, EarlyAdd, stored_early
 from queue_daemon.engine.ingest.lines import opted_traces, split_opted, to_new_jobs
-from queue_daemon.engine.ingest.recent import JOB_BYTES, History, Recent
+from queue_daemon.engine.ingest.recent import History
 from queue_daemon.journal import Entry, Journal, Reservation
 from queue_daemon.observe.tracing import Tracing
 from queue_daemon.store.errors import StoreError, StoreUnavailable
@@ -201,7 +201,7 @@ class Ingester:
             if not self._unsettled:
                 if self._pipelines_done:
                     if history:  # a last look: a switch not seen yet
-                        await self._check_history()
+                        await history.check(self._store.flush)
                     return
                 self._to_settle.clear()
                 if not history:
@@ -211,7 +211,7 @@ class Ingester:
                     async with asyncio.timeout(HISTORY_CHECK_S):
                         await self._to_settle.wait()
                 if not self._unsettled and not self._pipelines_done:
-                    await self._check_history()
+                    await history.check(self._store.flush)
                 continue
             batches, self._unsettled = self._unsettled, []
             sent = time.monotonic()
@@ -243,20 +243,11 @@ class Ingester:
             for batch in batches:
                 await self._journal.rsync(batch.reservation)
                 self._room.release()
-                size = sum(b.body_len for b in batch.reservation.batches)
-                size += JOB_BYTES * batch.reservation.lines
                 on = durable_on.get(id(batch), flushed)
                 assert on is not None  # a batch not flushed was inserted again
-                history.keep(Recent(now, on, batch.jobs, batch.opted, batch.dispatched, size))
+                history.keep_settled(now, on, batch.reservation, batch)
             assert epoch is not None
             await history.seen(epoch, sent)
-
-    async def _check_history(self) -> None:
-        """One flush, to see the store's history (and insert again what a promoted
-        standby may lack); a store away is looked at again later."""
-        sent = time.monotonic()
-        with contextlib.suppress(StoreError):
-            await self._history.seen(await self._store.flush(), sent)
 
     async def _reinsert(
         self, jobs: list[NewJob], opted: list[OptedJobs], dispatched: frozenset[str]

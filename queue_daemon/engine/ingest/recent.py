@@ -16,14 +16,18 @@ inserts nothing again.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 from queue_daemon.domain.jobs import NewJob
 from queue_daemon.domain.pulled import OptedJobs
+from queue_daemon.journal import Reservation
+from queue_daemon.store.errors import StoreError
 from queue_daemon.store.ports import timeline_of
 
 logger = logging.getLogger(__name__)
@@ -31,6 +35,20 @@ logger = logging.getLogger(__name__)
 RECENT_S = 10.0  # seconds of the store seen alive after a batch before it is let go
 RECENT_BYTES = 32 << 20  # at most this much of them (estimated), the oldest dropped first
 JOB_BYTES = 300  # a kept job's memory besides its payload (the tuple, its id, its times)
+
+
+class Settled(Protocol):
+    """What the ingester settled: a batch's jobs."""
+
+    @property
+    def jobs(self) -> list[NewJob]: ...
+
+    @property
+    def opted(self) -> list[OptedJobs]: ...
+
+    @property
+    def dispatched(self) -> frozenset[str]: ...
+
 
 # inserts a batch again until it is durable; the epoch it is durable on
 Reinsert = Callable[[list[NewJob], list[OptedJobs], frozenset[str]], Awaitable[str]]
@@ -75,6 +93,20 @@ class History:
         self._size += batch.size
         while self._size > self._limit:
             self._size -= self._kept.popleft().size
+
+    def keep_settled(
+        self, now: float, epoch: str, reservation: Reservation, batch: Settled
+    ) -> None:
+        """Keep a batch of ``reservation`` settled at ``now``, durable on ``epoch``."""
+        size = sum(b.body_len for b in reservation.batches) + JOB_BYTES * reservation.lines
+        self.keep(Recent(now, epoch, batch.jobs, batch.opted, batch.dispatched, size))
+
+    async def check(self, flush: Callable[[], Awaitable[str]]) -> None:
+        """One ``flush``, to see the store's history (and insert again what a
+        promoted standby may lack); a store away is looked at again later."""
+        sent = time.monotonic()
+        with contextlib.suppress(StoreError):
+            await self.seen(await flush(), sent)
 
     async def seen(self, epoch: str, alive_at: float) -> None:
         """A flush sent at ``alive_at`` (or later) ran on ``epoch``. On a new history,
