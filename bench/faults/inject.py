@@ -112,10 +112,16 @@ async def kill_context(world: World, fault: Fault) -> float:
     slot = world.slots[fault.victim]
     rng = random.Random(fault.where)
     await world.add(slot, "fa", world.next_payloads(rng, "fa", 8))
-    if not await _poll(lambda: bool(children(pid)), WAIT):
+    seen: list[int] = []  # one look: a context may end between two
+
+    def some() -> bool:
+        seen[:] = children(pid)
+        return bool(seen)
+
+    if not await _poll(some, WAIT):
         world.problems.append(f"{fault}: daemon{fault.victim} started no handler context")
         return await world.probe(slot)
-    victim = rng.choice(children(pid))
+    victim = rng.choice(seen)
     with contextlib.suppress(ProcessLookupError):
         os.kill(victim, signal.SIGKILL)
     return await world.probe(slot)
