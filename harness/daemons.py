@@ -222,6 +222,8 @@ class DaemonFactory:
         return daemon
 
     def close(self) -> None:
+        for daemon in self.started:  # all stop at once: each drains its running jobs
+            daemon.sigterm()
         for daemon in self.started:
             daemon.close()
         shutil.rmtree(self.share, ignore_errors=True)

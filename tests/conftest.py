@@ -9,7 +9,7 @@ import shutil
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import asyncpg
@@ -21,6 +21,21 @@ from queue_daemon.store.embedded import SERVER_HOME
 from queue_daemon.store.homes import sweep_homes
 
 TEMPLATE = "qd_template"
+_STOP_FIRST = pytest.StashKey[list[Callable[[], None]]]()
+
+
+def stop_first(request: pytest.FixtureRequest, stop: Callable[[], None]) -> None:
+    """Call ``stop`` as the test's teardown begins, before any fixture's: the
+    processes a test started stop before the databases and directories they
+    use are dropped (else each waits out its drain timeout against a store
+    that is gone)."""
+    request.node.stash.setdefault(_STOP_FIRST, []).append(stop)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_teardown(item: pytest.Item) -> None:
+    for stop in reversed(item.stash.get(_STOP_FIRST, [])):
+        stop()
 
 
 @pytest.fixture(autouse=True)

@@ -10,15 +10,17 @@ import aiohttp
 import pytest
 
 from harness.daemons import DaemonFactory, reachable_dir
-from tests.conftest import scratch_database
+from tests.conftest import scratch_database, stop_first
 
 
 @pytest.fixture
-def daemons(tmp_path: Path) -> Iterator[DaemonFactory]:
-    """Start daemons with ``daemons.start(...)``; every one is stopped at teardown."""
+def daemons(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[DaemonFactory]:
+    """Start daemons with ``daemons.start(...)``; every one is stopped as the
+    test's teardown begins (before its database and directories go)."""
     log_dir = tmp_path / "logs"
     log_dir.mkdir()
     factory = DaemonFactory(log_dir)
+    stop_first(request, factory.close)
     try:
         yield factory
     finally:
