@@ -34,7 +34,8 @@ def stop_first(request: pytest.FixtureRequest, stop: Callable[[], None]) -> None
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_teardown(item: pytest.Item) -> None:
-    for stop in reversed(item.stash.get(_STOP_FIRST, [])):
+    stops: list[Callable[[], None]] = item.stash.get(_STOP_FIRST, [])
+    for stop in reversed(stops):
         stop()
 
 

@@ -29,6 +29,7 @@ from queue_daemon.runners.sandbox.users import TENANT_UID_BASE
 
 SLOW = "slow"
 QUICK = "quick"
+HOLD = "hold"  # a calm job that runs while the CPU marks are read
 BACKLOG = 20_000  # flood jobs queued before the calm tenant's first job
 POST_LINES = 1_000
 TOP_UP = 200  # flood jobs added per POST while the calm tenant's jobs run
@@ -67,6 +68,27 @@ def _cpu_marks(uids: dict[str, int]) -> dict[str, str] | None:
     }
 
 
+async def _marks_beside_a_calm_run(calm: Api, dsn: str) -> dict[str, str] | None:
+    """The CPU marks once a calm job runs beside the flood (a tenant is busy only
+    beside another that runs something: ``scheduler.cpu.busy_tenants``); None
+    without them. The marks follow the running batches: polled, not read once."""
+    uids = await tenant_uids(dsn)
+    if await asyncio.to_thread(_cpu_marks, uids) is None:
+        return None
+    await calm.add(HOLD, ["hold"])
+    expected = {"calm": "0", "flood": "1"}
+    seen: list[dict[str, str] | None] = []
+
+    async def marked() -> dict[str, str] | None:
+        seen.append(await asyncio.to_thread(_cpu_marks, uids))
+        return seen[-1] if seen[-1] == expected else None
+
+    try:
+        return await until(marked, 10, f"the marks {expected}", interval=0.1)
+    except AssertionError:
+        return seen[-1]  # the assertion below says what they were
+
+
 async def tenant_uids(dsn: str) -> dict[str, int]:
     """Each tenant's uid, from its slot in the store (the daemon's default range)."""
     conn = await asyncpg.connect(dsn)
@@ -100,6 +122,7 @@ async def test_a_flood_does_not_hold_up_another_tenants_jobs(
     flood, calm = deployed.api(session, "flood"), deployed.api(session, "calm")
     await Handlers(flood).add(SLOW, "python", SLOW_HANDLER, timeout=30)
     await Handlers(calm).add(QUICK, "python", CLOCK_HANDLER, timeout=30)
+    await Handlers(calm).add(HOLD, "python", SLOW_HANDLER, timeout=30)
 
     for first in range(0, BACKLOG, POST_LINES):
         await flood.add(SLOW, [f"{n}" for n in range(first, first + POST_LINES)])
@@ -124,7 +147,7 @@ async def test_a_flood_does_not_hold_up_another_tenants_jobs(
             waits.append(float(started) - sent)
             contexts.add(mark)
         assert not adder.done(), "the flood's adds stopped early"
-        marks = await asyncio.to_thread(_cpu_marks, await tenant_uids(pg_dsn))
+        marks = await _marks_beside_a_calm_run(calm, pg_dsn)
         during = await _flood_counts(flood)
     finally:
         adder.cancel()
