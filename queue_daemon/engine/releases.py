@@ -95,11 +95,15 @@ class BatchReleases:
     async def flush(self) -> bool:
         """Journal the pending follow-on jobs; False when any of the batch's could
         not be made durable (then none of its jobs may be released as run)."""
-        return await self.follow.flush()
+        try:
+            return await self.follow.flush()
+        finally:
+            self.follow.end()
 
     def abandon(self) -> None:
         """The batch ends without ``flush``: its pending follow-on jobs are dropped."""
         self.follow.abandon()
+        self.follow.end()
 
 
 LOG_EXCERPT_LINES = 20  # a run's last log lines kept with its job (a run not ok)

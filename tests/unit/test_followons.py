@@ -11,12 +11,14 @@ import pytest
 
 from queue_daemon.domain.names import JobType
 from queue_daemon.domain.options import JobOptions
+from queue_daemon.domain.outcomes import Policy
 from queue_daemon.engine.admit import followons
 from queue_daemon.engine.admit.adds import Adds, OverWaiting
 from queue_daemon.engine.admit.followons import OVER_LIMITS, FollowOns
 from queue_daemon.engine.admit.intake import Intake
 from queue_daemon.engine.admit.limits import Limits, TenantLimits
 from queue_daemon.engine.admit.quotas import RateLimiter, WaitingLimiter
+from queue_daemon.engine.releases import BatchReleases
 from queue_daemon.journal import JournalError
 from queue_daemon.observe.metrics import Metrics
 from queue_daemon.observe.queuelog import QueueLog
@@ -217,6 +219,46 @@ async def test_contexts_are_told_to_send_no_more_than_the_add_rate_takes() -> No
         JobResult(id="j3", exitcode=200, emit_over=1, emit_short=1, emit_cost=21 * 65536)
     )
     assert never.exitcode == 200 and dropped["bytes"] == 3
+
+
+async def test_batches_running_at_once_share_the_rates_room() -> None:
+    # each batch told all of it, 25 contexts at once sent the daemon 25 times what
+    # the rate then took: megabytes read and decoded only to be refused
+    limits = TenantLimits(rate=100, burst=200)
+    first, _ = make(Journal(), limits=limits, rate=(100, 200))
+    adds = first._adds  # one daemon's admission: every batch of the tenant meets here
+    room = 200 * 65536
+
+    def another() -> FollowOns:
+        return FollowOns(SPEC, limits, adds, lambda client, reason, n: None)
+
+    second, third = another(), another()
+    assert first.emit_budget() == room
+    assert second.emit_budget() == room // 2
+    assert third.emit_budget() == room // 3
+    assert third.emit_budget() == room // 3  # asked again: its own share is not counted twice
+    assert await first.flush()  # a chunk's flush does not end the batch
+    assert another().emit_budget() == room // 4
+    first.end()
+    second.abandon()
+    second.end()
+    first.end()  # ended once only
+    assert another().emit_budget() == room // 3  # third and the one before: 2 others
+    other = HandlerSpec(version="1", client="other", type="parent", lang="shell", body="true")
+    assert FollowOns(other, limits, adds, lambda c, r, n: None).emit_budget() == room
+
+
+async def test_a_batch_ends_its_share_however_it_ends() -> None:
+    limits = TenantLimits(rate=100, burst=200)
+    releases_ok, _ = make(Journal(), limits=limits, rate=(100, 200))
+    adds = releases_ok._adds
+    batch = BatchReleases(releases_ok, Policy(job_ttl=60.0), limits.result)
+    releases_ok.emit_budget()
+    assert await batch.flush()
+    failed = FollowOns(SPEC, limits, adds, lambda c, r, n: None)
+    failed.emit_budget()
+    BatchReleases(failed, Policy(job_ttl=60.0), limits.result).abandon()
+    assert adds._sharing == {}
 
 
 async def test_over_the_waiting_limit_the_run_is_retried_and_nothing_is_added() -> None:

@@ -109,6 +109,8 @@ class Adds:
         self._jobs = jobs
         self._queuelog = queuelog
         self._metrics = metrics
+        # per tenant: its batches running now that were given a share of its rate's room
+        self._sharing: dict[str, int] = {}
 
     def check(self, client: str, length: int | None) -> None:
         """Refuse an add its tenant's quotas cannot take, before its body is read:
@@ -202,6 +204,26 @@ class Adds:
         rate): what a run's follow-on jobs may carry and not be over it."""
         limits = self._limits.of(client)
         return self._rates.room(client, limits.rate, limits.burst) * RATE_UNIT_BYTES
+
+    def share_room_bytes(self, client: str) -> float:
+        """Payload bytes one more batch's runs of ``client`` may send as follow-on
+        jobs: the room of its add rate now, split with its batches running with a
+        share (a batch started beside k others gets 1/(k+1) of it). Batches that each
+        got all of it had their contexts send the daemon many times what the rate
+        then took (read, decoded, refused). Ended by ``end_share``."""
+        room = self.rate_room_bytes(client)
+        if math.isinf(room):
+            return room
+        sharing = self._sharing[client] = self._sharing.get(client, 0) + 1
+        return room / sharing
+
+    def end_share(self, client: str) -> None:
+        """A batch given ``share_room_bytes`` ended."""
+        left = self._sharing.get(client, 0) - 1
+        if left > 0:
+            self._sharing[client] = left
+        else:
+            self._sharing.pop(client, None)
 
     def burst_bytes(self, client: str) -> float:
         """Payload bytes ``client``'s add rate could ever take at once (infinite

@@ -93,6 +93,7 @@ class FollowOns:
         self._pending_bytes = 0
         self.failed = False  # a chunk could not be journaled: the batch runs again
         self._taken: set[str] = set()
+        self._sharing = False  # given a share of the tenant's rate (``emit_budget``)
 
     def emit_limit(self) -> int:
         """Bytes of ``ctx.emit`` payloads a run of this batch may send: the most it
@@ -100,10 +101,20 @@ class FollowOns:
         return int(min(self._limits.emit, self._adds.burst_bytes(self._spec.client)))
 
     def emit_budget(self) -> int | None:
-        """Bytes of ``ctx.emit`` payloads the batch's runs may send together: what
-        the tenant's add rate would take now (None: it has no rate)."""
-        room = self._adds.rate_room_bytes(self._spec.client)
+        """Bytes of ``ctx.emit`` payloads the batch's runs may send together: their
+        share of what the tenant's add rate would take now (None: it has no rate).
+        Asked once a batch, which ``end`` ends."""
+        if self._sharing:
+            self._adds.end_share(self._spec.client)
+        room = self._adds.share_room_bytes(self._spec.client)
+        self._sharing = not math.isinf(room)
         return None if math.isinf(room) else int(room)
+
+    def end(self) -> None:
+        """The batch ended (flushed or abandoned): its share goes back."""
+        if self._sharing:
+            self._sharing = False
+            self._adds.end_share(self._spec.client)
 
     def progress(self, job_id: str, fraction: object, message: object) -> None:
         """The batch's runs' progress, to the daemon's board (engine.progress)."""
