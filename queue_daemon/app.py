@@ -42,6 +42,7 @@ from queue_daemon.engine.graph import Resolved
 from queue_daemon.engine.handlers import HandlerCache
 from queue_daemon.engine.ingest.adoption import Adopter
 from queue_daemon.engine.ingest.ingester import Ingester
+from queue_daemon.engine.ingest.recent import RECENT_BYTES
 from queue_daemon.engine.pull.holds import DoneWaits
 from queue_daemon.engine.pull.pulls import Pulls
 from queue_daemon.engine.run.loop import RunLoop
@@ -157,6 +158,8 @@ class Daemon:
             ingest_workers=settings.ingest_workers,
             on_stored=waiting.stored,
             tracing=tracing,
+            # the embedded server has no standby that could be promoted: nothing to replay
+            keep_bytes=0 if self.embedded is not None else RECENT_BYTES,
         )
         uids = TenantUids(
             lambda: tokens.uid_slots, settings.tenant_uid_base, settings.tenant_uid_count

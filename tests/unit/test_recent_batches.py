@@ -106,3 +106,14 @@ async def test_a_second_promotion_during_the_inserts_inserts_them_again() -> Non
     # a landed on PROMOTED, b on AGAIN: a goes in again on AGAIN
     assert reinserts.names == ["a", "b", "a"]
     assert history.epoch == AGAIN
+
+
+async def test_a_limit_of_nothing_keeps_nothing_to_insert_again() -> None:
+    # the daemon's ingester on its embedded server: no standby could be promoted
+    reinserts = Reinserts([PROMOTED])
+    history = History(reinserts, seconds=10, limit=0)
+    await history.seen(E1, 90.0)
+    history.keep(_batch("a", 100.0, size=1))
+    assert len(history) == 0
+    await history.seen(PROMOTED, 101.0)
+    assert reinserts.names == []

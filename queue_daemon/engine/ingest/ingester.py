@@ -29,7 +29,7 @@ from queue_daemon.domain.pulled import OptedJobs
 from queue_daemon.engine.backoff import Backoff
 from queue_daemon.engine.ingest.early import Dispatcher, EarlyAdd, stored_early
 from queue_daemon.engine.ingest.lines import opted_traces, split_opted, to_new_jobs
-from queue_daemon.engine.ingest.recent import History
+from queue_daemon.engine.ingest.recent import RECENT_BYTES, History
 from queue_daemon.journal import Entry, Journal, Reservation
 from queue_daemon.observe.tracing import Tracing
 from queue_daemon.store.errors import StoreError, StoreUnavailable
@@ -94,6 +94,7 @@ class Ingester:
         ingest_workers: int,
         on_stored: Callable[[Sequence[Entry]], None] = lambda entries: None,
         tracing: Tracing | None = None,
+        keep_bytes: int = RECENT_BYTES,
     ) -> None:
         self._journal = journal
         self._tracing = tracing or Tracing.off()  # traced adds' ingest spans
@@ -112,7 +113,8 @@ class Ingester:
         self._room = asyncio.Semaphore(MAX_UNSETTLED)
         self._to_settle = asyncio.Event()
         self._pipelines_done = False
-        self._history = History(self._reinsert)  # batches settled lately, for a failover
+        # batches settled lately, for a failover (0: none kept, no standby to promote)
+        self._history = History(self._reinsert, limit=keep_bytes)
 
     async def run(self) -> None:
         self._pipelines_done = False
