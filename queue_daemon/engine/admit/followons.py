@@ -46,7 +46,7 @@ from queue_daemon.runners.output import emit_problem
 
 logger = logging.getLogger(__name__)
 
-CHUNK_BYTES = 4 << 20  # follow-on payload bytes held before they are journaled
+CHUNK_BYTES = 1 << 20  # follow-on payload bytes held before they are journaled
 OVER_LIMITS = 129  # a retry code: the run's follow-on jobs are over the add rate or waiting limit
 
 # counts dropped follow-on jobs by tenant and reason

@@ -39,7 +39,7 @@ logger = logging.getLogger(__name__)
 
 RESERVE_TIMEOUT = 60.0  # seconds before an un-synced reservation is handed out again
 # payload bytes a pipeline reads at a time besides its lines (big payloads: fewer rows)
-READ_BYTES = 16 << 20
+READ_BYTES = 4 << 20
 # A pipeline that moves small batches in a stream (this one began less than
 # two cycles after the one before) waits until a cycle after it began before
 # the next, so a stream of 1-line adds is ingested in batches of many lines
