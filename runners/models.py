@@ -98,7 +98,8 @@ class ResultSink(Protocol):
     def emit_budget(self) -> int | None:
         """Bytes of follow-on payloads the batch's runs may add together, taken in
         their order (None: no such bound): a context drops what is over
-        (``emit_short`` in its reply)."""
+        (``emit_short`` in its reply). Asked once a batch: it may take a share
+        of the tenant's rate, which its owner ends with the batch."""
 
     def wants(self, result: JobResult) -> bool:
         """Whether ``take`` would change ``result`` (follow-on jobs to take out)."""

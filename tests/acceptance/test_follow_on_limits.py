@@ -27,8 +27,8 @@ from harness.daemons import (
 
 MIB = 1 << 20
 # What a burst of big follow-on jobs may take at once, whatever its size: the
-# journal's cache of unread batches (64 MiB), the ingester's reads (two of at
-# most 16 MiB) and its batches not yet flushed, a 4 MiB chunk per batch being
+# journal's cache of unread batches (64 MiB), the ingester's reads (two of
+# 4 MiB) and its batches not yet flushed, a 1 MiB chunk per batch being
 # journaled, one reply per running context. One burst took 1,131 MiB before.
 BOUND_MIB = 640
 LIMITS = {

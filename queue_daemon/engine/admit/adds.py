@@ -111,6 +111,7 @@ class Adds:
         self._metrics = metrics
         # per tenant: its batches running now that were given a share of its rate's room
         self._sharing: dict[str, int] = {}
+        self._emitting: set[tuple[str, str]] = set()  # (tenant, type): its runs sent some
 
     def check(self, client: str, length: int | None) -> None:
         """Refuse an add its tenant's quotas cannot take, before its body is read:
@@ -205,12 +206,20 @@ class Adds:
         limits = self._limits.of(client)
         return self._rates.room(client, limits.rate, limits.burst) * RATE_UNIT_BYTES
 
+    def emitted(self, client: str, type: str) -> None:
+        """A run of ``client``'s ``type`` sent follow-on jobs (``ctx.emit``)."""
+        self._emitting.add((client, type))
+
+    def emits(self, client: str, type: str) -> bool:
+        """Whether runs of ``client``'s ``type`` sent follow-on jobs here before."""
+        return (client, type) in self._emitting
+
     def share_room_bytes(self, client: str) -> float:
         """Payload bytes one more batch's runs of ``client`` may send as follow-on
         jobs: the room of its add rate now, split with its batches running with a
-        share (a batch started beside k others gets 1/(k+1) of it). Batches that each
-        got all of it had their contexts send the daemon many times what the rate
-        then took (read, decoded, refused). Ended by ``end_share``."""
+        share (a batch started beside k others gets 1/(k+1) of it, fixed then), so
+        their contexts together send the daemon a few times what the rate takes,
+        not once per batch. Ended by ``end_share``."""
         room = self.rate_room_bytes(client)
         if math.isinf(room):
             return room

@@ -2,8 +2,8 @@
 
 Each finished run's follow-on jobs (``J:`` lines, ``ctx.emit`` calls and a
 ``then`` job) are taken as its result arrives, checked against its tenant's
-limits and written to the journal in chunks of at most ``CHUNK_BYTES``, so a
-batch never holds more than a chunk of them, however much its handlers print.
+limits and written to the journal once ``CHUNK_BYTES`` of them are pending, so a
+batch holds at most a chunk and one run's of them, however much its handlers print.
 
 Per run, in this order:
 
@@ -19,7 +19,8 @@ Per run, in this order:
 What a context sends of ``ctx.emit`` is bounded before it leaves the context:
 each run by ``emit`` and by what the burst holds (its payload bytes,
 ``emit_limit``), past which they are dropped as above; and the batch's runs
-together, in their order, by what the tenant's add rate would take now
+together, in their order, by what the tenant's add rate would take now,
+shared with the tenant's other batches of types whose runs emit
 (``emit_budget``): a run whose context dropped some only for that
 (``emit_short``) runs again later (``OVER_LIMITS``), as it would have been over
 the rate here, but the daemon never reads those megabytes only to refuse them.
@@ -101,13 +102,20 @@ class FollowOns:
         return int(min(self._limits.emit, self._adds.burst_bytes(self._spec.client)))
 
     def emit_budget(self) -> int | None:
-        """Bytes of ``ctx.emit`` payloads the batch's runs may send together: their
-        share of what the tenant's add rate would take now (None: it has no rate).
-        Asked once a batch, which ``end`` ends."""
+        """Bytes of ``ctx.emit`` payloads the batch's runs may send together (None:
+        the tenant has no rate): what its add rate would take now, shared with its
+        other batches running with a share when this type's runs sent follow-on
+        jobs before (a type that never did takes no share from those that do).
+        Asked once a batch; ``end`` ends its share."""
+        client = self._spec.client
         if self._sharing:
-            self._adds.end_share(self._spec.client)
-        room = self._adds.share_room_bytes(self._spec.client)
-        self._sharing = not math.isinf(room)
+            self._sharing = False
+            self._adds.end_share(client)
+        if self._adds.emits(client, self._spec.type):
+            room = self._adds.share_room_bytes(client)
+            self._sharing = not math.isinf(room)
+        else:
+            room = self._adds.rate_room_bytes(client)
         return None if math.isinf(room) else int(room)
 
     def end(self) -> None:
@@ -142,6 +150,8 @@ class FollowOns:
         if not self.wants(result):  # nothing to take: the result as it is
             return result
         client = self._spec.client
+        if result.emits or result.emit_short or result.emit_over:
+            self._adds.emitted(client, self._spec.type)
         if result.emit_short and result.emit_cost <= self._adds.burst_bytes(client):
             # dropped by its context as the rate's room was spent; it fits another time
             self._count(client, "rate", result.emit_short)
