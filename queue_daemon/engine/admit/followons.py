@@ -108,9 +108,7 @@ class FollowOns:
         jobs before (a type that never did takes no share from those that do).
         Asked once a batch; ``end`` ends its share."""
         client = self._spec.client
-        if self._sharing:
-            self._sharing = False
-            self._adds.end_share(client)
+        self.end()  # asked again: its share so far goes back first
         if self._adds.emits(client, self._spec.type):
             room = self._adds.share_room_bytes(client)
             self._sharing = not math.isinf(room)
