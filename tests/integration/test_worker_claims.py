@@ -47,6 +47,7 @@ class GatedStore:
         self.most_in_flight: dict[str, int] = {}
         self.claimed: list[str] = []  # jobtype per claim that got jobs, in order
         self.reads = 0
+        self.listening = asyncio.Event()  # the listener connected and said so
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._store, name)
@@ -64,6 +65,16 @@ class GatedStore:
         if jobs:
             self.claimed.append(type)
         return jobs
+
+    async def listen(
+        self, on_jobs: Callable[[dict[str, int] | None], None], *args: Any, **kw: Any
+    ) -> None:
+        def heard(added: dict[str, int] | None) -> None:
+            on_jobs(added)
+            if added is None:  # (re)connected: anything may have changed
+                self.listening.set()
+
+        await self._store.listen(heard, *args, **kw)
 
     async def waiting_jobtypes(self, limit_per_type: int = 1000) -> dict[str, int]:
         self.reads += 1
@@ -165,6 +176,9 @@ async def test_jobs_noted_during_a_read_of_the_waiting_types_are_claimed_without
     # again: on a slow machine the steps below can take that long
     monkeypatch.setattr(pick, "POLL_S", 600.0)
     gated, pool, loop = running
+    # the listener says "anything may have changed" as it connects: that must not
+    # fall inside the window below, or the read is rightly made again
+    await asyncio.wait_for(gated.listening.wait(), 10)
     await _until(lambda: gated.reads >= 1, "the first read of the waiting types")
     await _until(lambda: loop._waiting._reading is None, "that read to end")
     gated.reads_waiting.clear()
