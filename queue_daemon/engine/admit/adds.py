@@ -109,8 +109,9 @@ class Adds:
         self._jobs = jobs
         self._queuelog = queuelog
         self._metrics = metrics
-        # per tenant: its batches running now that were given a share of its rate's room
-        self._sharing: dict[str, int] = {}
+        # per tenant and pool (whether the batch's type emitted before): its batches
+        # running now that were given a share of its rate's room
+        self._sharing: dict[tuple[str, bool], int] = {}
         self._emitting: set[tuple[str, str]] = set()  # (tenant, type): its runs sent some
 
     def check(self, client: str, length: int | None) -> None:
@@ -214,25 +215,29 @@ class Adds:
         """Whether runs of ``client``'s ``type`` sent follow-on jobs here before."""
         return (client, type) in self._emitting
 
-    def share_room_bytes(self, client: str) -> float:
+    def share_room_bytes(self, client: str, emits: bool) -> float:
         """Payload bytes one more batch's runs of ``client`` may send as follow-on
-        jobs: the room of its add rate now, split with its batches running with a
-        share (a batch started beside k others gets 1/(k+1) of it, fixed then), so
-        their contexts together send the daemon a few times what the rate takes,
-        not once per batch. Ended by ``end_share``."""
+        jobs: the room of its add rate now, split with its batches running in the
+        same pool (a batch started beside k others gets 1/(k+1) of it, fixed then),
+        so their contexts together send the daemon a few times what the rate
+        takes, not once per batch. Batches of types whose runs emitted before
+        (``emits``) share one pool, the others another, so a type that never
+        emits takes nothing from those that do. Ended by ``end_share``."""
         room = self.rate_room_bytes(client)
         if math.isinf(room):
             return room
-        sharing = self._sharing[client] = self._sharing.get(client, 0) + 1
+        pool = (client, emits)
+        sharing = self._sharing[pool] = self._sharing.get(pool, 0) + 1
         return room / sharing
 
-    def end_share(self, client: str) -> None:
+    def end_share(self, client: str, emits: bool) -> None:
         """A batch given ``share_room_bytes`` ended."""
-        left = self._sharing.get(client, 0) - 1
+        pool = (client, emits)
+        left = self._sharing.get(pool, 0) - 1
         if left > 0:
-            self._sharing[client] = left
+            self._sharing[pool] = left
         else:
-            self._sharing.pop(client, None)
+            self._sharing.pop(pool, None)
 
     def burst_bytes(self, client: str) -> float:
         """Payload bytes ``client``'s add rate could ever take at once (infinite

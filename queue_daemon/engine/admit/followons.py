@@ -20,10 +20,10 @@ What a context sends of ``ctx.emit`` is bounded before it leaves the context:
 each run by ``emit`` and by what the burst holds (its payload bytes,
 ``emit_limit``), past which they are dropped as above; and the batch's runs
 together, in their order, by what the tenant's add rate would take now,
-shared with the tenant's other batches of types whose runs emit
-(``emit_budget``): a run whose context dropped some only for that
-(``emit_short``) runs again later (``OVER_LIMITS``), as it would have been over
-the rate here, but the daemon never reads those megabytes only to refuse them.
+shared with the tenant's other batches running (``emit_budget``): a run
+whose context dropped some only for that (``emit_short``) runs again later
+(``OVER_LIMITS``), as it would have been over the rate here, but the daemon
+never reads those megabytes only to refuse them.
 
 A dropped follow-on job is logged and counted, and the run's result ends with
 a line saying how many were dropped and why.
@@ -94,7 +94,8 @@ class FollowOns:
         self._pending_bytes = 0
         self.failed = False  # a chunk could not be journaled: the batch runs again
         self._taken: set[str] = set()
-        self._sharing = False  # given a share of the tenant's rate (``emit_budget``)
+        # the pool of the tenant's rate this batch took a share of (``emit_budget``)
+        self._pool: bool | None = None
 
     def emit_limit(self) -> int:
         """Bytes of ``ctx.emit`` payloads a run of this batch may send: the most it
@@ -104,23 +105,24 @@ class FollowOns:
     def emit_budget(self) -> int | None:
         """Bytes of ``ctx.emit`` payloads the batch's runs may send together (None:
         the tenant has no rate): what its add rate would take now, shared with its
-        other batches running with a share when this type's runs sent follow-on
-        jobs before (a type that never did takes no share from those that do).
-        Asked once a batch; ``end`` ends its share."""
+        other batches running, those of types whose runs sent follow-on jobs
+        before with each other and the rest with each other (a type that never
+        did takes nothing from those that do). Asked once a batch; ``end`` ends
+        its share."""
         client = self._spec.client
         self.end()  # asked again: its share so far goes back first
-        if self._adds.emits(client, self._spec.type):
-            room = self._adds.share_room_bytes(client)
-            self._sharing = not math.isinf(room)
-        else:
-            room = self._adds.rate_room_bytes(client)
-        return None if math.isinf(room) else int(room)
+        emits = self._adds.emits(client, self._spec.type)
+        room = self._adds.share_room_bytes(client, emits)
+        if math.isinf(room):
+            return None
+        self._pool = emits
+        return int(room)
 
     def end(self) -> None:
         """The batch ended (flushed or abandoned): its share goes back."""
-        if self._sharing:
-            self._sharing = False
-            self._adds.end_share(self._spec.client)
+        if self._pool is not None:
+            self._adds.end_share(self._spec.client, self._pool)
+            self._pool = None
 
     def progress(self, job_id: str, fraction: object, message: object) -> None:
         """The batch's runs' progress, to the daemon's board (engine.progress)."""
