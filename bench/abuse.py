@@ -6,6 +6,9 @@ section, first on the idle daemon, then during each attack of a hostile
 tenant (or of an anonymous client), one attack at a time:
 
 - ``emit``: runs that ask for 60 follow-on jobs of 1 MiB each;
+- ``same bytes``: not an attack but its yardstick: a third tenant with the
+  hostile one's limits adds jobs of 1 MiB over HTTP at its add rate, as many
+  bytes as the follow-on jobs of ``emit`` are let through;
 - ``connections``: thousands of connections that send half a request's headers
   and then nothing;
 - ``bodies``: 24 requests whose 64 MiB bodies trickle in at 16 KiB a second;
@@ -46,6 +49,7 @@ CALM_TYPE = "clock"
 Attack = Callable[[], contextlib.AbstractAsyncContextManager[str]]
 HOSTILE = "mallory"
 HOSTILE_LIMITS = ("waiting=1000", "rate=100", "burst=200")
+BYTES_TENANT = "bytes"  # the yardstick of ``emit``: adds of big jobs at the same rate
 
 
 @dataclass(slots=True)
@@ -133,6 +137,16 @@ async def emit_attack(hostile: Api) -> AsyncIterator[str]:
             yield "25 runs a second, each asking for 60 follow-on jobs of 1 MiB"
     finally:
         await hostile.del_handler("emit")
+
+
+@contextlib.asynccontextmanager
+async def same_bytes(tenant: Api) -> AsyncIterator[str]:
+    """Jobs of 1 MiB added at the hostile tenant's rate (100 tokens a second, a
+    job of 1 MiB 16 of them), to a type with no handler: what the follow-on
+    jobs ``emit_attack`` gets through cost a calm tenant by themselves."""
+    line = b'"' + b"x" * 1048560 + b'"\n'
+    async with _posting(tenant, "kid", line, 0.16):
+        yield "another tenant with the hostile one's limits adding 1 MiB jobs at its rate"
 
 
 @contextlib.asynccontextmanager
@@ -231,6 +245,7 @@ async def measure_abuse(
     pid: int,
     calm: tuple[str, str],
     hostile: tuple[str, str],
+    bytes_tenant: tuple[str, str],
     *,
     samples: int,
     connections: int,
@@ -240,11 +255,13 @@ async def measure_abuse(
     async with aiohttp.ClientSession(timeout=timeout) as session:
         calm_api = Api(session, url, calm[1], calm[0])
         hostile_api = Api(session, url, hostile[1], hostile[0])
+        bytes_api = Api(session, url, bytes_tenant[1], bytes_tenant[0])
         await calm_api.add_handler(CALM_TYPE, "python", PY_CLOCK)
         await _calm(calm_api, Phase("warm"), 5, 0.05)
         attacks: list[tuple[str, Attack | None]] = [
             ("idle", None),
             ("emit (1)", lambda: emit_attack(hostile_api)),
+            ("same bytes", lambda: same_bytes(bytes_api)),
             ("connections (6)", lambda: connections_attack(url, connections)),
             ("bodies (7)", lambda: bodies_attack(url, hostile[1])),
             ("follow-ons (8)", lambda: follow_ons_attack(hostile_api)),
@@ -294,6 +311,8 @@ def section_abuse(run: Run) -> None:
         calm_token = daemon.add_tenant(dsn, data_dir)
         hostile_token = daemon.add_tenant(dsn, data_dir, HOSTILE)
         daemon.tenant_limits(dsn, data_dir, HOSTILE, HOSTILE_LIMITS)
+        bytes_token = daemon.add_tenant(dsn, data_dir, BYTES_TENANT)
+        daemon.tenant_limits(dsn, data_dir, BYTES_TENANT, HOSTILE_LIMITS)
         child, url = daemon.start_daemon("abuse", dsn, data_dir, run.work, run.opts.daemon_args)
     except BaseException:
         stop_server(data_dir / "pg")
@@ -305,6 +324,7 @@ def section_abuse(run: Run) -> None:
                 child.pid,
                 (daemon.TENANT, calm_token),
                 (HOSTILE, hostile_token),
+                (BYTES_TENANT, bytes_token),
                 samples=run.opts.abuse_samples,
                 connections=2_000 if quick else 10_000,
                 settle=1.0 if quick else 3.0,
@@ -324,8 +344,15 @@ def section_abuse(run: Run) -> None:
             f"{idle.fds} fds; {len(idle.starts_ms)} calm jobs one at a time",
         )
     )
+    yardstick = {phase.name: phase for phase in attacks}.get("same bytes")
     for phase in attacks:
         p99 = _pct(phase.starts_ms, 0.99)
+        target = "target: p99 <= 2x idle, none failed"
+        if phase is yardstick:
+            target = "the yardstick of emit, not an attack"
+        elif phase.name.startswith("emit") and yardstick is not None:
+            same = _pct(yardstick.starts_ms, 0.99)
+            target += f"; {p99 / same:.2f}x the same bytes' p99" if same > 0 else ""
         run.rows.append(
             Row(
                 f"(abuse) {phase.name}: calm add → start p99",
@@ -334,9 +361,12 @@ def section_abuse(run: Run) -> None:
                 "idle",
                 p99 / base99 if base99 > 0 else None,
                 f"{phase.note}; p50 {_pct(phase.starts_ms, 0.5):.1f} ms; "
-                f"{phase.failed} calm failures (target: p99 <= 2x idle, none failed)",
+                f"{phase.failed} calm failures ({target})",
             )
         )
+        memory = "target <= 2x idle"
+        if phase.name.startswith("emit") and yardstick is not None and yardstick.rss_mib > 0:
+            memory += f"; {phase.rss_mib / yardstick.rss_mib:.2f}x the same bytes'"
         run.rows.append(
             Row(
                 f"(abuse) {phase.name}: daemon resident memory",
@@ -344,7 +374,7 @@ def section_abuse(run: Run) -> None:
                 "MiB",
                 "idle",
                 phase.rss_mib / base_rss if base_rss > 0 else None,
-                f"at most {phase.fds} open descriptors (idle {idle.fds}); target <= 2x idle",
+                f"at most {phase.fds} open descriptors (idle {idle.fds}); {memory}",
             )
         )
         if phase.failed:
