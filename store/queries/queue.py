@@ -126,40 +126,45 @@ ORDER BY t.type
 UNHANDLED_LOCK = "SELECT pg_try_advisory_xact_lock(hashtext('qd_unhandled'))"
 
 # $1 type, $2 limit: the {columns} of the claimable jobs, locked, the higher
-# priority first, then the oldest dt, unless the type is paused, when {also}
-# holds too. Three parts read in turn, each only if the ones before found
+# priority first, then the oldest dt, unless the type is paused or {also}
+# does not hold. Three parts read in turn, each only if the ones before found
 # fewer than $2 (an Append under a Limit): the jobs of a positive priority
 # (jobs_priority_idx, migration 0018: empty unless priorities are used), those
 # of priority 0 (jobs_waiting_idx in dt order, nearly every job), those of a
 # negative priority (jobs_priority_idx again). A type whose live handler sets
-# keyConcurrency (migration 0020) reads none of them (a one-time filter): its
-# jobs come from qd_claim_keyed, called in the CTE ``keyed`` of
-# CLAIMABLE_CTES (only for such a type: another pays one probe of the
-# handler's index), starting after the key {after}. CLAIM_IDS is kept apart
-# so a test can EXPLAIN it: it must read jobs_waiting_idx.
-KEYS_CAPPED = "(SELECT n FROM cap) IS NOT NULL"
-CLAIMABLE_CTES = """
+# keyConcurrency (migration 0020) reads none of them: its jobs come from
+# qd_claim_keyed, called in the CTE ``keyed`` of CLAIMABLE_CTES (only for such
+# a type), starting after the key {after}. The CTE ``cap`` reads the type's
+# live handler once (its version and its cap): the claim reads it in the
+# snapshot that found the jobs, so a job added after a handler was replaced
+# is never run by the version before (its daemon's cache may not have heard
+# of the change yet). ``gate`` decides once whether the parts read anything
+# (a one-time filter each: the pause, {also} and the cap, not planned and
+# checked in every part). CLAIM_IDS is kept apart so a test can EXPLAIN it:
+# it must read jobs_waiting_idx.
+CLAIMABLE_CTES = f"""
 cap AS MATERIALIZED (
-    SELECT (h.data->>'keyConcurrency')::int AS n FROM handlers h
+    SELECT h.id, (h.data->>'keyConcurrency')::int AS n FROM handlers h
     WHERE h.type = $1 AND h.deleted_at IS NULL
     ORDER BY h.dt DESC, h.id DESC
     LIMIT 1
+), gate AS MATERIALIZED (
+    SELECT c.n, c.live, c.live AND c.n IS NULL AND {NOT_PAUSED.format(type="$1")} AS open
+    FROM (SELECT (SELECT n FROM cap) AS n, {{also}} AS live OFFSET 0) c
 ), keyed AS MATERIALIZED (
-    SELECT k.id, k.ckey FROM qd_claim_keyed($1, $2::int, (SELECT n FROM cap), {after}) k
-    WHERE (SELECT n FROM cap) IS NOT NULL AND {also}
+    SELECT k.id, k.ckey FROM qd_claim_keyed($1, $2::int, (SELECT n FROM gate), {{after}}) k
+    WHERE (SELECT n IS NOT NULL AND live FROM gate)
 )"""
-_CLAIMABLE_PART = f"""
+_CLAIMABLE_PART = """
 SELECT * FROM (
-    SELECT {{{{columns}}}}, priority, dt AS picked_dt, ckey FROM jobs
-    WHERE type = $1 AND lock = '' AND {{part}} AND dt <= now()
+    SELECT {{columns}}, priority, dt AS picked_dt, ckey FROM jobs
+    WHERE type = $1 AND lock = '' AND {part} AND dt <= now()
       AND (deadline IS NULL OR deadline > now())
-      AND {NOT_PAUSED.format(type="$1")}
-      AND NOT {KEYS_CAPPED}
-      AND {{{{also}}}}
-    ORDER BY {{order}}
+      AND (SELECT open FROM gate)
+    ORDER BY {order}
     LIMIT $2
     FOR UPDATE SKIP LOCKED
-) {{name}}"""
+) {name}"""
 CLAIMABLE = f"""
 SELECT * FROM (
 {_CLAIMABLE_PART.format(part="priority > 0", order="priority DESC, dt", name="high")}
@@ -182,17 +187,6 @@ CLAIM_IDS = (
 # next one starts, so that the keys are served in turn.
 KEY_CURSOR = "(SELECT ckey FROM keyed WHERE id IS NULL)"
 
-# The type's live handler version (evaluated once per statement): the claim
-# reads it in the snapshot that found the jobs, so a job added after a handler
-# was replaced is never run by the version before (its daemon's cache may not
-# have heard of the change yet).
-LIVE_HANDLER_ID = """
-SELECT h.id FROM handlers h
-WHERE h.type = $1 AND h.deleted_at IS NULL
-ORDER BY h.dt DESC, h.id DESC
-LIMIT 1
-"""
-
 # $3 sysid, $4 lease seconds. The jobs are picked and locked first (a
 # materialized CTE, with what the queue log needs of them before the update:
 # since when each was due, in epoch ms, the later of its creation and its dt),
@@ -202,8 +196,8 @@ LIMIT 1
 # picked (a hash join of the batch, not a lookup of each job again), in the
 # order they were picked (priority, then dt before the claim, then id), without
 # their type (the one asked for), with their key and trace; one more row, its id NULL,
-# carries the type's live handler version in its second column (read once, not
-# per job) and in its last the key where the next claim starts (KEY_CURSOR).
+# carries the type's live handler version in its second column (``cap``'s, read
+# once, not per job) and in its last the key where the next claim starts (KEY_CURSOR).
 #
 # Nothing is claimed under a sysid whose lease ran out or was released: every
 # daemon's expiry (EXPIRE_LOCKS) takes the jobs of such a sysid back at once,
@@ -231,7 +225,7 @@ picked AS MATERIALIZED ({CLAIMABLE.format(columns=PICKED_COLUMNS, also=_SYSID_LI
  FROM claimed c JOIN picked p ON p.id = c.id
  ORDER BY p.priority DESC, p.picked_dt, c.id)
 UNION ALL
-SELECT NULL, ({LIVE_HANDLER_ID}), NULL, NULL, NULL, NULL, {KEY_CURSOR}, NULL
+SELECT NULL, (SELECT id FROM cap), NULL, NULL, NULL, NULL, {KEY_CURSOR}, NULL
 """
 
 # Waiting jobs of type $1 created and due more than $2 seconds ago are done
