@@ -236,20 +236,21 @@ async def test_batches_running_at_once_share_the_rates_room() -> None:
         spec = HandlerSpec(version="1", client="acme", type=type, lang="shell", body="true")
         return FollowOns(spec, limits, adds, lambda client, reason, n: None)
 
-    assert near(first.emit_budget(), 200 * token)  # alone in the pool of the untried
+    assert near(first.emit_budget(), 200 * token)  # alone in its type's pool
     await first.take(result(("kid", "a")))  # now its type's runs have emitted (a token)
     assert adds.emits("acme", "parent")
     room = 199 * token
-    # a type that never emitted shares with the other batches of untried types
-    # (first's share was taken as one), never with the batches of types that emit
+    # a type that never emitted shares with its own other batches only, never
+    # with those of the types that emit, nor with other quiet types
     quiet = another("quiet")
-    assert near(quiet.emit_budget(), room / 2)
+    assert near(quiet.emit_budget(), room)
     second, third = another(), another()
     assert near(first.emit_budget(), room)  # asked again: now with those that emit
     assert near(second.emit_budget(), room / 2)
     assert near(third.emit_budget(), room / 3)
     assert near(third.emit_budget(), room / 3)  # asked again: its own share counts once
-    assert near(another("quiet").emit_budget(), room / 2)  # quiet is the one untried
+    assert near(another("quiet").emit_budget(), room / 2)  # beside the first quiet one
+    assert near(another("hush").emit_budget(), room)
     assert await first.flush()  # a chunk's flush does not end the batch
     assert near(another().emit_budget(), room / 4)
     first.end()
@@ -257,16 +258,18 @@ async def test_batches_running_at_once_share_the_rates_room() -> None:
     second.end()
     first.end()  # ended once only
     assert near(another().emit_budget(), room / 3)  # third and the one before: 2 others
-    # the first batches of a type not yet seen to emit share too: a tenant starting
-    # 25 batches at once of a type that emits megabytes gets the room once in all,
-    # not 25 times
+    # the first batches of a type not yet seen to emit share too: of a tenant
+    # starting batches at once of a type that emits megabytes, the k-th gets
+    # 1/k of the room (25 of them about 3.8 rooms in all, not 25)
     other = HandlerSpec(version="1", client="other", type="parent", lang="shell", body="true")
     untried = [FollowOns(other, limits, adds, lambda c, r, n: None) for _ in range(4)]
     budgets = [batch.emit_budget() for batch in untried]
     assert all(near(budget, 200 * token / k) for k, budget in enumerate(budgets, 1))
+    assert adds._sharing[("other", "parent")] == 4
+    await untried[0].take(result(("kid", "b")))  # the type emits now
     for batch in untried:
-        batch.end()
-    assert ("other", False) not in adds._sharing
+        batch.end()  # each gives back to the pool it took from
+    assert not any(client == "other" for client, _ in adds._sharing)
 
 
 async def test_a_batch_ends_its_share_however_it_ends() -> None:
@@ -276,7 +279,7 @@ async def test_a_batch_ends_its_share_however_it_ends() -> None:
     adds.emitted("acme", "parent")
     batch = BatchReleases(releases_ok, Policy(job_ttl=60.0), limits.result)
     releases_ok.emit_budget()
-    assert adds._sharing == {("acme", True): 1}
+    assert adds._sharing == {("acme", None): 1}
     assert await batch.flush()
     failed = FollowOns(SPEC, limits, adds, lambda c, r, n: None)
     failed.emit_budget()

@@ -109,9 +109,10 @@ class Adds:
         self._jobs = jobs
         self._queuelog = queuelog
         self._metrics = metrics
-        # per tenant and pool (whether the batch's type emitted before): its batches
-        # running now that were given a share of its rate's room
-        self._sharing: dict[tuple[str, bool], int] = {}
+        # per tenant and pool (None: the types whose runs emitted; a type: that
+        # one, not yet seen to emit): its batches running now that were given a
+        # share of its rate's room
+        self._sharing: dict[tuple[str, str | None], int] = {}
         self._emitting: set[tuple[str, str]] = set()  # (tenant, type): its runs sent some
 
     def check(self, client: str, length: int | None) -> None:
@@ -215,29 +216,30 @@ class Adds:
         """Whether runs of ``client``'s ``type`` sent follow-on jobs here before."""
         return (client, type) in self._emitting
 
-    def share_room_bytes(self, client: str, emits: bool) -> float:
+    def share_room_bytes(self, client: str, pool: str | None) -> float:
         """Payload bytes one more batch's runs of ``client`` may send as follow-on
         jobs: the room of its add rate now, split with its batches running in the
         same pool (a batch started beside k others gets 1/(k+1) of it, fixed then),
         so their contexts together send the daemon a few times what the rate
-        takes, not once per batch. Batches of types whose runs emitted before
-        (``emits``) share one pool, the others another, so a type that never
-        emits takes nothing from those that do. Ended by ``end_share``."""
+        takes, not once per batch. The batches of the types whose runs emitted
+        before share one pool (``pool`` None); those of a type not yet seen to
+        emit share the pool of that type (``pool`` the type), so it takes nothing
+        from the types that do, nor they from it. Ended by ``end_share``."""
         room = self.rate_room_bytes(client)
         if math.isinf(room):
             return room
-        pool = (client, emits)
-        sharing = self._sharing[pool] = self._sharing.get(pool, 0) + 1
+        key = (client, pool)
+        sharing = self._sharing[key] = self._sharing.get(key, 0) + 1
         return room / sharing
 
-    def end_share(self, client: str, emits: bool) -> None:
+    def end_share(self, client: str, pool: str | None) -> None:
         """A batch given ``share_room_bytes`` ended."""
-        pool = (client, emits)
-        left = self._sharing.get(pool, 0) - 1
+        key = (client, pool)
+        left = self._sharing.get(key, 0) - 1
         if left > 0:
-            self._sharing[pool] = left
+            self._sharing[key] = left
         else:
-            self._sharing.pop(pool, None)
+            self._sharing.pop(key, None)
 
     def burst_bytes(self, client: str) -> float:
         """Payload bytes ``client``'s add rate could ever take at once (infinite

@@ -95,7 +95,8 @@ class FollowOns:
         self.failed = False  # a chunk could not be journaled: the batch runs again
         self._taken: set[str] = set()
         # the pool of the tenant's rate this batch took a share of (``emit_budget``)
-        self._pool: bool | None = None
+        self._sharing = False
+        self._pool: str | None = None
 
     def emit_limit(self) -> int:
         """Bytes of ``ctx.emit`` payloads a run of this batch may send: the most it
@@ -105,24 +106,24 @@ class FollowOns:
     def emit_budget(self) -> int | None:
         """Bytes of ``ctx.emit`` payloads the batch's runs may send together (None:
         the tenant has no rate): what its add rate would take now, shared with its
-        other batches running, those of types whose runs sent follow-on jobs
-        before with each other and the rest with each other (a type that never
-        did takes nothing from those that do). Asked once a batch; ``end`` ends
-        its share."""
-        client = self._spec.client
+        other batches running: those of the types whose runs sent follow-on jobs
+        before with each other, those of a type not yet seen to do so with that
+        type's others (a type that never did takes nothing from those that do).
+        Asked once a batch; ``end`` ends its share."""
+        client, type = self._spec.client, self._spec.type
         self.end()  # asked again: its share so far goes back first
-        emits = self._adds.emits(client, self._spec.type)
-        room = self._adds.share_room_bytes(client, emits)
+        pool = None if self._adds.emits(client, type) else type
+        room = self._adds.share_room_bytes(client, pool)
         if math.isinf(room):
             return None
-        self._pool = emits
+        self._sharing, self._pool = True, pool
         return int(room)
 
     def end(self) -> None:
         """The batch ended (flushed or abandoned): its share goes back."""
-        if self._pool is not None:
+        if self._sharing:
+            self._sharing = False
             self._adds.end_share(self._spec.client, self._pool)
-            self._pool = None
 
     def progress(self, job_id: str, fraction: object, message: object) -> None:
         """The batch's runs' progress, to the daemon's board (engine.progress)."""
