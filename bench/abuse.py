@@ -109,17 +109,29 @@ async def _calm(api: Api, phase: Phase, samples: int, pause: float) -> None:
 
 
 @contextlib.asynccontextmanager
-async def _posting(api: Api, type_: str, body: bytes, every: float) -> AsyncIterator[None]:
-    """Post ``body`` to ``type_`` every ``every`` seconds until the block ends
-    (refusals, e.g. ``429``, are part of the attack)."""
+async def _posting(
+    api: Api, type_: str, body: bytes, every: float, counts: list[int] | None = None
+) -> AsyncIterator[None]:
+    """Post ``body`` to ``type_`` every ``every`` seconds (on a fixed schedule)
+    until the block ends; refusals, e.g. ``429``, are part of the attack.
+    ``counts``, when given, gets [accepted, refused] posts."""
     stop = asyncio.Event()
+    counted = [0, 0] if counts is None else counts
+    counted[:] = [0, 0]
 
     async def keep_posting() -> None:
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        n = 0
         while not stop.is_set():
-            with contextlib.suppress(BenchError):
+            try:
                 await api.post(type_, body)
+                counted[0] += 1
+            except BenchError:
+                counted[1] += 1
+            n += 1
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), every)
+                await asyncio.wait_for(stop.wait(), max(0.0, start + n * every - loop.time()))
 
     task = asyncio.create_task(keep_posting())
     try:
@@ -154,34 +166,11 @@ async def same_bytes(tenant: Api, added: list[int]) -> AsyncIterator[str]:
     fixed schedule, at the rate at which the hostile tenant's follow-on jobs
     get through, to a type with no handler: what those bytes cost a calm
     tenant by themselves. ``added`` gets [accepted, refused] posts."""
-    stop = asyncio.Event()
-    added[:] = [0, 0]
-
-    async def keep_posting() -> None:
-        loop = asyncio.get_running_loop()
-        start = loop.time()
-        n = 0
-        while not stop.is_set():
-            try:
-                await tenant.post("kid", SAME_BYTES_LINE)
-                added[0] += 1
-            except BenchError:
-                added[1] += 1
-            n += 1
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(
-                    stop.wait(), max(0.0, start + n * SAME_BYTES_EVERY - loop.time())
-                )
-
-    task = asyncio.create_task(keep_posting())
-    try:
+    async with _posting(tenant, "kid", SAME_BYTES_LINE, SAME_BYTES_EVERY, added):
         yield (
             "another tenant with the hostile one's limits adding 1 MiB jobs over HTTP"
             f" at {1 / SAME_BYTES_EVERY:.1f}/s, what the rate lets through of emit's"
         )
-    finally:
-        stop.set()
-        await task
 
 
 @contextlib.asynccontextmanager
