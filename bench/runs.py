@@ -209,7 +209,7 @@ def _flood(run: Run, kind: FloodKind) -> None:
     samples = run.opts.flood_samples
     name = "flood_" + kind.name.split()[0].lower() + ("_rt" if kind.realtime else "")
     # the default deployment: the daemon's own embedded PostgreSQL, which it starts in
-    # its CPU place ahead of its handlers (with --store, that server, wherever it runs)
+    # its CPU place, sharing its weight (with --store, that server, wherever it runs)
     dsn = None if run.opts.store is None else run.fresh_database(name)
     data_dir = run.work / name
     data_dir.mkdir()

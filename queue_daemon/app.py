@@ -117,8 +117,8 @@ class Daemon:
         settings.data_dir.mkdir(mode=0o711, parents=True, exist_ok=True)
         logger.debug("open files limit %d", open_files, extra={"action": "nofile_limit"})
         if settings.store is None:
-            # the embedded server's processes start in the daemon's CPU place, ahead
-            # of handlers as the daemon is (they stay in the cgroup they start in)
+            # the embedded server's processes start in the daemon's CPU place and
+            # share its weight (they stay in the cgroup they start in)
             await self.cpu_place.take()
         self.store, self.embedded = store, _ = await open_store(settings)
         if self.embedded is not None:

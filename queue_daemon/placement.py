@@ -1,6 +1,6 @@
 """How the daemon places itself on its host before it serves: its own CPU place
 (taken before the embedded PostgreSQL starts, so the server's processes start there
-too and come before handlers as the daemon does), its open-files limit, and the
+too and share the daemon's weight), its open-files limit, and the
 permissions of its files, and, as root, the sweep of the directories it keeps
 below ``/var/lib/queue-daemon`` for data directories deleted since.
 

@@ -235,8 +235,8 @@ class DaemonPlace:
     """The daemon in its CPU group from start-up on, before any handler runs.
 
     A daemon that starts the embedded PostgreSQL takes its place first, so the
-    server's processes start in the daemon's place and come before handlers as
-    the daemon does (processes keep the cgroup they were started in)."""
+    server's processes start in the daemon's place and share its weight (processes
+    keep the cgroup they were started in)."""
 
     def __init__(self, home: Home) -> None:
         self._home = home

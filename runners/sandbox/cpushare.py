@@ -19,12 +19,13 @@ to sleep. Measured on a 2-core VM (2026-11-28, 1,500 jobs a run at 100 a
 second, an external PostgreSQL on the same machine, from the queue log's
 ``started`` time in whole ms to the handler's clock): the way from the
 daemon's start of a job to its handler running took 1.11 to 1.55 ms on
-average idle-class, 0.95 to 1.16 of the daemon's weight, its p99 2.8 to
+average idle-class, 0.95 to 1.16 ms of the daemon's weight, its p99 2.8 to
 11.5 ms against 1.7 to 4.5, less in each of seven pairs (with nothing else
 running, and beside one and two processes keeping a core busy); drains of
-100,000 no-op jobs ran at the same rate either way (ten pairs). The daemon's own wake-ups are not
-queued behind a busy tenant's handlers (below), and a tenant's handlers
-within its share weigh as one process against the daemon. A daemon that
+100,000 no-op jobs ran at the same rate either way (ten pairs). Where the
+kernel has ``cpu.idle``, the daemon's own wake-ups are not queued behind a
+busy tenant's handlers (below), and a tenant's handlers within its share
+weigh as one process against the daemon. A daemon that
 starts the embedded PostgreSQL takes its place before it starts the server
 (``DaemonPlace``), so the server's processes start there too: the store's
 every commit and claim is on each job's way from add to start.
@@ -63,7 +64,8 @@ root and where the ``cpu`` controller is mounted as cgroup v1 (as on hybrid
 hierarchies); under a pure cgroup v2 hierarchy the daemon's cgroup holds the
 daemon itself, which v2 forbids to hand controllers down from, and handlers
 keep the kernel's default weight (docs/security.md says so). Where the kernel has
-no ``cpu.idle`` (before Linux 5.15) busy tenants are not marked.
+no ``cpu.idle`` (before Linux 5.15) busy tenants are neither marked nor
+moved; with ``--realtime`` the daemon is still raised while they are busy.
 
 The daemon's own group, its place at start-up and its real-time hold are in
 ``queue_daemon.runners.sandbox.cpuplace``. Blocking: call through ``asyncio.to_thread``.

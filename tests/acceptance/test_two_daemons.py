@@ -230,9 +230,8 @@ def _cpu_cgroup(pid: int) -> str:
 def test_the_embedded_server_starts_in_the_daemons_cpu_place(
     daemons: DaemonFactory, data_dir: Path
 ) -> None:
-    """The daemon comes before its handlers on the CPU, and so does the PostgreSQL it
-    starts: the server's processes start in the daemon's place; when the daemon stops,
-    its place goes."""
+    """The PostgreSQL a daemon starts shares the daemon's CPU place: the server's
+    processes start in it; when the daemon stops, its place goes."""
     pgdata = data_dir / "pg"
     daemon = daemons.spawn(data_dir, None)
     try:

@@ -584,7 +584,7 @@ def _own_cpu_group() -> Path:
 
 
 @needs_cpu_group
-async def test_the_daemon_comes_first_and_handlers_get_a_cpu_group_per_tenant(
+async def test_the_daemon_and_its_handlers_weigh_alike_with_a_cpu_group_per_tenant(
     work_root: Path,
 ) -> None:
     """The daemon keeps the CPU it needs under a flood of busy handlers (the flood
@@ -866,7 +866,7 @@ def test_cpu_groups_of_a_dead_daemon_are_swept() -> None:
 @needs_cpu_group
 def test_a_daemon_takes_its_cpu_place_before_it_starts_its_postgresql() -> None:
     """A daemon that starts the embedded PostgreSQL takes its CPU place first, so the
-    server starts there, ahead of handlers as the daemon is; the place stays while
+    server starts there and shares the daemon's weight; the place stays while
     handlers' groups use it, and with the last user the daemon and what it started
     go back to where the daemon came from."""
     origin = _own_cpu_group()
