@@ -117,7 +117,7 @@ async def _posting(
     ``counts``, when given, gets [accepted, refused] posts."""
     stop = asyncio.Event()
     counted = [0, 0] if counts is None else counts
-    counted[:] = [0, 0]
+    counted[:] = [0, 0]  # a caller's list starts again at zero
 
     async def keep_posting() -> None:
         loop = asyncio.get_running_loop()
