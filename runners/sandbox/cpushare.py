@@ -15,14 +15,7 @@ shares a group's weight out among the cores by the load the group has on
 each, so a core where only an idle-class member of the daemon's group waits
 got almost none of it, and that handler waited for every other process on
 its core (PostgreSQL's backends, the client, any other work on the machine)
-to sleep. Measured on a 2-core VM (2026-11-28, 1,500 jobs a run at 100 a
-second, an external PostgreSQL on the same machine, from the queue log's
-``started`` time in whole ms to the handler's clock): the way from the
-daemon's start of a job to its handler running took 1.11 to 1.55 ms on
-average idle-class, 0.95 to 1.16 ms with the daemon's weight, its p99 2.8
-to 11.5 ms against 1.7 to 4.5, less in each of seven pairs (with nothing
-else running, and beside one and two processes keeping a core busy); drains
-of 100,000 no-op jobs ran at the same rate either way (ten pairs). Where the
+to sleep (the measured cost: docs/security.md, the row on the cores). Where the
 kernel has ``cpu.idle``, the daemon's own wake-ups are not queued behind a
 busy tenant's handlers (below), and a tenant's handlers within its share
 weigh as one process against the daemon. A daemon that starts the embedded
