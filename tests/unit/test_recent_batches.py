@@ -117,3 +117,19 @@ async def test_a_limit_of_nothing_keeps_nothing_to_insert_again() -> None:
     assert len(history) == 0
     await history.seen(PROMOTED, 101.0)
     assert reinserts.names == []
+
+
+async def test_a_batch_kept_from_the_old_timeline_later_is_compared_on_the_next_look() -> None:
+    # looks on an unchanged history skip the kept batches, but not one kept since
+    # from another history (a flush that ran on the old primary)
+    reinserts = Reinserts([PROMOTED])
+    history = History(reinserts, seconds=10, limit=1000)
+    await history.seen(PROMOTED, 90.0)
+    history.keep(_batch("new", 100.0, PROMOTED))
+    await history.seen(PROMOTED, 101.0)
+    history.keep(_batch("late", 101.5))
+    await history.seen(PROMOTED, 102.0)
+    assert reinserts.names == ["late"]
+    await history.seen(PROMOTED, 103.0)
+    assert reinserts.names == ["late"]  # once
+    assert len(history) == 2

@@ -83,6 +83,9 @@ class History:
         self._size = 0
         self.epoch: str | None = None  # of the last flush
         self.replaying = False
+        # a kept batch may be on another epoch than ``epoch``: only then does a
+        # look at the history walk them all (one a settled add: thousands are kept)
+        self._others = False
 
     def __len__(self) -> int:
         return len(self._kept)
@@ -90,6 +93,7 @@ class History:
     def keep(self, batch: Recent) -> None:
         """``batch`` is settled, durable on ``batch.epoch`` since ``batch.at``."""
         self._kept.append(batch)
+        self._others = self._others or batch.epoch != self.epoch
         self._size += batch.size
         while self._size > self._limit:
             self._size -= self._kept.popleft().size
@@ -112,7 +116,7 @@ class History:
         """A flush sent at ``alive_at`` (or later) ran on ``epoch``. On a new history,
         say so; insert again what was settled on another timeline, and count the
         kept batches' time on the new history from now."""
-        while True:
+        while epoch != self.epoch or self._others:
             if self.epoch is not None and epoch != self.epoch:
                 logger.warning(
                     "the store is on a new history (restarted or failed over): %s, was %s",
@@ -121,6 +125,7 @@ class History:
                     extra={"action": "store_history", "epoch": epoch, "was": self.epoch},
                 )
             self.epoch = epoch
+            self._others = False  # (a batch kept during the inserts below sets it again)
             replay = []
             for batch in self._kept:
                 if batch.epoch == epoch:
