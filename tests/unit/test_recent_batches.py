@@ -133,3 +133,20 @@ async def test_a_batch_kept_from_the_old_timeline_later_is_compared_on_the_next_
     await history.seen(PROMOTED, 103.0)
     assert reinserts.names == ["late"]  # once
     assert len(history) == 2
+
+
+async def test_a_batch_left_on_another_history_by_the_inserts_is_compared_again() -> None:
+    # the inserts land on AGAIN, then back on PROMOTED: the first batch, on
+    # AGAIN, goes in again on the next look at PROMOTED
+    reinserts = Reinserts([AGAIN, PROMOTED, PROMOTED])
+    history = History(reinserts, seconds=10, limit=1000)
+    await history.seen(E1, 90.0)
+    history.keep(_batch("a", 100.0))
+    history.keep(_batch("b", 100.5))
+    await history.seen(PROMOTED, 102.0)
+    assert reinserts.names == ["a", "b"]
+    assert history.epoch == PROMOTED
+    await history.seen(PROMOTED, 103.0)
+    assert reinserts.names == ["a", "b", "a"]
+    await history.seen(PROMOTED, 104.0)
+    assert reinserts.names == ["a", "b", "a"]

@@ -149,6 +149,8 @@ class History:
                     batch.at = time.monotonic()
                     if batch.epoch != epoch:  # it moved again meanwhile
                         epoch, alive_at = batch.epoch, before
+                    if batch.epoch != self.epoch:  # (compared again on a later look)
+                        self._others = True
             finally:
                 self.replaying = False
             if epoch == self.epoch:
