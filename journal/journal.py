@@ -2,7 +2,11 @@
 
 Writers append their framed batch to a pending list and await a future; one
 flusher task hands everything pending to a single write thread, which writes it
-and fdatasyncs once, then resolves all those futures. Only then do the batches
+and fdatasyncs once, then resolves all those futures. A small write that finds
+the journal quiet (nothing pending or being written, the last write some
+milliseconds ago, fsyncs quick) is written and fdatasync'ed on the event loop
+itself instead: the hand-over to the thread and back costs two wake-ups, on an
+idle machine more than the fsync. Only then do the batches
 become visible to readers, who reserve whole batches, read them (from memory
 when still cached, else from the segment file) and rsync them, which advances
 and persists the read point.
@@ -14,6 +18,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import time
 from collections import deque
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -37,6 +42,14 @@ logger = logging.getLogger(__name__)
 # Below this many free bytes on the journal's file system an add cannot count on
 # being written: readiness says so before the writes start failing.
 LOW_SPACE_BYTES = 1 << 20
+# A write is made on the event loop (not the write thread) when the last one ended
+# at least INLINE_QUIET_S ago, it is at most INLINE_MAX_BYTES, no segment is due to
+# be made, and the writes lately took less than INLINE_SLOW_S on average (a slow
+# disk keeps them off the loop). At 100 adds/s this blocks the loop about 3% of
+# the time; above ~200 adds/s writes go to the thread and are grouped.
+INLINE_QUIET_S = 0.005
+INLINE_MAX_BYTES = 64 << 10
+INLINE_SLOW_S = 0.002
 
 
 @dataclass(slots=True)
@@ -58,8 +71,10 @@ class Journal(JournalReader):
         io_executor: ThreadPoolExecutor,
         segment_bytes: int,
         cache_bytes: int,
+        inline: bool = True,
     ) -> None:
         self.path = path
+        self._inline_ok = inline  # quiet writes may be made on the loop
         self.segment_bytes = segment_bytes
         self._loop = asyncio.get_running_loop()
         self._io = io_executor  # recovery, reads, read point, deletions
@@ -72,6 +87,10 @@ class Journal(JournalReader):
         self._seq = recovered.max_seq
         self._pending: list[_PendingWrite] = []
         self._wake = asyncio.Event()
+        self._inline = False  # a write on the loop between its hand-over and its fsync
+        self._flushing = False  # the write thread has a write
+        self._write_s = 0.0  # writes' duration, a moving average
+        self._last_end = float("-inf")  # time.monotonic() when the last write ended
         self._closed = False
         self._broken: str | None = None
         # the last write that failed (disk full, quota) and the free space then;
@@ -97,11 +116,17 @@ class Journal(JournalReader):
 
     @classmethod
     async def open(
-        cls, path: Path, *, segment_bytes: int = 64 << 20, cache_bytes: int = 64 << 20
+        cls,
+        path: Path,
+        *,
+        segment_bytes: int = 64 << 20,
+        cache_bytes: int = 64 << 20,
+        inline: bool = True,
     ) -> Journal:
         """Create the directory if missing, lock it (JournalInUse if held), recover.
 
-        ``cache_bytes`` bounds the bodies of written batches kept in memory for readers.
+        ``cache_bytes`` bounds the bodies of written batches kept in memory for
+        readers; ``inline`` False makes every write on the write thread.
         """
         if segment_bytes < 1:
             raise ValueError("segment_bytes must be positive")
@@ -116,7 +141,12 @@ class Journal(JournalReader):
             io.shutdown(wait=False)
             raise
         return cls(
-            path, recovered, io_executor=io, segment_bytes=segment_bytes, cache_bytes=cache_bytes
+            path,
+            recovered,
+            io_executor=io,
+            segment_bytes=segment_bytes,
+            cache_bytes=cache_bytes,
+            inline=inline,
         )
 
     # ---- writing -------------------------------------------------------------------------
@@ -175,18 +205,46 @@ class Journal(JournalReader):
         )
         self._seq += 1
         future: asyncio.Future[None] = self._loop.create_future()
+        inline = self._may_inline(len(batch.record))
         self._pending.append(_PendingWrite(batch, create_ms, future, tag))
-        self._wake.set()
+        if not inline:
+            self._wake.set()
+        else:
+            self._inline = True
+            try:
+                await asyncio.sleep(0)  # what the add started first (its early insert) goes out
+                items, self._pending = self._pending, []
+                await self._flush(items, inline=True)  # (no await inside: blocks the loop)
+            finally:
+                self._inline = False
+                if self._pending or self._closed:
+                    self._wake.set()
         await future
+
+    def _may_inline(self, size: int) -> bool:
+        return (
+            self._inline_ok
+            and not self._pending
+            and not self._flushing
+            and not self._inline
+            and size <= INLINE_MAX_BYTES
+            and self._write_s < INLINE_SLOW_S
+            and time.monotonic() - self._last_end >= INLINE_QUIET_S
+            and not self._writer.rotation_due
+        )
 
     async def _flush_loop(self) -> None:
         while True:
             await self._wake.wait()
             self._wake.clear()
-            while self._pending:
+            while self._pending and not self._inline:
                 items, self._pending = self._pending, []
-                await self._flush(items)
-            if self._closed:
+                self._flushing = True
+                try:
+                    await self._flush(items)
+                finally:
+                    self._flushing = False
+            if self._closed and not self._inline:
                 return
 
     def _flusher_done(self, task: asyncio.Task[None]) -> None:
@@ -202,15 +260,19 @@ class Journal(JournalReader):
                     item.future.set_exception(JournalUnavailable(self._broken))
             self._pending = []
 
-    async def _flush(self, items: list[_PendingWrite]) -> None:
+    async def _flush(self, items: list[_PendingWrite], *, inline: bool = False) -> None:
         if self._broken is not None:
             self._fail(items, JournalUnavailable(self._broken))
             return
         records = [item.batch.record for item in items]
+        began = time.monotonic()
         try:
-            segment, offset, _ = await self._loop.run_in_executor(
-                self._write_exec, self._writer.append, records
-            )
+            if inline:
+                segment, offset, _ = self._writer.append(records)
+            else:
+                segment, offset, _ = await self._loop.run_in_executor(
+                    self._write_exec, self._writer.append, records
+                )
         except FatalWriteError as e:
             self._broken = str(e)
             logger.error(
@@ -231,6 +293,8 @@ class Journal(JournalReader):
             self._fail(items, JournalUnavailable(self._broken))
             return
         finally:
+            self._last_end = end = time.monotonic()
+            self._write_s += (end - began - self._write_s) / 4
             # A rotation may have happened even if the write then failed.
             if self._writer.segment > self._segments[-1]:
                 self._segments.append(self._writer.segment)

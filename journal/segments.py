@@ -90,7 +90,8 @@ def read_bodies(directory: Path, wanted: list[tuple[int, int, int, int]]) -> lis
 
 
 class SegmentWriter:
-    """Appends to the newest segment; used only from the journal's write thread."""
+    """Appends to the newest segment; used by one thread at a time (the journal's
+    write thread, or its event loop for a write made there)."""
 
     def __init__(
         self, directory: Path, segment: int, size: int, segment_bytes: int, rotate: bool
@@ -122,6 +123,11 @@ class SegmentWriter:
         self._fd, self.segment, self.size = fd, new, 0
         self._rotate_next = False
 
+    @property
+    def rotation_due(self) -> bool:
+        """The next append makes a new segment first."""
+        return self._rotate_next or (self.size >= self.segment_bytes and self.size > 0)
+
     def append(self, records: list[bytes]) -> tuple[int, int, int | None]:
         """Write records contiguously and fdatasync once.
 
@@ -132,7 +138,7 @@ class SegmentWriter:
         if self._fd < 0 or self.broken:
             raise FatalWriteError("the journal's segment is closed or broken")
         rotated: int | None = None
-        if self._rotate_next or (self.size >= self.segment_bytes and self.size > 0):
+        if self.rotation_due:
             self._rotate()
             rotated = self.segment
         data = b"".join(records)

@@ -111,7 +111,8 @@ class JobsPart:
             early,
             dispatch.running,
         )
-        async with self._db.conn() as conn:
+        # an early add's insert is on the add → start path of an idle daemon
+        async with self._db.kept_conn() if early else self._db.conn() as conn:
             if fresh:  # one statement, one round trip
                 rows = await conn.fetch(queries.intake.INSERT_DISPATCHED, *args)
             else:

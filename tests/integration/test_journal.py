@@ -9,6 +9,7 @@ import os
 import shutil
 import sys
 import threading
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ import pytest
 
 from queue_daemon.journal import Entry, Journal, JournalError, JournalUnavailable, check
 from queue_daemon.journal.format import Frame, scan, segment_name
+from queue_daemon.journal.journal import INLINE_MAX_BYTES, INLINE_QUIET_S
 
 REPO = Path(__file__).resolve().parents[2]
 NASTY = [
@@ -111,8 +113,9 @@ async def test_concurrent_writers_share_fsyncs(journal: Journal) -> None:
 
 
 async def test_durable_before_visible_and_batched_while_flushing(
-    journal: Journal, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    journal = await Journal.open(tmp_path / "j", inline=False)  # every write on the thread
     real_fdatasync = os.fdatasync
     loop = asyncio.get_running_loop()
     started = asyncio.Event()
@@ -138,6 +141,94 @@ async def test_durable_before_visible_and_batched_while_flushing(
     assert journal.fsync_count == 2  # "first", then the 10 later ones together
     assert all(name.startswith("journal-write") for name in threads)
     assert len(await drain(journal)) == 11
+    await journal.close()
+
+
+def _fsync_threads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The names of the threads that fdatasync from now on."""
+    real_fdatasync = os.fdatasync
+    threads: list[str] = []
+
+    def recording_fdatasync(fd: int) -> None:
+        threads.append(threading.current_thread().name)
+        real_fdatasync(fd)
+
+    monkeypatch.setattr(os, "fdatasync", recording_fdatasync)
+    return threads
+
+
+async def test_a_quiet_write_is_made_on_the_loop(
+    journal: Journal, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    threads = _fsync_threads(monkeypatch)
+    await write_batch(journal, "quiet")
+    assert threads == [threading.current_thread().name]
+    assert [e.id for e in await drain(journal)] == ["quiet-0"]
+
+
+async def test_writes_close_together_go_to_the_thread_and_share_fsyncs(
+    journal: Journal, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    threads = _fsync_threads(monkeypatch)
+    await asyncio.gather(*(write_batch(journal, f"w{i}") for i in range(50)))
+    # the first is made on the loop; the others waited for it, then went together
+    assert threads[0] == threading.current_thread().name
+    assert all(name.startswith("journal-write") for name in threads[1:])
+    assert len(threads) < 50
+    assert len(await drain(journal)) == 50
+
+
+async def test_a_slow_disk_keeps_writes_off_the_loop(
+    journal: Journal, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real_fdatasync = os.fdatasync
+
+    def slow_fdatasync(fd: int) -> None:
+        time.sleep(0.01)  # a slow disk, not a synchronisation
+        real_fdatasync(fd)
+
+    monkeypatch.setattr(os, "fdatasync", slow_fdatasync)
+    for i in range(3):  # the average of the writes' time passes the limit
+        await write_batch(journal, f"slow{i}")
+        await asyncio.sleep(INLINE_QUIET_S)
+    threads = _fsync_threads(monkeypatch)
+    await write_batch(journal, "after")
+    assert len(threads) == 1 and threads[0].startswith("journal-write")
+
+
+async def test_a_big_batch_and_a_new_segment_are_written_by_the_thread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with await Journal.open(tmp_path / "j", segment_bytes=1000) as j:
+        threads = _fsync_threads(monkeypatch)
+        await j.write("acme-big", ["big-0"], ["x" * (INLINE_MAX_BYTES + 1)], create_ms=1, dt_ms=1)
+        await asyncio.sleep(INLINE_QUIET_S)
+        await write_batch(j, "next")  # the segment is full: this one starts another
+        assert len(threads) == 2
+        assert all(name.startswith("journal-write") for name in threads)
+        assert len(segment_files(tmp_path / "j")) == 2
+        assert [e.id for e in await drain(j)] == ["big-0", "next-0"]
+
+
+async def test_a_writer_cancelled_at_its_turn_on_the_loop_is_written(tmp_path: Path) -> None:
+    path = tmp_path / "j"
+    async with await Journal.open(path) as j:
+        write = asyncio.create_task(write_batch(j, "cancelled"))
+        await asyncio.sleep(0)  # it holds the loop's turn, handed over and not yet written
+        write.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await write
+        assert await j.wait_readable(10)  # the thread wrote it
+        assert [e.id for e in await drain(j)] == ["cancelled-0"]
+
+
+async def test_close_waits_for_a_write_on_the_loop(tmp_path: Path) -> None:
+    j = await Journal.open(tmp_path / "j")
+    write = asyncio.create_task(write_batch(j, "last"))
+    closing = asyncio.create_task(j.close())  # begins while the write waits for its turn
+    await asyncio.gather(write, closing)
+    async with await Journal.open(tmp_path / "j") as j2:
+        assert [e.id for e in await drain(j2)] == ["last-0"]
 
 
 async def test_close_waits_for_in_flight_writes(tmp_path: Path) -> None:

@@ -696,3 +696,31 @@ async def test_a_pooled_connection_goes_back_as_it_is_one_round_trip_a_call(pg_d
             assert not again.is_in_transaction()
     finally:
         await store.close()
+
+
+async def test_the_kept_connection_is_kept_shared_out_and_replaced_when_lost(
+    pg_dsn: str, conn: asyncpg.Connection
+) -> None:
+    """``Db.kept_conn`` hands out one pooled connection again and again, a pooled
+    one while it is in use, and another after it was lost; closing the store
+    gives it back (the pool closes at once, not after its timeout)."""
+    store = await PgStore.connect(pg_dsn, min_size=1, max_size=3, migrate=False)
+    try:
+        db = store.db
+        async with db.kept_conn() as kept:
+            first = kept.get_server_pid()
+            async with db.kept_conn() as other:  # in use: a pooled one instead
+                assert other.get_server_pid() != first
+        async with db.kept_conn() as kept:
+            assert kept.get_server_pid() == first
+        await conn.execute("SELECT pg_terminate_backend($1)", first)
+        with pytest.raises(StoreUnavailable):
+            async with db.kept_conn() as kept:
+                await kept.fetchval("SELECT 1")
+        async with db.kept_conn() as kept:
+            assert await kept.fetchval("SELECT 1") == 1
+            assert kept.get_server_pid() != first
+    finally:
+        t0 = time.monotonic()
+        await store.close()
+        assert time.monotonic() - t0 < 2.0

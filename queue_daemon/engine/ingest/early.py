@@ -95,8 +95,8 @@ class EarlyAdd:
     async def _run(self) -> Stored | None:
         claimed: list[ClaimedJob] = []
         try:
-            # the journal's flusher first: its fsync is the longer wait
-            await asyncio.sleep(0)
+            # the insert goes out before the journal's write begins: it is the
+            # longer wait (this step runs once the add waits on the write)
             if self._journaled.done() and not self._journaled.result():
                 return None  # refused before the write began (a closed journal)
             try:
