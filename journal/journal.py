@@ -206,15 +206,21 @@ class Journal(JournalReader):
         self._seq += 1
         future: asyncio.Future[None] = self._loop.create_future()
         inline = self._may_inline(len(batch.record))
-        self._pending.append(_PendingWrite(batch, create_ms, future, tag))
+        item = _PendingWrite(batch, create_ms, future, tag)
+        self._pending.append(item)
         if not inline:
             self._wake.set()
         else:
             self._inline = True
             try:
                 await asyncio.sleep(0)  # what the add started first (its early insert) goes out
-                items, self._pending = self._pending, []
-                await self._flush(items, inline=True)  # (no await inside: blocks the loop)
+                # its own batch only (the first pending): those added meanwhile
+                # go to the thread next, in order
+                item = self._pending.pop(0)
+                await self._flush([item], inline=True)  # (no await inside: blocks the loop)
+            except asyncio.CancelledError:
+                future.cancel()  # the thread writes it still
+                raise
             finally:
                 self._inline = False
                 if self._pending or self._closed:

@@ -58,6 +58,7 @@ class Settings:
     max_connections: int | None = None  # None: the open-files limit less a reserve
     max_connections_per_address: int = 1024
     segment_bytes: int = 64 * MIB
+    inline_journal: bool = True  # a quiet add's journal write on the event loop
     ingest_batch: int = 5000  # journal lines per store insert
     ingest_workers: int = 2  # concurrent reserve→insert→rsync pipelines
     drain_timeout: float = 10.0  # seconds SIGTERM waits for ingestion to catch up

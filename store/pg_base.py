@@ -189,10 +189,8 @@ class Db:
 
     async def close(self) -> None:
         self.closed.set()
-        kept, self._kept = self._kept, None
-        if kept is not None and not self._kept_busy:
-            with suppress(asyncpg.PostgresError, asyncpg.InterfaceError, OSError):
-                await self.pool.release(kept)
+        if not self._kept_busy:  # (a busy one is given back by kept_conn)
+            await self._give_back_kept()
         try:
             await asyncio.wait_for(self.pool.close(), _CLOSE_TIMEOUT)
         except (TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError, OSError):
@@ -202,6 +200,8 @@ class Db:
     async def conn(self) -> AsyncIterator[Connection]:
         """A pooled connection, with every error translated at this edge."""
         with translate():
+            if self._kept is not None and not self._kept_busy and self.pool.get_idle_size() == 0:
+                await self._give_back_kept()  # the others are busy: it may be wanted
             async with self.pool.acquire(timeout=self.acquire_timeout) as conn:
                 try:
                     yield conn
@@ -239,8 +239,16 @@ class Db:
                     with suppress(asyncpg.PostgresError, asyncpg.InterfaceError, OSError):
                         await asyncio.shield(self.pool.release(conn))
                     raise
+                if self.closed.is_set():  # closed meanwhile: it goes back now
+                    await self._give_back_kept()
         finally:
             self._kept_busy = False
+
+    async def _give_back_kept(self) -> None:
+        kept, self._kept = self._kept, None
+        if kept is not None:
+            with suppress(asyncpg.PostgresError, asyncpg.InterfaceError, OSError):
+                await self.pool.release(kept)
 
     async def fetch(self, query: str, *args: Any) -> list[asyncpg.Record]:
         async with self.conn() as conn:

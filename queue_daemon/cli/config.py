@@ -67,6 +67,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
         lease=number(args.lease, "--lease", float, 1),
         no_auth=args.no_auth,
         realtime=args.realtime,
+        inline_journal=args.inline_journal,
         payload_limit=number(args.payload_limit, "--payload-limit", int, 1),
         body_limit=number(args.body_limit, "--body-limit", int, 1),
         handler_limit=number(args.handler_limit, "--handler-limit", int, 1),

@@ -90,6 +90,14 @@ def build_parser() -> argparse.ArgumentParser:
         "(see docs/operations.md)",
     )
     serve.add_argument(
+        "--inline-journal",
+        action=argparse.BooleanOptionalAction,
+        default=not flag(_env("no_inline_journal", "")),
+        help="write a small add that finds the journal quiet on the event loop, not "
+        "the write thread (faster on an idle daemon; a disk that stalls holds the "
+        "loop meanwhile); env QUEUE_DAEMON_NO_INLINE_JOURNAL=1 turns it off; default on",
+    )
+    serve.add_argument(
         "--payload-limit",
         default=_env("payload_limit", DEFAULTS.payload_limit),
         help="bytes per payload line",

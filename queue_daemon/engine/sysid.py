@@ -50,7 +50,9 @@ def holder_name() -> str:
 async def open_journal(path: Path, settings: Settings) -> Journal | None:
     """The journal at ``path``, or None if a live process holds it (its file lock)."""
     try:
-        return await Journal.open(path, segment_bytes=settings.segment_bytes)
+        return await Journal.open(
+            path, segment_bytes=settings.segment_bytes, inline=settings.inline_journal
+        )
     except JournalInUse:
         return None
 

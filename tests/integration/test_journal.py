@@ -171,10 +171,11 @@ async def test_writes_close_together_go_to_the_thread_and_share_fsyncs(
 ) -> None:
     threads = _fsync_threads(monkeypatch)
     await asyncio.gather(*(write_batch(journal, f"w{i}") for i in range(50)))
-    # the first is made on the loop; the others waited for it, then went together
+    # the first is made on the loop, alone; the others waited for it, then went
+    # to the thread together
     assert threads[0] == threading.current_thread().name
+    assert 2 <= len(threads) < 50
     assert all(name.startswith("journal-write") for name in threads[1:])
-    assert len(threads) < 50
     assert len(await drain(journal)) == 50
 
 
@@ -196,18 +197,27 @@ async def test_a_slow_disk_keeps_writes_off_the_loop(
     assert len(threads) == 1 and threads[0].startswith("journal-write")
 
 
-async def test_a_big_batch_and_a_new_segment_are_written_by_the_thread(
+async def test_a_big_batch_is_written_by_the_thread(
+    journal: Journal, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    threads = _fsync_threads(monkeypatch)
+    await journal.write("acme-big", ["big-0"], ["x" * (INLINE_MAX_BYTES + 1)], create_ms=1, dt_ms=1)
+    assert len(threads) == 1 and threads[0].startswith("journal-write")
+    assert [e.id for e in await drain(journal)] == ["big-0"]
+
+
+async def test_a_new_segment_is_made_by_the_thread(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     async with await Journal.open(tmp_path / "j", segment_bytes=1000) as j:
         threads = _fsync_threads(monkeypatch)
-        await j.write("acme-big", ["big-0"], ["x" * (INLINE_MAX_BYTES + 1)], create_ms=1, dt_ms=1)
+        await j.write("acme-mail", ["fill-0"], ["x" * 2000], create_ms=1, dt_ms=1)
         await asyncio.sleep(INLINE_QUIET_S)
         await write_batch(j, "next")  # the segment is full: this one starts another
-        assert len(threads) == 2
-        assert all(name.startswith("journal-write") for name in threads)
+        assert threads[0] == threading.current_thread().name  # the first, on the loop
+        assert len(threads) == 2 and threads[1].startswith("journal-write")
         assert len(segment_files(tmp_path / "j")) == 2
-        assert [e.id for e in await drain(j)] == ["big-0", "next-0"]
+        assert [e.id for e in await drain(j)] == ["fill-0", "next-0"]
 
 
 async def test_a_writer_cancelled_at_its_turn_on_the_loop_is_written(tmp_path: Path) -> None:

@@ -724,3 +724,26 @@ async def test_the_kept_connection_is_kept_shared_out_and_replaced_when_lost(
         t0 = time.monotonic()
         await store.close()
         assert time.monotonic() - t0 < 2.0
+
+
+async def test_the_kept_connection_goes_back_when_the_pool_runs_dry_or_closes(
+    pg_dsn: str,
+) -> None:
+    store = await PgStore.connect(pg_dsn, min_size=2, max_size=2, migrate=False)
+    try:
+        db = store.db
+        async with db.kept_conn() as kept:
+            first = kept.get_server_pid()
+        # the pool's one idle connection, then none idle: the kept one is given back
+        async with db.conn() as other, db.conn() as second:
+            assert second.get_server_pid() == first
+            assert other.get_server_pid() != first
+        async with db.kept_conn() as kept:
+            closing = asyncio.create_task(store.close())
+            await asyncio.sleep(0)  # close begins while the kept connection is in use
+            assert await kept.fetchval("SELECT 1") == 1
+        t0 = time.monotonic()
+        await closing  # given back as the statement ends: no wait for the pool's timeout
+        assert time.monotonic() - t0 < 2.0
+    finally:
+        await store.close()

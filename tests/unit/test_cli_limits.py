@@ -44,6 +44,17 @@ def test_realtime_is_opt_in_by_flag_or_environment(monkeypatch: pytest.MonkeyPat
     assert realtime("--realtime") is True
 
 
+def test_inline_journal_is_on_unless_turned_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    def inline(*argv: str) -> bool:
+        return settings_from(build_parser().parse_args(["serve", *argv])).inline_journal
+
+    assert inline() is True
+    assert inline("--no-inline-journal") is False
+    monkeypatch.setenv("QUEUE_DAEMON_NO_INLINE_JOURNAL", "1")
+    assert inline() is False
+    assert inline("--inline-journal") is True  # a flag wins over the environment
+
+
 @pytest.mark.parametrize(
     "argv",
     [
