@@ -214,9 +214,8 @@ class Journal(JournalReader):
             self._inline = True
             try:
                 await asyncio.sleep(0)  # what the add started first (its early insert) goes out
-                # its own batch only (the first pending): those added meanwhile
-                # go to the thread next, in order
-                item = self._pending.pop(0)
+                # its own batch only: those added meanwhile go to the thread next
+                self._pending.remove(item)
                 await self._flush([item], inline=True)  # (no await inside: blocks the loop)
             except asyncio.CancelledError:
                 future.cancel()  # the thread writes it still

@@ -232,12 +232,10 @@ class Db:
                 try:
                     yield conn
                 except BaseException as exc:
-                    self._kept = None
                     if is_unavailable(exc):
                         with suppress(asyncpg.InterfaceError):  # already detached
                             conn.terminate()
-                    with suppress(asyncpg.PostgresError, asyncpg.InterfaceError, OSError):
-                        await asyncio.shield(self.pool.release(conn))
+                    await asyncio.shield(self._give_back_kept())
                     raise
                 if self.closed.is_set():  # closed meanwhile: it goes back now
                     await self._give_back_kept()
