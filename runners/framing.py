@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import io
 import struct
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
@@ -13,6 +12,7 @@ import orjson
 
 from queue_daemon.runners.errors import FrameTooLarge, ProtocolError
 from queue_daemon.runners.models import JobInput
+from queue_daemon.runners.pipes import pipe_file
 
 MAX_FRAME = 64 << 20
 HEADER = struct.Struct(">I")
@@ -168,14 +168,9 @@ async def open_pipes(
     loop = asyncio.get_running_loop()
     stream = asyncio.StreamReader(limit=1 << 20)
     read_transport, _ = await loop.connect_read_pipe(
-        lambda: asyncio.StreamReaderProtocol(stream), _pipe_file(read_fd, "rb")
+        lambda: asyncio.StreamReaderProtocol(stream), pipe_file(read_fd, "rb", loop)
     )
     protocol = asyncio.StreamReaderProtocol(asyncio.StreamReader())
-    transport, _ = await loop.connect_write_pipe(lambda: protocol, _pipe_file(write_fd, "wb"))
+    transport, _ = await loop.connect_write_pipe(lambda: protocol, pipe_file(write_fd, "wb", loop))
     writer = asyncio.StreamWriter(transport, protocol, None, loop)
     return FrameReader(stream), writer, read_transport
-
-
-def _pipe_file(fd: int, mode: str) -> io.FileIO:
-    """An unbuffered file object owning ``fd``, for the event loop's pipe transports."""
-    return io.FileIO(fd, mode[0], closefd=True)

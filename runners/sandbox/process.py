@@ -13,6 +13,7 @@ from asyncio.unix_events import _UnixSubprocessTransport  # type: ignore[attr-de
 from pathlib import Path
 from typing import Any
 
+from queue_daemon.runners.pipes import hand_over
 from queue_daemon.runners.sandbox.cgroups import CgroupTree
 
 
@@ -80,6 +81,8 @@ async def start_process(argv: list[str], **popen: Any) -> Child:
     transport = _UnixSubprocessTransport(
         loop, protocol, argv, False, bufsize=0, waiter=waiter, **popen
     )
+    # before its pipes are connected (the transport's next step on the loop)
+    hand_over(transport.get_extra_info("subprocess"), loop)
     try:
         _watch_exit(loop, transport)
         await waiter

@@ -1,0 +1,110 @@
+"""A context's pipes and a handler process's stderr pipe are closed exactly
+once on either event loop (``runners.pipes``): uvloop's transports close their
+descriptor and then the file object they were given (MagicStack/uvloop#763)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+import io
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from typing import ClassVar
+
+import pytest
+import uvloop
+
+from queue_daemon.runners import framing, pipes
+from queue_daemon.runners.sandbox.process import start_process
+
+LOOPS = pytest.mark.parametrize(
+    "new_loop", [uvloop.new_event_loop, asyncio.new_event_loop], ids=["uvloop", "asyncio"]
+)
+
+
+class WatchedPipe(io.FileIO):
+    """A context's pipe file that, when closed after its descriptor was closed
+    already (by another owner), first takes the freed number as another thread
+    or the loop could: what its own close then does to that number shows."""
+
+    taken: ClassVar[list[int]] = []
+
+    def close(self) -> None:
+        if not self.closed:
+            try:
+                os.fstat(self.fileno())
+            except OSError:  # freed: a new pipe gets the number
+                WatchedPipe.taken += os.pipe()
+        super().close()
+
+
+@LOOPS
+def test_a_context_pipe_is_closed_once_on_either_loop(
+    new_loop: Callable[[], asyncio.AbstractEventLoop], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """uvloop's pipe transports close their descriptor and then their file
+    object: were that an owner too, its close would close whatever took the
+    number in between (MagicStack/uvloop#763)."""
+    monkeypatch.setattr(pipes, "PIPE_FILE", WatchedPipe)
+    monkeypatch.setattr(WatchedPipe, "taken", [])
+    to_daemon, to_child = os.pipe(), os.pipe()
+    ours = [os.fstat(to_daemon[0]).st_ino, os.fstat(to_child[1]).st_ino]
+
+    async def a_context() -> None:
+        reader, writer, read_transport = await framing.open_pipes(to_daemon[0], to_child[1])
+        writer.write(framing.encode({"op": "batch"}))
+        await writer.drain()
+        assert framing.decode(os.read(to_child[0], 1 << 16)[4:]) == {"op": "batch"}
+        os.write(to_daemon[1], framing.encode({"op": "done"}))
+        assert await reader.read() == {"op": "done"}
+        read_transport.close()
+        writer.close()
+        await asyncio.sleep(0.05)  # their connection_lost callbacks
+
+    with asyncio.Runner(loop_factory=new_loop) as runner:
+        runner.run(a_context())
+    gc.collect()
+    for fd in WatchedPipe.taken:  # what took a freed number is still open
+        os.fstat(fd)
+        os.close(fd)
+    for fd, inode in zip((to_daemon[0], to_child[1]), ours, strict=True):
+        with contextlib.suppress(OSError):  # closed, or another file's by now
+            assert os.fstat(fd).st_ino != inode, "a pipe end was left open"
+    for fd in (to_daemon[1], to_child[0]):
+        os.close(fd)
+
+
+@LOOPS
+def test_a_handler_process_stderr_pipe_is_closed_once_on_either_loop(
+    new_loop: Callable[[], asyncio.AbstractEventLoop], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(pipes, "PIPE_FILE", WatchedPipe)
+    monkeypatch.setattr(WatchedPipe, "taken", [])
+    before = set(os.listdir("/proc/self/fd"))
+
+    async def a_process() -> bytes:
+        child = await start_process(
+            [sys.executable, "-c", "import sys; sys.stderr.write('said')"],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
+        assert child.stderr is not None
+        said = await child.stderr.read()
+        await child.exited()
+        child._transport.close()
+        await asyncio.sleep(0.05)  # the pipe transport's connection_lost
+        return said
+
+    with asyncio.Runner(loop_factory=new_loop) as runner:
+        assert runner.run(a_process()) == b"said"
+    gc.collect()
+    for fd in WatchedPipe.taken:  # what took a freed number is still open
+        os.fstat(fd)
+        os.close(fd)
+    if new_loop is uvloop.new_event_loop:
+        assert WatchedPipe.taken, "the stderr pipe was not handed over"
+    assert set(os.listdir("/proc/self/fd")) <= before | {str(fd) for fd in WatchedPipe.taken}
