@@ -17,15 +17,19 @@ import asyncio
 import io
 import os
 import subprocess
+import sys
 from typing import Any
 
 # The file objects' class (a test puts one in its place that watches its close).
 PIPE_FILE = io.FileIO
+MODES = (("stdin", "wb"), ("stdout", "rb"), ("stderr", "rb"))  # a Popen's pipes
 
 
 def loop_closes_pipes(loop: asyncio.AbstractEventLoop) -> bool:
-    """Whether ``loop``'s pipe transports close their descriptor themselves."""
-    return type(loop).__module__.partition(".")[0] == "uvloop"
+    """Whether ``loop``'s pipe transports close their descriptor themselves:
+    uvloop's loops (and their subclasses); not loaded, none is one."""
+    uvloop = sys.modules.get("uvloop.loop")
+    return uvloop is not None and isinstance(loop, uvloop.Loop)
 
 
 def pipe_file(fd: int, mode: str, loop: asyncio.AbstractEventLoop) -> io.FileIO:
@@ -42,10 +46,16 @@ def hand_over(popen: subprocess.Popen[Any], loop: asyncio.AbstractEventLoop) -> 
     here, once)."""
     if not loop_closes_pipes(loop):
         return
-    for name, mode in (("stdin", "wb"), ("stdout", "rb"), ("stderr", "rb")):
-        pipe = getattr(popen, name)
-        if pipe is None:
-            continue
-        fd = os.dup(pipe.fileno())
+    pipes = [(name, mode, getattr(popen, name)) for name, mode in MODES]
+    pipes = [(name, mode, pipe) for name, mode, pipe in pipes if pipe is not None]
+    dups: list[int] = []
+    try:  # every one or none: a pipe left as it was would be closed twice
+        for _, _, pipe in pipes:
+            dups.append(os.dup(pipe.fileno()))
+    except OSError:
+        for fd in dups:
+            os.close(fd)
+        raise
+    for (name, mode, pipe), fd in zip(pipes, dups, strict=True):
         pipe.close()
         setattr(popen, name, pipe_file(fd, mode, loop))

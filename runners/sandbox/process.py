@@ -81,9 +81,11 @@ async def start_process(argv: list[str], **popen: Any) -> Child:
     transport = _UnixSubprocessTransport(
         loop, protocol, argv, False, bufsize=0, waiter=waiter, **popen
     )
-    # before its pipes are connected (the transport's next step on the loop)
-    hand_over(transport.get_extra_info("subprocess"), loop)
     try:
+        # before its pipes are connected (the transport's next step on the loop);
+        # should that step fail, the pipes not yet connected stay open (no
+        # close can tell whether the loop took the one that failed)
+        hand_over(transport.get_extra_info("subprocess"), loop)
         _watch_exit(loop, transport)
         await waiter
     except BaseException:

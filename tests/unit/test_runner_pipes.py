@@ -83,6 +83,7 @@ def test_a_handler_process_stderr_pipe_is_closed_once_on_either_loop(
 ) -> None:
     monkeypatch.setattr(pipes, "PIPE_FILE", WatchedPipe)
     monkeypatch.setattr(WatchedPipe, "taken", [])
+    new_loop().close()  # (uvloop keeps a pipe of its own from its first loop on)
     before = set(os.listdir("/proc/self/fd"))
 
     async def a_process() -> bytes:
