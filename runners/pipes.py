@@ -49,7 +49,9 @@ def hand_over(popen: subprocess.Popen[Any], loop: asyncio.AbstractEventLoop) -> 
     pipes = [(name, mode, getattr(popen, name)) for name, mode in MODES]
     pipes = [(name, mode, pipe) for name, mode, pipe in pipes if pipe is not None]
     dups: list[int] = []
-    try:  # every one or none: a pipe left as it was would be closed twice
+    # every one or none: out of descriptors (EMFILE), none is swapped and the
+    # process is stopped (pipes the loop still connects may be closed twice)
+    try:
         for _, _, pipe in pipes:
             dups.append(os.dup(pipe.fileno()))
     except OSError:
