@@ -46,8 +46,9 @@ def hand_over(popen: subprocess.Popen[Any], loop: asyncio.AbstractEventLoop) -> 
     here, once)."""
     if not loop_closes_pipes(loop):
         return
-    pipes = [(name, mode, getattr(popen, name)) for name, mode in MODES]
-    pipes = [(name, mode, pipe) for name, mode, pipe in pipes if pipe is not None]
+    pipes = [
+        (name, mode, pipe) for name, mode in MODES if (pipe := getattr(popen, name)) is not None
+    ]
     dups: list[int] = []
     # every one or none: out of descriptors (EMFILE), none is swapped and the
     # process is stopped (pipes the loop still connects may be closed twice)
