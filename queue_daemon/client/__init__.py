@@ -1,7 +1,7 @@
 """The queue's client library: ``Client`` (jobs, handlers, waiting for results)
 and ``Worker`` (runs a function on the jobs of a pulled type from any machine).
 
-It needs only aiohttp and orjson: importing it loads none of the daemon.
+It needs only aiohttp, httptools and orjson: importing it loads none of the daemon.
 
     from queue_daemon.client import Client, Worker
 

@@ -1,7 +1,9 @@
 """``Client``: a tenant's async view of a daemon over HTTP (docs/client.md).
 
-Only aiohttp and orjson: importing it loads none of the daemon (no store,
-journal or runners), so it runs on any machine that can reach a daemon.
+Only aiohttp, httptools and orjson: importing it loads none of the daemon (no
+store, journal or runners), so it runs on any machine that can reach a daemon.
+Requests go through the client's own keep-alive connections
+(``client.transport``), or through an aiohttp session when one is given.
 
 Retries (with a growing, jittered delay, up to ``retry_for`` seconds): a
 ``429`` and the daemon's own ``503 unavailable`` mean nothing was done, so
@@ -32,6 +34,7 @@ from queue_daemon.client.errors import (
     Unavailable,
     error_of,
 )
+from queue_daemon.client.transport import Transport, TransportError
 
 MAX_WAIT_S = 60.0  # the longest a daemon holds a claim or a GET
 JSONish = Any
@@ -65,8 +68,8 @@ class Client:
         self.url = url.rstrip("/")
         self.client = client
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self._session = session
-        self._own_session = session is None
+        self._session = session  # a caller's aiohttp session: used instead of _transport
+        self._transport: Transport | None = None
         self.retry_for = retry_for
 
     async def __aenter__(self) -> Client:
@@ -76,15 +79,14 @@ class Client:
         await self.close()
 
     async def close(self) -> None:
-        if self._own_session and self._session is not None:
-            await self._session.close()
-            self._session = None
+        if self._transport is not None:
+            self._transport.close()
+            self._transport = None
 
-    def _http(self) -> aiohttp.ClientSession:
-        if self._session is None:
-            timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=MAX_WAIT_S + 30)
-            self._session = aiohttp.ClientSession(timeout=timeout)
-        return self._session
+    def _http(self) -> Transport:
+        if self._transport is None:
+            self._transport = Transport(self.url, read_timeout=MAX_WAIT_S + 30)
+        return self._transport
 
     # --- the one request path -------------------------------------------------
 
@@ -104,7 +106,7 @@ class Client:
         with ``//``); the JSON reply, or a ``QueueError``. With ``retry`` False only
         the replies that say nothing was done are retried. ``raw``: the reply's
         bytes, not JSON."""
-        url = self.url + (path[1:] if path.startswith("//") else f"/{self.client}{path}")
+        url = path[1:] if path.startswith("//") else f"/{self.client}{path}"
         sent = {**self._headers, **(headers or {})}
         if json is not None:
             data = orjson.dumps(json)
@@ -131,14 +133,22 @@ class Client:
         raw: bool = False,
     ) -> Any:
         try:
-            async with self._http().request(
-                method, url, data=data, params=params, headers=headers
-            ) as reply:
-                read = await reply.read()
-                status = reply.status
-                retry_after = reply.headers.get("Retry-After")
-        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-            raise Unavailable(0, "unreachable", f"{url}: {type(exc).__name__}: {exc}") from None
+            if self._session is not None:
+                async with self._session.request(
+                    method, self.url + url, data=data, params=params, headers=headers
+                ) as reply:
+                    read = await reply.read()
+                    status = reply.status
+                    retry_after = reply.headers.get("Retry-After")
+            else:
+                response = await self._http().request(
+                    method, url, headers=headers, body=data, params=params
+                )
+                read, status = response.body, response.status
+                retry_after = response.headers.get("retry-after")
+        except (aiohttp.ClientError, TransportError, TimeoutError, OSError) as exc:
+            where = self.url + url
+            raise Unavailable(0, "unreachable", f"{where}: {type(exc).__name__}: {exc}") from None
         if raw and status == 200:
             return read
         try:
