@@ -11,9 +11,10 @@ e2e       the handler is added and a few hundred jobs run (its contexts
           before, are told to begin); with ``backlog``, that many jobs wait
           in another type of the same tenant, written into the store before
           the daemon starts;
-latency   one 1-line POST every 1/rate seconds, each job's handler returning
-          the time it started; add → start is that time minus the time just
-          before its POST (one machine, one clock).
+latency   one add of one job every 1/rate seconds through the project's client
+          library (``Client.add``, as the peers add through theirs), each job's
+          handler returning the time it started; add → start is that time minus
+          the time just before the call (one machine, one clock).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from bench.api import Api
 from bench.e2e import PY_CLOCK, PY_NOOP, bulk_body
 from bench.pg import vacuum_analyze
 from bench.procs import BenchError
+from queue_daemon.client import Client
 from queue_daemon.engine.admit.ids import IdGenerator
 from queue_daemon.journal import Journal
 
@@ -169,7 +171,7 @@ def e2e(run: Run, jobs: int, *, backlog: int = 0, limit_s: float = 600.0) -> Fig
 async def _latency(
     url: str, token: str, rate: float, seconds: float, warm_s: float
 ) -> tuple[float, float]:
-    async with aiohttp.ClientSession() as session:
+    async with aiohttp.ClientSession() as session, Client(url, daemon.TENANT, token) as client:
         api = Api(session, url, token, daemon.TENANT)
         await api.add_handler(CLOCK_TYPE, "python", PY_CLOCK)
         sent: dict[str, float] = {}
@@ -178,7 +180,7 @@ async def _latency(
 
         async def one(i: int) -> None:
             t = time.time()
-            (job_id,) = await api.post(CLOCK_TYPE, b'{"latency": 1}\n')
+            (job_id,) = await client.add(CLOCK_TYPE, '{"latency": 1}')
             if i >= warm:
                 sent[job_id] = t
 
