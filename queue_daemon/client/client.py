@@ -3,7 +3,8 @@
 Only aiohttp, httptools and orjson: importing it loads none of the daemon (no
 store, journal or runners), so it runs on any machine that can reach a daemon.
 Requests go through the client's own keep-alive connections
-(``client.transport``), or through an aiohttp session when one is given.
+(``queue_daemon.client.transport``), or through an aiohttp session when one
+is given.
 
 Retries (with a growing, jittered delay, up to ``retry_for`` seconds): a
 ``429`` and the daemon's own ``503 unavailable`` mean nothing was done, so

@@ -14,16 +14,24 @@ requests are in flight at once (aiohttp's default); the rest wait their turn.
 from __future__ import annotations
 
 import asyncio
+import re
 import ssl
+import time
 from collections.abc import Mapping
+from typing import cast
 from urllib.parse import quote, urlencode, urlsplit
 
 import httptools
 
 LIMIT = 100  # requests in flight at once (and connections open)
 IDLE_KEPT = 32  # idle keep-alive connections kept
+IDLE_S = 20.0  # an idle connection is not used after this long (the daemon closes them at 30 s)
 CONNECT_S = 10.0  # seconds a connection (and its TLS handshake) may take
 SAFE_PATH = "/:@!$&'()*+,;=-._~%"  # characters a path keeps as they are
+TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")  # a method or a header name (RFC 9110)
+CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")  # not in a header value
+FRAMING = frozenset({"host", "content-length", "transfer-encoding", "connection"})  # the client's
+IDEMPOTENT = frozenset({"GET", "PUT", "DELETE", "OPTIONS"})
 
 
 class TransportError(Exception):
@@ -46,6 +54,7 @@ class _Connection(asyncio.Protocol):
 
     def __init__(self) -> None:
         self._parser = httptools.HttpResponseParser(self)
+        # (uvloop's transports are not asyncio.Transport subclasses)
         self._transport: asyncio.Transport | None = None
         self._waiter: asyncio.Future[Response] | None = None
         self._headers: dict[str, str] = {}
@@ -53,20 +62,22 @@ class _Connection(asyncio.Protocol):
         self._body: list[bytes] = []
         self.reusable = False  # after a whole response that lets it be kept
         self.lost = False
+        self.answered = False  # a byte of a reply came for the request in flight
+        self.idle_since = 0.0
 
     # asyncio
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self._transport = transport
+        self._transport = cast(asyncio.Transport, transport)
 
     def data_received(self, data: bytes) -> None:
         if self._waiter is None:  # nothing asked: not a reply to anything of ours
             self.close()
             return
+        self.answered = True
         try:
             self._parser.feed_data(data)
-        except httptools.HttpParserError as exc:
-            self._fail(TransportError(f"the response is not HTTP: {exc}"))
+        except (httptools.HttpParserError, httptools.HttpParserUpgrade) as exc:
+            self._fail(TransportError(f"the response is not HTTP/1.1 as asked: {exc!r}"))
             self.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -76,31 +87,44 @@ class _Connection(asyncio.Protocol):
 
     # httptools
     def on_message_begin(self) -> None:
+        self.reusable = False  # until this one is whole
         self._headers, self._name, self._body = {}, "", []
 
     def on_header(self, name: bytes, value: bytes) -> None:
+        text = value.decode("latin-1")
         if name:
             self._name = name.decode("latin-1").lower()
-            self._headers[self._name] = value.decode("latin-1")
+            earlier = self._headers.get(self._name)
+            self._headers[self._name] = text if earlier is None else f"{earlier}, {text}"
         else:  # the rest of a value that came in two chunks
-            self._headers[self._name] += value.decode("latin-1")
+            self._headers[self._name] += text
 
     def on_body(self, body: bytes) -> None:
         self._body.append(body)
 
     def on_message_complete(self) -> None:
+        status = self._parser.get_status_code()
+        if 100 <= status < 200 and status != 101:
+            return  # an interim reply (100 Continue, 103 Early Hints): the final one follows
         waiter, self._waiter = self._waiter, None
-        response = Response(self._parser.get_status_code(), self._headers, b"".join(self._body))
-        self.reusable = self._parser.should_keep_alive() and not self.lost
-        if waiter is not None and not waiter.done():
-            waiter.set_result(response)
+        if waiter is None or waiter.done():  # a reply to nothing of ours
+            self.close()
+            return
+        # kept only once the whole request went out, too (a server may answer early)
+        assert self._transport is not None
+        self.reusable = (
+            self._parser.should_keep_alive()
+            and not self.lost
+            and self._transport.get_write_buffer_size() == 0
+        )
+        waiter.set_result(Response(status, self._headers, b"".join(self._body)))
 
     # ours
     def send(self, request: bytes) -> asyncio.Future[Response]:
         assert self._transport is not None
-        self.reusable = False
+        self.reusable = self.answered = False
         waiter = self._waiter = asyncio.get_running_loop().create_future()
-        if self.lost:
+        if self.lost or self._transport.is_closing():
             self._fail(TransportError("the connection was closed before the request"))
         else:
             self._transport.write(request)
@@ -121,14 +145,26 @@ class Transport:
     """Requests to one server (``base``: ``http://host:port/prefix``)."""
 
     def __init__(self, base: str, read_timeout: float) -> None:
-        parts = urlsplit(base)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
+        try:
+            parts = urlsplit(base)
+            port = parts.port
+        except ValueError:
+            parts, port = None, None
+        if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"not an http or https URL: {base!r}")
+        if parts.username is not None or parts.password is not None:
+            raise ValueError("credentials in the URL are not sent: give the token instead")
         self._tls = parts.scheme == "https"
         self._host = parts.hostname
-        self._port = parts.port or (443 if self._tls else 80)
+        self._port = port or (443 if self._tls else 80)
         self._prefix = parts.path.rstrip("/")
-        self._host_header = f"Host: {parts.netloc.rpartition('@')[2]}\r\n"
+        try:
+            host = self._host.encode("idna").decode("ascii")
+        except UnicodeError:
+            raise ValueError(f"not a host name: {self._host!r}") from None
+        if ":" in host:  # an IPv6 address
+            host = f"[{host}]"
+        self._host_header = f"Host: {host}{'' if port is None else f':{port}'}\r\n"
         self._read_timeout = read_timeout
         self._idle: list[_Connection] = []
         self._open: set[_Connection] = set()
@@ -146,23 +182,30 @@ class Transport:
         params: Mapping[str, str] | None = None,
     ) -> Response:
         """``method`` on ``path`` (below the base URL's own path); TransportError
-        when no whole response came back."""
+        when no whole response came back, ValueError for a request that cannot
+        be sent as it is (a header with a line break, say). An idempotent
+        request that a kept connection lost before any byte of its reply (the
+        server closed it meanwhile) is sent once more on a new connection."""
         head = self._head(method, path, headers, params, len(body) if body is not None else None)
         request = head if body is None else head + body
         async with self._slots:
-            connection = await self._connection()
-            try:
-                async with asyncio.timeout(self._read_timeout):
-                    response = await connection.send(request)
-            except TimeoutError:
-                connection.close()
-                raise TransportError(f"no response within {self._read_timeout:g} s") from None
-            except BaseException:
-                connection.close()
-                raise
-            finally:
-                self._put_back(connection)
-        return response
+            while True:
+                connection, kept = await self._connection()
+                try:
+                    async with asyncio.timeout(self._read_timeout):
+                        return await connection.send(request)
+                except TimeoutError:
+                    connection.close()
+                    raise TransportError(f"no response within {self._read_timeout:g} s") from None
+                except TransportError:
+                    connection.close()
+                    if not (kept and method in IDEMPOTENT and not connection.answered):
+                        raise
+                except BaseException:
+                    connection.close()
+                    raise
+                finally:
+                    self._put_back(connection)
 
     def _head(
         self,
@@ -172,24 +215,33 @@ class Transport:
         params: Mapping[str, str] | None,
         length: int | None,
     ) -> bytes:
+        if not TOKEN.fullmatch(method) or method == "HEAD":
+            raise ValueError(f"not a method this client sends: {method!r}")
         target = quote(self._prefix + path, safe=SAFE_PATH)
         if params:
             target += "?" + urlencode(params)
         lines = [f"{method} {target} HTTP/1.1\r\n", self._host_header]
         for name, value in headers.items():
-            if "\r" in value or "\n" in value or "\r" in name or "\n" in name:
-                raise ValueError(f"header {name!r} holds a line break")
+            if not TOKEN.fullmatch(name) or name.lower() in FRAMING:
+                raise ValueError(f"not a header this client sends: {name!r}")
+            if CONTROL.search(value):
+                raise ValueError(f"header {name!r} holds a line break or a control character")
             lines.append(f"{name}: {value}\r\n")
         if length is not None or method in ("POST", "PUT", "PATCH"):
             lines.append(f"Content-Length: {length or 0}\r\n")
         lines.append("\r\n")
-        return "".join(lines).encode("latin-1")
+        return "".join(lines).encode()
 
-    async def _connection(self) -> _Connection:
+    async def _connection(self) -> tuple[_Connection, bool]:
+        """A connection, and whether it was kept from an earlier request."""
         while self._idle:
             connection = self._idle.pop()
             if connection.reusable and not connection.lost:
-                return connection
+                if time.monotonic() - connection.idle_since < IDLE_S:
+                    return connection, True
+                self._forget(connection)
+                self._forget_older(connection.idle_since)
+                continue
             self._forget(connection)
         if self._closed:
             raise TransportError("the client is closed")
@@ -206,13 +258,19 @@ class Transport:
         except OSError as exc:
             raise TransportError(f"cannot connect: {exc}") from None
         self._open.add(connection)
-        return connection
+        return connection, False
 
     def _put_back(self, connection: _Connection) -> None:
         if connection.reusable and not self._closed and len(self._idle) < IDLE_KEPT:
+            connection.idle_since = time.monotonic()
             self._idle.append(connection)
         else:
             self._forget(connection)
+
+    def _forget_older(self, than: float) -> None:
+        """Close the idle connections idle since before ``than`` (the oldest come first)."""
+        while self._idle and self._idle[0].idle_since <= than:
+            self._forget(self._idle.pop(0))
 
     def _forget(self, connection: _Connection) -> None:
         connection.close()

@@ -1,7 +1,8 @@
 """The client's own HTTP/1.1 (client.transport) against a raw server on a real
 socket that answers what each test scripts, well-formed or not: keep-alive
-reuse, chunked bodies, connections the server closed, broken or missing
-responses, the in-flight limit, header injection, and the Client on top."""
+reuse, chunked bodies, interim replies, connections the server closed, broken
+or missing responses, the in-flight limit, header injection, and the Client on
+top; each on asyncio's loop and on uvloop (this directory's conftest)."""
 
 from __future__ import annotations
 
@@ -238,10 +239,132 @@ async def test_a_connection_that_gets_bytes_nobody_asked_for_is_dropped(serve: S
     assert server.connections == 2
 
 
+async def test_interim_replies_are_passed_over(serve: Serve) -> None:
+    final = reply(b'{"id": "A"}')
+    _, url = await serve(lambda request: b"HTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\n" + final)
+    transport = Transport(url, read_timeout=5)
+    try:
+        first = await transport.request("GET", "/a", headers={})
+        second = await transport.request("GET", "/b", headers={})
+    finally:
+        transport.close()
+    assert (first.status, first.body) == (second.status, second.body) == (200, b'{"id": "A"}')
+
+
+async def test_a_reply_to_nothing_in_the_same_chunk_drops_the_connection(serve: Serve) -> None:
+    answers = iter([reply(b"A1") + b"HTTP/1.1 200 OK\r\nContent-Length: 6\r\n\r\nEV", reply(b"B2")])
+    server, url = await serve(lambda request: next(answers))
+    transport = Transport(url, read_timeout=5)
+    try:
+        assert (await transport.request("GET", "/a", headers={})).body == b"A1"
+        assert (await transport.request("GET", "/b", headers={})).body == b"B2"
+    finally:
+        transport.close()
+    assert server.connections == 2
+
+
+async def test_a_reply_before_the_whole_body_went_out_drops_the_connection() -> None:
+    done = asyncio.Event()
+
+    async def early(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")  # the body is never read
+        writer.write(reply(b'{"error": "too_large"}', "413 Too Large"))
+        await writer.drain()
+        await done.wait()
+        writer.close()
+
+    server = await asyncio.start_server(early, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    transport = Transport(f"http://127.0.0.1:{port}", read_timeout=5)
+    try:
+        response = await transport.request("PUT", "/blob", headers={}, body=b"x" * (16 << 20))
+        assert response.status == 413
+        assert not transport._idle  # its unsent tail would go before the next request
+    finally:
+        transport.close()
+        done.set()
+        server.close()
+        await server.wait_closed()
+
+
+async def test_an_idempotent_request_is_sent_again_when_a_kept_connection_was_closed(
+    serve: Serve,
+) -> None:
+    def answer(request: bytes) -> bytes | None:
+        # the second request of a connection finds it closed (a server's idle timeout)
+        return reply(b"{}") if request.startswith(b"GET /first") else None
+
+    server, url = await serve(answer)
+    transport = Transport(url, read_timeout=5)
+    try:
+        await transport.request("GET", "/first", headers={})
+        with pytest.raises(TransportError, match="lost"):  # not an add's to repeat
+            await transport.request("POST", "/add", headers={}, body=b"a\n")
+        await transport.request("GET", "/first", headers={})
+        with pytest.raises(TransportError, match="lost"):  # lost on a new connection too
+            await transport.request("GET", "/again", headers={})
+    finally:
+        transport.close()
+    assert [r.split(b" ")[1] for r in server.requests] == [
+        b"/first",
+        b"/add",
+        b"/first",
+        b"/again",
+        b"/again",
+    ]
+
+
+async def test_an_idle_connection_is_not_used_past_its_time(
+    serve: Serve, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(transport_module, "IDLE_S", 0.0)
+    server, url = await serve(lambda request: reply(b"{}"))
+    transport = Transport(url, read_timeout=5)
+    try:
+        for _ in range(3):
+            await transport.request("GET", "/x", headers={})
+    finally:
+        transport.close()
+    assert server.connections == 3
+
+
+async def test_headers_go_as_utf8_and_bad_ones_are_refused(serve: Serve) -> None:
+    server, url = await serve(lambda request: reply(b"{}"))
+    transport = Transport(url, read_timeout=5)
+    try:
+        await transport.request("POST", "/x", headers={"Idempotency-Key": "clé ✓"})
+        for method, headers in [
+            ("GET", {"X": "a\x00b"}),
+            ("GET", {"X": "a\rb"}),
+            ("GET", {"Bad Name": "x"}),
+            ("GET", {"Content-Length": "0"}),
+            ("GET", {"Host": "elsewhere"}),
+            ("GET /smuggled HTTP/1.1\r\nHost: x\r\n\r\nGET", {}),
+            ("HEAD", {}),
+        ]:
+            with pytest.raises(ValueError):
+                await transport.request(method, "/x", headers=headers)
+    finally:
+        transport.close()
+    assert len(server.requests) == 1
+    assert "\r\nIdempotency-Key: clé ✓\r\n" in server.requests[0].decode()
+
+
 def test_an_url_that_is_not_http_is_refused() -> None:
-    for url in ("ftp://host/x", "localhost:8080", "http://"):
+    for url in ("ftp://host/x", "localhost:8080", "http://", "http://host:99999"):
         with pytest.raises(ValueError, match="not an http"):
             Transport(url, read_timeout=1)
+    with pytest.raises(ValueError, match="credentials"):
+        Transport("http://user:secret@host", read_timeout=1)
+
+
+def test_the_host_header_names_the_host_as_sent() -> None:
+    for url, host in [
+        ("http://bücher.example:8080/q", "Host: xn--bcher-kva.example:8080"),
+        ("http://[::1]:8080", "Host: [::1]:8080"),
+        ("https://queue.internal", "Host: queue.internal"),
+    ]:
+        assert Transport(url, read_timeout=1)._host_header == host + "\r\n"
 
 
 async def test_the_client_over_it(serve: Serve) -> None:
