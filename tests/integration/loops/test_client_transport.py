@@ -136,8 +136,14 @@ async def test_a_chunked_body_is_read_whole(serve: Serve) -> None:
     assert response.body == again.body == b'{"a": 1}'
 
 
-async def test_a_connection_the_server_closed_is_not_used_again(serve: Serve) -> None:
-    server, url = await serve(lambda request: reply(b"{}", "200 OK", "Connection: close"))
+@pytest.mark.parametrize("why", ["Connection: close", "idle past its time"])
+async def test_a_connection_is_not_used_again(
+    serve: Serve, monkeypatch: pytest.MonkeyPatch, why: str
+) -> None:
+    if why == "idle past its time":
+        monkeypatch.setattr(transport_module, "IDLE_S", 0.0)
+    headers = (why,) if why.startswith("Connection") else ()
+    server, url = await serve(lambda request: reply(b"{}", "200 OK", *headers))
     transport = Transport(url, read_timeout=5)
     try:
         for _ in range(3):
@@ -312,20 +318,6 @@ async def test_an_idempotent_request_is_sent_again_when_a_kept_connection_was_cl
         b"/again",
         b"/again",
     ]
-
-
-async def test_an_idle_connection_is_not_used_past_its_time(
-    serve: Serve, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(transport_module, "IDLE_S", 0.0)
-    server, url = await serve(lambda request: reply(b"{}"))
-    transport = Transport(url, read_timeout=5)
-    try:
-        for _ in range(3):
-            await transport.request("GET", "/x", headers={})
-    finally:
-        transport.close()
-    assert server.connections == 3
 
 
 async def test_headers_go_as_utf8_and_bad_ones_are_refused(serve: Serve) -> None:
