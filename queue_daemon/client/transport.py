@@ -39,6 +39,10 @@ class TransportError(Exception):
     before the whole response, or a response that is not HTTP."""
 
 
+class NotSent(TransportError):
+    """The connection was closed before any byte of the request was written."""
+
+
 class Response:
     __slots__ = ("body", "headers", "status")
 
@@ -58,7 +62,6 @@ class _Connection(asyncio.Protocol):
         self._transport: asyncio.Transport | None = None
         self._waiter: asyncio.Future[Response] | None = None
         self._headers: dict[str, str] = {}
-        self._name = ""
         self._body: list[bytes] = []
         self.reusable = False  # after a whole response that lets it be kept
         self.lost = False
@@ -88,16 +91,13 @@ class _Connection(asyncio.Protocol):
     # httptools
     def on_message_begin(self) -> None:
         self.reusable = False  # until this one is whole
-        self._headers, self._name, self._body = {}, "", []
+        self._headers, self._body = {}, []
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        text = value.decode("latin-1")
-        if name:
-            self._name = name.decode("latin-1").lower()
-            earlier = self._headers.get(self._name)
-            self._headers[self._name] = text if earlier is None else f"{earlier}, {text}"
-        else:  # the rest of a value that came in two chunks
-            self._headers[self._name] += text
+        # (httptools joins a name or a value that came in two chunks)
+        key, text = name.decode("latin-1").lower(), value.decode("latin-1")
+        earlier = self._headers.get(key)
+        self._headers[key] = text if earlier is None else f"{earlier}, {text}"
 
     def on_body(self, body: bytes) -> None:
         self._body.append(body)
@@ -124,11 +124,15 @@ class _Connection(asyncio.Protocol):
         assert self._transport is not None
         self.reusable = self.answered = False
         waiter = self._waiter = asyncio.get_running_loop().create_future()
-        if self.lost or self._transport.is_closing():
-            self._fail(TransportError("the connection was closed before the request"))
+        if self.closing:
+            self._fail(NotSent("the connection was closed before the request"))
         else:
             self._transport.write(request)
         return waiter
+
+    @property
+    def closing(self) -> bool:
+        return self.lost or self._transport is None or self._transport.is_closing()
 
     def _fail(self, exc: Exception) -> None:
         waiter, self._waiter = self._waiter, None
@@ -156,7 +160,7 @@ class Transport:
             raise ValueError("credentials in the URL are not sent: give the token instead")
         self._tls = parts.scheme == "https"
         self._host = parts.hostname
-        self._port = port or (443 if self._tls else 80)
+        self._port = port if port is not None else (443 if self._tls else 80)
         self._prefix = parts.path.rstrip("/")
         try:
             host = self._host.encode("idna").decode("ascii")
@@ -183,24 +187,35 @@ class Transport:
     ) -> Response:
         """``method`` on ``path`` (below the base URL's own path); TransportError
         when no whole response came back, ValueError for a request that cannot
-        be sent as it is (a header with a line break, say). An idempotent
-        request that a kept connection lost before any byte of its reply (the
-        server closed it meanwhile) is sent once more on a new connection."""
+        be sent as it is (a header with a line break, say). A request that a
+        kept connection could not take (closed before it was written), or an
+        idempotent one that it lost before any byte of its reply (the server
+        closed it meanwhile), is sent once more on a new connection."""
         head = self._head(method, path, headers, params, len(body) if body is not None else None)
         request = head if body is None else head + body
         async with self._slots:
+            fresh = False
             while True:
-                connection, kept = await self._connection()
+                connection, kept = await self._connection(fresh=fresh)
                 try:
                     async with asyncio.timeout(self._read_timeout):
-                        return await connection.send(request)
+                        response = await connection.send(request)
+                    if body and response.status >= 400:
+                        # perhaps answered before the whole body went out (its tail
+                        # may still wait below TLS, where no buffer size shows it)
+                        connection.close()
+                    return response
                 except TimeoutError:
                     connection.close()
                     raise TransportError(f"no response within {self._read_timeout:g} s") from None
-                except TransportError:
+                except TransportError as exc:
                     connection.close()
-                    if not (kept and method in IDEMPOTENT and not connection.answered):
+                    again = isinstance(exc, NotSent) or (
+                        method in IDEMPOTENT and not connection.answered
+                    )
+                    if fresh or not kept or not again:
                         raise
+                    fresh = True
                 except BaseException:
                     connection.close()
                     raise
@@ -215,7 +230,7 @@ class Transport:
         params: Mapping[str, str] | None,
         length: int | None,
     ) -> bytes:
-        if not TOKEN.fullmatch(method) or method == "HEAD":
+        if not TOKEN.fullmatch(method) or method.upper() in ("HEAD", "CONNECT"):
             raise ValueError(f"not a method this client sends: {method!r}")
         target = quote(self._prefix + path, safe=SAFE_PATH)
         if params:
@@ -232,11 +247,12 @@ class Transport:
         lines.append("\r\n")
         return "".join(lines).encode()
 
-    async def _connection(self) -> tuple[_Connection, bool]:
-        """A connection, and whether it was kept from an earlier request."""
-        while self._idle:
+    async def _connection(self, *, fresh: bool = False) -> tuple[_Connection, bool]:
+        """A connection, and whether it was kept from an earlier request;
+        ``fresh``: a new one."""
+        while self._idle and not fresh:
             connection = self._idle.pop()
-            if connection.reusable and not connection.lost:
+            if connection.reusable and not connection.closing:
                 if time.monotonic() - connection.idle_since < IDLE_S:
                     return connection, True
                 self._forget(connection)

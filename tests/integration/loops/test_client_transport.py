@@ -40,6 +40,7 @@ class RawServer:
         self.writers: list[asyncio.StreamWriter] = []
         self.server: asyncio.Server | None = None
         self.none_open = asyncio.Event()  # set while no connection is open
+        self.nth = 0  # the request being answered is the nth of its connection (from 1)
 
     async def start(self) -> str:
         self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
@@ -52,6 +53,7 @@ class RawServer:
         self.none_open.clear()
         self.most_open = max(self.most_open, self.open_now)
         self.writers.append(writer)
+        nth = 0
         try:
             while True:
                 head = await reader.readuntil(b"\r\n\r\n")
@@ -61,6 +63,8 @@ class RawServer:
                         length = int(line.split(b":", 1)[1])
                 request = head + await reader.readexactly(length)
                 self.requests.append(request)
+                nth += 1
+                self.nth = nth
                 answer = self.answer(request)
                 if answer is None:
                     writer.close()
@@ -151,6 +155,41 @@ async def test_a_connection_is_not_used_again(
     finally:
         transport.close()
     assert server.connections == 3
+
+
+async def test_a_request_is_sent_once_more_and_only_on_a_new_connection(serve: Serve) -> None:
+    def answer(request: bytes) -> bytes | None:
+        # every connection is closed unanswered at its second request
+        return reply(b"{}") if server.nth == 1 else None
+
+    server, url = await serve(answer)
+    transport = Transport(url, read_timeout=5)
+    try:
+        # three connections kept idle, each of which the server will close
+        await asyncio.gather(*(transport.request("GET", "/keep", headers={}) for _ in range(3)))
+        assert len(transport._idle) == 3
+        assert (await transport.request("GET", "/once", headers={})).status == 200
+        with pytest.raises(TransportError, match="lost"):
+            await transport.request("POST", "/add", headers={}, body=b"a\n")
+    finally:
+        transport.close()
+    paths = [r.split(b" ")[1] for r in server.requests]
+    assert paths.count(b"/once") == 2  # a kept connection, then a new one
+    assert paths.count(b"/add") == 1
+
+
+async def test_a_request_with_a_body_that_failed_does_not_keep_its_connection(
+    serve: Serve,
+) -> None:
+    answers = iter([reply(b'{"error": "too_large"}', "413 Too Large"), reply(b"{}")])
+    server, url = await serve(lambda request: next(answers))
+    transport = Transport(url, read_timeout=5)
+    try:
+        assert (await transport.request("PUT", "/blob", headers={}, body=b"x")).status == 413
+        assert (await transport.request("GET", "/x", headers={})).status == 200
+    finally:
+        transport.close()
+    assert server.connections == 2  # (over TLS an unsent tail of the body would not show)
 
 
 async def test_an_idle_connection_closed_by_the_server_is_replaced(serve: Serve) -> None:
@@ -333,6 +372,7 @@ async def test_headers_go_as_utf8_and_bad_ones_are_refused(serve: Serve) -> None
             ("GET", {"Host": "elsewhere"}),
             ("GET /smuggled HTTP/1.1\r\nHost: x\r\n\r\nGET", {}),
             ("HEAD", {}),
+            ("head", {}),
         ]:
             with pytest.raises(ValueError):
                 await transport.request(method, "/x", headers=headers)
