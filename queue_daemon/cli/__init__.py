@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import re
 import sys
 from collections.abc import Sequence
@@ -52,7 +53,28 @@ def password_in_argv(argv: Sequence[str]) -> bool:
     return False
 
 
+def standard_descriptors() -> None:
+    """Descriptors 0, 1 and 2 open, on /dev/null where the caller closed them:
+    else the first pipe or socket opened takes the number, and a write meant
+    for stderr goes there (libuv also aborts the daemon when it closes one)."""
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            null = os.open(os.devnull, os.O_RDWR)  # the lowest free number: fd
+            if null != fd:
+                os.dup2(null, fd)
+                os.close(null)
+    if sys.stdin is None:
+        sys.stdin = open(0, closefd=False)  # noqa: SIM115 (for the process's life)
+    if sys.stdout is None:
+        sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115
+    if sys.stderr is None:
+        sys.stderr = open(2, "w", closefd=False)  # noqa: SIM115
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    standard_descriptors()
     args = build_parser().parse_args(argv)
     logging.basicConfig(
         level=str(args.log_level).upper(),

@@ -82,11 +82,13 @@ async def start_process(argv: list[str], **popen: Any) -> Child:
         loop, protocol, argv, False, bufsize=0, waiter=waiter, **popen
     )
     try:
+        # first: whatever fails after it, the exit of the process the close
+        # below kills is seen (the transport's _wait() returns)
+        _watch_exit(loop, transport)
         # before its pipes are connected (the transport's next step on the loop);
         # should that step fail, the pipes not yet connected stay open (no
         # close can tell whether the loop took the one that failed)
         hand_over(transport.get_extra_info("subprocess"), loop)
-        _watch_exit(loop, transport)
         await waiter
     except BaseException:
         transport.close()
@@ -114,15 +116,14 @@ def _watch_exit(loop: asyncio.AbstractEventLoop, transport: _UnixSubprocessTrans
             code = 255 if popen is None or popen.returncode is None else popen.returncode
         transport._process_exited(code)
 
+    def wait() -> None:
+        with contextlib.suppress(ChildProcessError):
+            os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)  # exited, not reaped
+        loop.call_soon_threadsafe(reap)
+
     try:
         pidfd = os.pidfd_open(pid)
-    except OSError:  # no pidfds here (Linux before 5.3)
-
-        def wait() -> None:
-            with contextlib.suppress(ChildProcessError):
-                os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)  # exited, not reaped
-            loop.call_soon_threadsafe(reap)
-
+    except OSError:  # no pidfds here (Linux before 5.3), or no descriptor left
         threading.Thread(target=wait, name=f"wait-{pid}", daemon=True).start()
         return
 
@@ -135,6 +136,9 @@ def _watch_exit(loop: asyncio.AbstractEventLoop, transport: _UnixSubprocessTrans
 
     try:
         loop.add_reader(pidfd, exited)
+    except OSError:  # the loop could not watch it (e.g. no descriptor left for epoll)
+        os.close(pidfd)
+        threading.Thread(target=wait, name=f"wait-{pid}", daemon=True).start()
     except BaseException:
         os.close(pidfd)
         raise

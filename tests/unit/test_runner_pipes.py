@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import gc
 import io
 import os
@@ -18,6 +19,7 @@ import pytest
 import uvloop
 
 from queue_daemon.runners import framing, pipes
+from queue_daemon.runners.sandbox import process
 from queue_daemon.runners.sandbox.process import start_process
 
 LOOPS = pytest.mark.parametrize(
@@ -113,3 +115,34 @@ def test_a_handler_process_stderr_pipe_is_closed_once_on_either_loop(
     if new_loop is uvloop.new_event_loop:
         assert WatchedPipe.taken, "the stderr pipe was not handed over"
     assert set(os.listdir("/proc/self/fd")) <= before  # none left open
+
+
+@LOOPS
+def test_a_process_whose_pipes_cannot_be_handed_over_is_stopped_and_reaped(
+    new_loop: Callable[[], asyncio.AbstractEventLoop], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Out of descriptors while its pipes are handed over (EMFILE), the start
+    fails at once, and the process it started is killed and reaped."""
+    started: list[int] = []
+
+    def no_descriptor_left(popen: subprocess.Popen[bytes], loop: object) -> None:
+        started.append(popen.pid)
+        raise OSError(errno.EMFILE, "Too many open files")
+
+    monkeypatch.setattr(process, "hand_over", no_descriptor_left)
+
+    async def a_start() -> None:
+        async with asyncio.timeout(10):
+            await start_process(
+                ["sleep", "60"],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                start_new_session=True,
+            )
+
+    with asyncio.Runner(loop_factory=new_loop) as runner, pytest.raises(OSError) as failed:
+        runner.run(a_start())
+    assert failed.value.errno == errno.EMFILE  # not the timeout: the start did not hang
+    assert len(started) == 1
+    assert not os.path.exists(f"/proc/{started[0]}")  # killed and reaped (no zombie)
