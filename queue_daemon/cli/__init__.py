@@ -65,12 +65,14 @@ def standard_descriptors() -> None:
             if null != fd:
                 os.dup2(null, fd)
                 os.close(null)
+            os.set_inheritable(fd, True)  # a child started without stdin= gets it too
+    # as Python's own streams (for the process's life)
     if sys.stdin is None:
-        sys.stdin = open(0, closefd=False)  # noqa: SIM115 (for the process's life)
+        sys.stdin = open(0, closefd=False)  # noqa: SIM115
     if sys.stdout is None:
-        sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115
+        sys.stdout = open(1, "w", closefd=False, buffering=1, errors="backslashreplace")  # noqa: SIM115
     if sys.stderr is None:
-        sys.stderr = open(2, "w", closefd=False)  # noqa: SIM115
+        sys.stderr = open(2, "w", closefd=False, buffering=1, errors="backslashreplace")  # noqa: SIM115
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -81,18 +81,23 @@ async def start_process(argv: list[str], **popen: Any) -> Child:
     transport = _UnixSubprocessTransport(
         loop, protocol, argv, False, bufsize=0, waiter=waiter, **popen
     )
+    watched = False
     try:
         # first: whatever fails after it, the exit of the process the close
         # below kills is seen (the transport's _wait() returns)
         _watch_exit(loop, transport)
+        watched = True
         # before its pipes are connected (the transport's next step on the loop);
         # should that step fail, the pipes not yet connected stay open (no
         # close can tell whether the loop took the one that failed)
         hand_over(transport.get_extra_info("subprocess"), loop)
         await waiter
     except BaseException:
-        transport.close()
-        await transport._wait()
+        transport.close()  # kills it
+        if watched:
+            await transport._wait()
+        else:  # nothing on the loop sees its exit: reaped here
+            await asyncio.to_thread(transport.get_extra_info("subprocess").wait)
         raise
     return Child(transport, protocol, loop)
 
@@ -136,7 +141,7 @@ def _watch_exit(loop: asyncio.AbstractEventLoop, transport: _UnixSubprocessTrans
 
     try:
         loop.add_reader(pidfd, exited)
-    except OSError:  # the loop could not watch it (e.g. no descriptor left for epoll)
+    except OSError:  # the loop could not watch it (e.g. epoll's max_user_watches reached)
         os.close(pidfd)
         threading.Thread(target=wait, name=f"wait-{pid}", daemon=True).start()
     except BaseException:

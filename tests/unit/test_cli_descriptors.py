@@ -19,6 +19,7 @@ if sys.argv[1:] == ["fix"]:
     standard_descriptors()
     for fd in (0, 1, 2):
         os.fstat(fd)
+        assert os.get_inheritable(fd)
     print("ok", file=sys.stderr, flush=True)
 async def main():
     r, w = os.pipe()
@@ -39,7 +40,7 @@ def _run(closed: str, *argv: str) -> subprocess.CompletedProcess[bytes]:
     )
 
 
-@pytest.mark.parametrize("closed", ["0<&-", "1>&-", "0<&- 1>&-", "0<&- 1>&- 2>&-"])
+@pytest.mark.parametrize("closed", ["0<&-", "1>&-", "2>&-", "0<&- 1>&-", "0<&- 1>&- 2>&-"])
 def test_a_process_started_with_standard_descriptors_closed_runs_uvloop_cleanly(
     closed: str,
 ) -> None:

@@ -146,3 +146,32 @@ def test_a_process_whose_pipes_cannot_be_handed_over_is_stopped_and_reaped(
     assert failed.value.errno == errno.EMFILE  # not the timeout: the start did not hang
     assert len(started) == 1
     assert not os.path.exists(f"/proc/{started[0]}")  # killed and reaped (no zombie)
+
+
+@LOOPS
+def test_a_process_exit_is_seen_when_the_loop_cannot_watch_its_pidfd(
+    new_loop: Callable[[], asyncio.AbstractEventLoop],
+) -> None:
+    """The loop refuses the pidfd (epoll full): a thread waits for the exit instead."""
+
+    async def a_process() -> int:
+        loop = asyncio.get_running_loop()
+        add_reader = loop.add_reader
+
+        def refuse(fd: int, callback: Callable[..., object], *args: object) -> None:
+            if os.readlink(f"/proc/self/fd/{fd}") == "anon_inode:[pidfd]":
+                raise OSError(errno.ENOSPC, "No space left on device")
+            add_reader(fd, callback, *args)
+
+        loop.add_reader = refuse  # type: ignore[method-assign,assignment]
+        async with asyncio.timeout(10):
+            child = await start_process(
+                [sys.executable, "-c", "raise SystemExit(3)"],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+            return await child.exited()
+
+    with asyncio.Runner(loop_factory=new_loop) as runner:
+        assert runner.run(a_process()) == 3
