@@ -107,7 +107,7 @@ class Client:
         with ``//``); the JSON reply, or a ``QueueError``. With ``retry`` False only
         the replies that say nothing was done are retried. ``raw``: the reply's
         bytes, not JSON."""
-        url = path[1:] if path.startswith("//") else f"/{self.client}{path}"
+        target = path[1:] if path.startswith("//") else f"/{self.client}{path}"
         sent = {**self._headers, **(headers or {})}
         if json is not None:
             data = orjson.dumps(json)
@@ -116,7 +116,7 @@ class Client:
         attempt = 0
         while True:
             try:
-                return await self._once(method, url, data, params, sent, raw)
+                return await self._once(method, target, data, params, sent, raw)
             except (Unavailable, RateLimited) as exc:
                 if not (retry or nothing_done(exc)) or time.monotonic() >= deadline:
                     raise
@@ -127,7 +127,7 @@ class Client:
     async def _once(
         self,
         method: str,
-        url: str,
+        target: str,
         data: bytes | None,
         params: dict[str, str] | None,
         headers: dict[str, str],
@@ -136,20 +136,20 @@ class Client:
         try:
             if self._session is not None:
                 async with self._session.request(
-                    method, self.url + url, data=data, params=params, headers=headers
+                    method, self.url + target, data=data, params=params, headers=headers
                 ) as reply:
                     read = await reply.read()
                     status = reply.status
                     retry_after = reply.headers.get("Retry-After")
             else:
                 response = await self._http().request(
-                    method, url, headers=headers, body=data, params=params
+                    method, target, headers=headers, body=data, params=params
                 )
                 read, status = response.body, response.status
                 retry_after = response.headers.get("retry-after")
         except (aiohttp.ClientError, TransportError, TimeoutError, OSError) as exc:
-            where = self.url + url
-            raise Unavailable(0, "unreachable", f"{where}: {type(exc).__name__}: {exc}") from None
+            where = f"{self.url}{target}: {type(exc).__name__}: {exc}"
+            raise Unavailable(0, "unreachable", where) from None
         if raw and status == 200:
             return read
         try:

@@ -126,10 +126,13 @@ def _watch_exit(loop: asyncio.AbstractEventLoop, transport: _UnixSubprocessTrans
             os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)  # exited, not reaped
         loop.call_soon_threadsafe(reap)
 
+    def wait_in_thread() -> None:
+        threading.Thread(target=wait, name=f"wait-{pid}", daemon=True).start()
+
     try:
         pidfd = os.pidfd_open(pid)
     except OSError:  # no pidfds here (Linux before 5.3), or no descriptor left
-        threading.Thread(target=wait, name=f"wait-{pid}", daemon=True).start()
+        wait_in_thread()
         return
 
     def exited() -> None:
@@ -143,7 +146,7 @@ def _watch_exit(loop: asyncio.AbstractEventLoop, transport: _UnixSubprocessTrans
         loop.add_reader(pidfd, exited)
     except OSError:  # the loop could not watch it (e.g. epoll's max_user_watches reached)
         os.close(pidfd)
-        threading.Thread(target=wait, name=f"wait-{pid}", daemon=True).start()
+        wait_in_thread()
     except BaseException:
         os.close(pidfd)
         raise
